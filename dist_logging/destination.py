@@ -1,0 +1,235 @@
+"""The destination interface: :class:`LoggerDestination`, :class:`Event` and :class:`LogLevel`.
+
+A destination written for Composer's ``LoggerDestination`` ports by changing its
+import: the logging hooks have the same names and signatures, and lifecycle
+events are methods taking ``(state, logger)``.
+
+Destinations are rank-agnostic. The :class:`~dist_logging.Logger` reads each
+destination's ``ranks`` policy once and never calls a destination on a rank the
+policy excludes, so no destination checks ranks itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import pathlib
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+if TYPE_CHECKING:
+    from dist_logging.logger import Logger
+    from dist_logging.state import State
+
+__all__ = ['LogLevel', 'Event', 'RANK_POLICIES', 'LoggerDestination', 'validate_ranks']
+
+RANK_POLICIES = ('zero', 'local_zero', 'all')
+
+
+class LogLevel(enum.IntEnum):
+    """How often a piece of data is produced; a destination takes calls up to its threshold.
+
+    Attributes:
+        FIT: once per training run.
+        EPOCH: once per epoch.
+        BATCH: once per batch.
+        MICROBATCH: once per microbatch (e.g. a forward pass).
+        VERBOSE: for debugging.
+    """
+
+    FIT = 1
+    EPOCH = 2
+    BATCH = 3
+    MICROBATCH = 4
+    VERBOSE = 5
+
+    @classmethod
+    def parse(cls, value: Union[str, int, 'LogLevel']) -> 'LogLevel':
+        """``LogLevel.BATCH``, ``'batch'`` or ``3`` -> ``LogLevel.BATCH``.
+
+        Raises:
+            ValueError: an unknown level, naming it and the known ones.
+        """
+        if isinstance(value, LogLevel):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls[value.upper()]
+            except KeyError:
+                pass
+        elif isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        raise ValueError(f'unknown log level {value!r}; expected one of {[level.name.lower() for level in cls]}')
+
+
+class Event(enum.Enum):
+    """Lifecycle events; each value is the name of the destination method that handles it."""
+
+    INIT = 'init'
+    FIT_START = 'fit_start'
+    EPOCH_START = 'epoch_start'
+    BATCH_START = 'batch_start'
+    BATCH_END = 'batch_end'
+    EPOCH_END = 'epoch_end'
+    FIT_END = 'fit_end'
+    CLOSE = 'close'
+    POST_CLOSE = 'post_close'
+
+
+def validate_ranks(ranks: Any, owner: str = 'destination') -> str:
+    """Return ``ranks`` if it is a known rank policy.
+
+    Raises:
+        ValueError: naming the bad value and the allowed ones.
+    """
+    if ranks not in RANK_POLICIES:
+        raise ValueError(f'{owner}: unknown ranks policy {ranks!r}; expected one of {list(RANK_POLICIES)}')
+    return ranks
+
+
+class LoggerDestination:
+    """Base class for everything the Logger can send data to. Every hook is a no-op by default.
+
+    Class attributes a subclass (or its constructor) may set:
+
+    * ``ranks``: which ranks this destination runs on. ``'zero'`` (global rank 0
+      only; the default), ``'local_zero'`` (local rank 0 of every node) or ``'all'``.
+      Applied by the Logger; hyperparameters reach a destination only on global rank 0.
+    * ``log_level``: the highest :class:`LogLevel` this destination takes (default
+      ``VERBOSE``: everything).
+    * ``optional``: when True, an exception raised by this destination is reported
+      once and never re-raised at ``Logger.close()``.
+
+    Hooks are called on the caller's thread; a destination that does I/O should
+    buffer or hand off to its own background worker and return quickly.
+    """
+
+    ranks: str = 'zero'
+    log_level: LogLevel = LogLevel.VERBOSE
+    optional: bool = False
+
+    def __init__(self, *args: Any, ranks: Optional[str] = None, log_level: Union[str, int, LogLevel, None] = None,
+                 optional: Optional[bool] = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if ranks is not None:
+            self.ranks = validate_ranks(ranks, type(self).__name__)
+        if log_level is not None:
+            self.log_level = LogLevel.parse(log_level)
+        if optional is not None:
+            self.optional = bool(optional)
+
+    # ----------------------------------------------------------------- data hooks
+    def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        """Log settings that do not vary during the run. Called on global rank 0 only.
+
+        Args:
+            hyperparameters: name -> value (any type; nested mappings allowed).
+        """
+
+    def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        """Log scalar values that vary during training.
+
+        Args:
+            metrics: name -> Python number (the Logger has already converted tensors
+                and numpy scalars).
+            step: the step (usually the batch) the values belong to; ``None`` lets the
+                destination choose (usually a running counter).
+        """
+
+    def log_traces(self, traces: dict[str, Any]) -> None:
+        """Log debug data such as algorithm traces.
+
+        Args:
+            traces: name -> any value.
+        """
+
+    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
+                  step: Optional[int] = None) -> None:
+        """Log a table.
+
+        Args:
+            columns: column names.
+            rows: row-oriented values, each row as long as ``columns``.
+            name: the table's name.
+            step: as in :meth:`log_metrics`.
+        """
+
+    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
+                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+        """Log images given as arrays or tensors.
+
+        Args:
+            images: one image (CHW or HWC) or a batch (NCHW or NHWC), as a numpy array,
+                a tensor, or a sequence of them.
+            name: the name of the image(s).
+            channels_last: whether the channel dimension is last (HWC) rather than first.
+            step: as in :meth:`log_metrics`.
+            masks: mask name (e.g. ``'predictions'``) -> masks matching ``images``.
+            mask_class_labels: mask value -> class name.
+            use_table: whether to present the images as a table (where the destination can).
+        """
+
+    # -------------------------------------------------------------- file hooks
+    def can_upload_files(self) -> bool:
+        """Whether this destination implements :meth:`upload_file`. Defaults to False."""
+        return False
+
+    def upload_file(self, state: 'State', remote_file_name: str, file_path: pathlib.Path, *,
+                    overwrite: bool) -> None:
+        """Store the file at ``file_path`` under ``remote_file_name``.
+
+        After this returns the caller may modify or delete ``file_path``, so a
+        destination that works in the background must snapshot the file first.
+
+        Args:
+            state: the run state.
+            remote_file_name: the already-formatted object name.
+            file_path: the local file.
+            overwrite: whether an existing object of that name may be replaced.
+        """
+
+    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
+                      progress_bar: bool = True) -> None:
+        """Fetch ``remote_file_name`` into the local path ``destination``.
+
+        Raises:
+            NotImplementedError: this destination cannot download (the default).
+        """
+        raise NotImplementedError(f'{type(self).__name__} cannot download files')
+
+    # ---------------------------------------------------------------- lifecycle
+    def run_event(self, event: Event, state: 'State', logger: 'Logger') -> None:
+        """Dispatch ``event`` to the method of the same name."""
+        getattr(self, Event(event).value)(state, logger)
+
+    def init(self, state: 'State', logger: 'Logger') -> None:
+        """Called once when the Logger is built."""
+
+    def fit_start(self, state: 'State', logger: 'Logger') -> None:
+        """Called when training starts."""
+
+    def epoch_start(self, state: 'State', logger: 'Logger') -> None:
+        """Called at the start of every epoch."""
+
+    def batch_start(self, state: 'State', logger: 'Logger') -> None:
+        """Called at the start of every batch."""
+
+    def batch_end(self, state: 'State', logger: 'Logger') -> None:
+        """Called after every batch (the timestamp already counts it)."""
+
+    def epoch_end(self, state: 'State', logger: 'Logger') -> None:
+        """Called after every epoch (the timestamp already counts it)."""
+
+    def fit_end(self, state: 'State', logger: 'Logger') -> None:
+        """Called when training ends."""
+
+    def close(self, state: 'State', logger: 'Logger') -> None:
+        """Flush and release resources; the Logger calls it once, at its close."""
+
+    def post_close(self, state: 'State', logger: 'Logger') -> None:
+        """Called after every destination's :meth:`close` (e.g. to wait for uploads other closes queued)."""
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}(ranks={self.ranks!r})'

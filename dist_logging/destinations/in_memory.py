@@ -1,0 +1,76 @@
+"""InMemoryLogger: keeps everything it is given, for tests and notebooks."""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, Optional
+
+from dist_logging.destination import LoggerDestination
+
+if TYPE_CHECKING:
+    from dist_logging.logger import Logger
+    from dist_logging.state import State
+
+__all__ = ['InMemoryLogger']
+
+
+class InMemoryLogger(LoggerDestination):
+    """Stores logged data in memory.
+
+    Attributes:
+        hyperparameters: every hyperparameter logged (later calls update earlier keys).
+        data: metric name -> list of ``(step, value)``; a ``None`` step is replaced by
+            the batch count at the time of the call. Gathered metrics appear as one
+            series per rank (``'loss/rank0'``, ``'loss/rank1'``, ...).
+        most_recent_values: metric name -> latest value.
+        traces: trace name -> list of values, in call order.
+        tables: table name -> list of ``(step, columns, rows)``.
+        images: image name -> list of ``(step, images, masks)``.
+
+    Args:
+        ranks: rank policy (default ``'zero'``).
+        log_level: highest :class:`~dist_logging.LogLevel` taken (default: all).
+    """
+
+    def __init__(self, ranks: str = 'zero', log_level: Any = None, optional: Optional[bool] = None):
+        super().__init__(ranks=ranks, log_level=log_level, optional=optional)
+        self.hyperparameters: dict[str, Any] = {}
+        self.data: dict[str, list[tuple[Optional[int], Any]]] = {}
+        self.most_recent_values: dict[str, Any] = {}
+        self.traces: dict[str, list[Any]] = {}
+        self.tables: dict[str, list[tuple[Optional[int], list[str], list[list[Any]]]]] = {}
+        self.images: dict[str, list[tuple[Optional[int], Any, Any]]] = {}
+        self._state: Optional['State'] = None
+
+    def init(self, state: 'State', logger: 'Logger') -> None:
+        self._state = state
+
+    def _step(self, step: Optional[int]) -> Optional[int]:
+        if step is None and self._state is not None:
+            return self._state.timestamp.batch
+        return step
+
+    def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        self.hyperparameters.update(copy.deepcopy(hyperparameters))
+
+    def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        step = self._step(step)
+        for name, value in metrics.items():
+            self.data.setdefault(name, []).append((step, value))
+            self.most_recent_values[name] = value
+
+    def log_traces(self, traces: dict[str, Any]) -> None:
+        for name, value in traces.items():
+            self.traces.setdefault(name, []).append(value)
+
+    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
+                  step: Optional[int] = None) -> None:
+        self.tables.setdefault(name, []).append((self._step(step), list(columns), [list(r) for r in rows]))
+
+    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
+                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+        from dist_logging._images import to_image_batch
+
+        batch = to_image_batch(images, channels_last).copy()
+        self.images.setdefault(name, []).append((self._step(step), batch, copy.deepcopy(masks)))

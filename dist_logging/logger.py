@@ -1,0 +1,480 @@
+"""The :class:`Logger`: the API users call, routing, and the rank policy (in one place).
+
+The Logger never opens a file or a socket itself. It validates each call,
+decides which destinations take it on this rank (computed once, at
+construction, so a call that no destination takes on this rank costs next to
+nothing), and hands the data over. Metrics logged with ``reduce=`` are buffered
+and combined across ranks by :meth:`Logger.flush`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import pathlib
+import time
+import uuid
+import warnings
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+from dist_logging import dist
+from dist_logging._gather import REDUCTIONS, MetricGatherer
+from dist_logging._redact import RedactOption, build_redactor
+from dist_logging._values import check_metric_key, metric_scalar
+from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
+from dist_logging.naming import format_name_with_dist, format_name_with_dist_and_time, validate_object_name
+from dist_logging.state import State
+
+__all__ = ['Logger']
+
+log = logging.getLogger(__name__)
+
+Data = Union[Mapping[str, Any], Callable[[], Mapping[str, Any]]]
+
+_DATA_HOOKS = ('log_metrics', 'log_traces', 'log_table', 'log_images')
+
+
+def _resolve_run_name(run_name: Optional[str], group: dist.LoggingGroup) -> str:
+    """The run name, identical on every rank: given, from the environment, or agreed on."""
+    if run_name is None:
+        run_name = os.environ.get('DIST_LOGGING_RUN_NAME') or None
+    if run_name is not None:
+        if not isinstance(run_name, str) or not run_name.strip():
+            raise ValueError(f'run_name must be a non-empty string, got {run_name!r}')
+        if any(c in run_name for c in '/\\{}\x00') or run_name in ('.', '..'):
+            raise ValueError(f'run_name {run_name!r} must not contain "/", "\\", braces or NUL, or be "." / ".."')
+        return run_name
+    # torchrun gives every rank of a job the same run id ('none' unless --rdzv-id or --standalone);
+    # MASTER_ADDR:MASTER_PORT is also the same on every rank of one job.
+    run_id = os.environ.get('TORCHELASTIC_RUN_ID', 'none')
+    if run_id == 'none' and 'MASTER_PORT' in os.environ:
+        run_id = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ['MASTER_PORT']}"
+    if run_id != 'none':
+        return 'run-' + hashlib.sha1(run_id.encode()).hexdigest()[:10]
+    generated = time.strftime('run-%Y%m%d-%H%M%S-') + uuid.uuid4().hex[:6]
+    if dist.get_world_size() > 1:
+        # No shared id in the environment: agree on rank zero's name (a collective).
+        generated = group.broadcast_object(generated, 'agreeing on the run name')
+    return generated
+
+
+def _rank_included(ranks: str) -> bool:
+    if ranks == 'all':
+        return True
+    if ranks == 'local_zero':
+        return dist.get_local_rank() == 0
+    return dist.get_global_rank() == 0
+
+
+class Logger:
+    """Routes logging calls to destinations, applying each destination's rank policy.
+
+    Build one on every rank. Each destination's ``ranks`` policy (``'zero'``,
+    ``'local_zero'``, ``'all'``) decides on which ranks it is called; hyperparameters
+    reach destinations on global rank zero only.
+
+    Args:
+        destinations: a destination or a sequence of them.
+        run_name: the run's name, identical on every rank. Default: the environment
+            variable ``DIST_LOGGING_RUN_NAME``, else derived from torchrun's run id,
+            else generated on rank zero and shared.
+        sync_timeout: seconds a collective (:meth:`flush`, consistency checks) waits for
+            every rank before raising :class:`~dist_logging.DistributedLoggingError`.
+        log_run_info: when True, log world size, torch version and host names as
+            hyperparameters at construction (a collective).
+        redact: secret redaction for hyperparameters and traces: True (default pattern),
+            False (off), or extra regex pattern(s) that extend the default.
+        auto_flush: whether :meth:`batch_end` and :meth:`epoch_end` call :meth:`flush`.
+
+    Raises:
+        TypeError: a destination that is not a :class:`LoggerDestination`.
+        ValueError: a bad run name, rank policy, or timeout.
+    """
+
+    def __init__(
+        self,
+        destinations: Union[LoggerDestination, Sequence[LoggerDestination], None] = None,
+        run_name: Optional[str] = None,
+        *,
+        sync_timeout: float = 300.0,
+        log_run_info: bool = False,
+        redact: RedactOption = True,
+        auto_flush: bool = True,
+    ):
+        if destinations is None:
+            destinations = ()
+        elif isinstance(destinations, LoggerDestination):
+            destinations = (destinations,)
+        self.destinations: tuple[LoggerDestination, ...] = tuple(destinations)
+        for index, destination in enumerate(self.destinations):
+            if not isinstance(destination, LoggerDestination):
+                raise TypeError(f'destinations[{index}] is a {type(destination).__name__}, not a LoggerDestination')
+            validate_ranks(getattr(destination, 'ranks', 'zero'), f'destinations[{index}] ({type(destination).__name__})')
+            LogLevel.parse(destination.log_level)
+        self._group = dist.LoggingGroup(sync_timeout)
+        self._redact = build_redactor(redact)
+        self.auto_flush = bool(auto_flush)
+        self.state = State(_resolve_run_name(run_name, self._group))
+        self._closed = False
+        self._failures: dict[int, tuple[LoggerDestination, BaseException]] = {}
+        self._warned_no_upload = False
+
+        # Rank policy, applied once: the destinations active on this rank, and per log level
+        # the ones that take data of that level (indexed by the int value of the level).
+        self._active = tuple(d for d in self.destinations if _rank_included(d.ranks))
+        self._is_global_zero = dist.get_global_rank() == 0
+        self._hparam_destinations = self._active if self._is_global_zero else ()
+        self._routes: list[tuple[LoggerDestination, ...]] = [()] + [
+            tuple(d for d in self._active if level <= LogLevel.parse(d.log_level)) for level in LogLevel
+        ]
+        self._uploaders = tuple(d for d in self._active if d.can_upload_files())
+        self._has_uploader_anywhere = any(d.can_upload_files() for d in self.destinations)
+        self._upload_takes_copy = {
+            id(d): 'copy' in inspect.signature(d.upload_file).parameters for d in self._uploaders
+        }
+        self._gatherer = MetricGatherer(self._group)
+
+        self.run_event(Event.INIT)
+        if log_run_info:
+            self._log_run_info()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def run_name(self) -> str:
+        """The run's name (identical on every rank)."""
+        return self.state.run_name
+
+    @property
+    def active_destinations(self) -> tuple[LoggerDestination, ...]:
+        """The destinations this rank calls (its policy includes this rank)."""
+        return self._active
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError('this Logger is closed; log calls after close() are not accepted')
+
+    def _dispatch(self, destinations: Sequence[LoggerDestination], hook: str, *args: Any, **kwargs: Any) -> None:
+        for destination in destinations:
+            try:
+                getattr(destination, hook)(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - one destination must not take the others down
+                self._record_failure(destination, hook, exc)
+
+    def _record_failure(self, destination: LoggerDestination, hook: str, exc: BaseException) -> None:
+        if id(destination) in self._failures:
+            return  # reported once, not once per call
+        self._failures[id(destination)] = (destination, exc)
+        note = 'ignored (optional destination)' if destination.optional else 're-raised at close()'
+        message = f'{type(destination).__name__}.{hook} raised {type(exc).__name__}: {exc}; {note}'
+        log.error(message, exc_info=exc)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    @staticmethod
+    def _resolve(data: Data, what: str) -> Mapping[str, Any]:
+        if callable(data):
+            data = data()
+        if not isinstance(data, Mapping):
+            raise TypeError(f'{what} must be a mapping (or a callable returning one), got {type(data).__name__}')
+        return data
+
+    # ------------------------------------------------------------------ logging API
+    def log_hyperparameters(self, hparams: Data, *, check_consistency: bool = False) -> None:
+        """Log settings of the run. Emitted once, by global rank zero, to every destination active there.
+
+        Secret-looking keys are redacted (see ``redact``). Values that are not JSON
+        serializable are left to destinations, which store them as strings.
+
+        Args:
+            hparams: name -> value, or a zero-argument callable returning that.
+            check_consistency: when True, every rank must call this (a collective): rank
+                zero compares a digest of each rank's hyperparameters and, where ranks
+                disagree, warns and logs a trace naming the keys and ranks that differ.
+
+        Raises:
+            TypeError: ``hparams`` is not a mapping or has non-string keys.
+            RuntimeError: the Logger is closed.
+            DistributedLoggingError: with ``check_consistency``, a rank did not take part in time.
+        """
+        self._check_open()
+        if not check_consistency and not self._hparam_destinations:
+            return
+        hparams = self._resolve(hparams, 'hyperparameters')
+        for key in hparams:
+            if not isinstance(key, str):
+                raise TypeError(f'hyperparameter names must be str, got {type(key).__name__} {key!r}')
+        redacted = self._redact(hparams)
+        if check_consistency:
+            from dist_logging._consistency import check_hyperparameters
+
+            differences = check_hyperparameters(redacted, self._group)
+            if differences:
+                self.log_traces({'hyperparameter_mismatch': differences})
+        self._dispatch(self._hparam_destinations, 'log_hyperparameters', redacted)
+
+    def log_metrics(self, metrics: Data, step: Optional[int] = None, *, reduce: Optional[str] = None,
+                    level: Union[LogLevel, int, str] = LogLevel.BATCH) -> None:
+        """Log scalar metrics.
+
+        With ``reduce=None`` the call goes to the destinations active on this rank. With
+        ``reduce`` in ``'mean'``, ``'sum'``, ``'min'``, ``'max'``, ``'gather'`` the values are
+        only buffered here (no collective); the next :meth:`flush` combines them across
+        ranks and rank zero emits the result (``'gather'`` emits ``key/rank{r}`` per rank).
+        NaN and inf pass through unchanged (also through reductions).
+
+        Args:
+            metrics: name -> number, numpy scalar, or 0-d/1-element tensor; or a
+                zero-argument callable returning that, called only if some destination
+                on this rank takes the call (or ``reduce`` is set).
+            step: the step the values belong to (default: the destination chooses).
+            reduce: how to combine values across ranks, or None to only filter.
+            level: the :class:`LogLevel` of this data; destinations whose threshold is lower skip it.
+
+        Raises:
+            TypeError: a non-string name or a non-numeric value (names them).
+            ValueError: a multi-element tensor/array, an unknown ``reduce`` or ``level``.
+            RuntimeError: the Logger is closed.
+        """
+        if reduce is None:
+            if self._closed:
+                self._check_open()
+            destinations = self._routes[level] if type(level) is LogLevel else self._routes[LogLevel.parse(level)]
+            if not destinations:
+                return
+            data = metrics() if callable(metrics) else metrics
+            if not isinstance(data, Mapping):
+                raise TypeError(f'metrics must be a mapping (or a callable returning one), got {type(data).__name__}')
+            clean = {check_metric_key(key): metric_scalar(key, value) for key, value in data.items()}
+            self._dispatch(destinations, 'log_metrics', clean, step)
+            return
+        self._check_open()
+        if reduce not in REDUCTIONS:
+            raise ValueError(f'unknown reduce {reduce!r}; expected one of {list(REDUCTIONS)} or None')
+        LogLevel.parse(level)
+        data = self._resolve(metrics, 'metrics')
+        self._gatherer.add(data, step, reduce)
+
+    def log_traces(self, traces: Data, *, level: Union[LogLevel, int, str] = LogLevel.VERBOSE) -> None:
+        """Log debug data (any values) to the destinations active on this rank; secrets are redacted.
+
+        Raises:
+            TypeError: ``traces`` is not a mapping or has non-string keys.
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        destinations = self._routes[LogLevel.parse(level)]
+        if not destinations:
+            return
+        data = self._resolve(traces, 'traces')
+        for key in data:
+            check_metric_key(key)
+        self._dispatch(destinations, 'log_traces', self._redact(data))
+
+    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str = 'Table',
+                  step: Optional[int] = None, *, level: Union[LogLevel, int, str] = LogLevel.BATCH) -> None:
+        """Log a table to the destinations active on this rank.
+
+        Raises:
+            TypeError: columns that are not strings, or a name that is not a string.
+            ValueError: a row whose length differs from the number of columns (names the row).
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        destinations = self._routes[LogLevel.parse(level)]
+        if not isinstance(name, str) or not name:
+            raise TypeError(f'table name must be a non-empty str, got {name!r}')
+        columns = list(columns)
+        for column in columns:
+            if not isinstance(column, str):
+                raise TypeError(f'table {name!r}: column names must be str, got {column!r}')
+        rows = [list(row) for row in rows]
+        for index, row in enumerate(rows):
+            if len(row) != len(columns):
+                raise ValueError(f'table {name!r}: row {index} has {len(row)} values for {len(columns)} columns')
+        if destinations:
+            self._dispatch(destinations, 'log_table', columns, rows, name, step)
+
+    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
+                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True, *,
+                   level: Union[LogLevel, int, str] = LogLevel.BATCH) -> None:
+        """Log images (arrays or tensors, CHW/HWC or a batch) to the destinations active on this rank.
+
+        Raises:
+            ValueError: images whose shape or dtype is not an image (says what was expected).
+            RuntimeError: the Logger is closed.
+        """
+        from dist_logging._images import to_image_batch
+
+        self._check_open()
+        destinations = self._routes[LogLevel.parse(level)]
+        to_image_batch(images, channels_last)  # validate on every rank, at the call
+        if masks is not None:
+            if not isinstance(masks, Mapping):
+                raise TypeError(f'masks must be a mapping of mask name -> masks, got {type(masks).__name__}')
+        if destinations:
+            self._dispatch(destinations, 'log_images', images, name, channels_last, step, masks,
+                           mask_class_labels, use_table)
+
+    # ------------------------------------------------------------------ files
+    def has_file_upload_destination(self) -> bool:
+        """Whether any destination (on any rank's policy) can upload files."""
+        return self._has_uploader_anywhere
+
+    def upload_file(self, remote_file_name: str, file_path: Union[str, pathlib.Path], *,
+                    overwrite: bool = False, copy: bool = True) -> None:
+        """Hand a file to every upload-capable destination whose policy includes this rank.
+
+        Both names are templates filled by :func:`format_name_with_dist_and_time`
+        (``{run_name}``, ``{rank}``, ``{epoch}``, ...). The call returns once each
+        destination has taken the file; uploads happen in the background.
+
+        Args:
+            remote_file_name: template for the object name (relative; no ``..``).
+            file_path: template for the local file.
+            overwrite: whether an existing object of that name may be replaced.
+            copy: True (default) snapshots the file so the caller may change it right
+                away; False hands the file over (the caller promises not to modify or
+                delete it), which is O(1).
+
+        Raises:
+            FileNotFoundError: ``file_path`` does not exist.
+            IsADirectoryError: ``file_path`` is a directory.
+            ValueError: a bad template or an absolute/escaping remote name.
+            FileExistsError: ``overwrite=False`` and the name is already queued or stored.
+            UploadError: an earlier upload failed (surfaced at the next call).
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        timestamp = self.state.timestamp
+        remote = validate_object_name(format_name_with_dist_and_time(remote_file_name, self.run_name, timestamp))
+        path = pathlib.Path(format_name_with_dist_and_time(os.fspath(file_path), self.run_name, timestamp))
+        if not path.exists():
+            raise FileNotFoundError(f'upload_file: {str(path)!r} does not exist')
+        if path.is_dir():
+            raise IsADirectoryError(f'upload_file: {str(path)!r} is a directory; upload its files one by one')
+        if not self._has_uploader_anywhere and not self._warned_no_upload:
+            self._warned_no_upload = True
+            warnings.warn(f'upload_file({remote!r}): the Logger has no upload-capable destination; '
+                          'files are not uploaded', RuntimeWarning, stacklevel=2)
+        for destination in self._uploaders:
+            if self._upload_takes_copy[id(destination)]:
+                destination.upload_file(self.state, remote, path, overwrite=overwrite, copy=copy)
+            else:
+                destination.upload_file(self.state, remote, path, overwrite=overwrite)
+
+    # ------------------------------------------------------------------ gathering
+    def flush(self) -> None:
+        """Combine the metrics buffered with ``reduce=`` across ranks and emit them on rank zero.
+
+        A collective: every rank must call it at the same point (``batch_end`` and
+        ``epoch_end`` do, unless ``auto_flush=False``). One collective in the steady
+        state, however many keys.
+
+        Raises:
+            DistributedLoggingError: some rank did not reach the flush within ``sync_timeout``.
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        for metrics, step in self._gatherer.flush():
+            destinations = self._routes[LogLevel.BATCH] if self._is_global_zero else ()
+            self._dispatch(destinations, 'log_metrics', metrics, step)
+
+    # ------------------------------------------------------------------ lifecycle
+    def run_event(self, event: Union[Event, str]) -> None:
+        """Send a lifecycle event to the destinations active on this rank.
+
+        Raises:
+            ValueError: an unknown event.
+        """
+        event = Event(event)
+        if event is not Event.CLOSE and event is not Event.POST_CLOSE:
+            self._check_open()
+        self._dispatch(self._active, 'run_event', event, self.state, self)
+
+    def fit_start(self) -> None:
+        """Training starts."""
+        self.run_event(Event.FIT_START)
+
+    def epoch_start(self) -> None:
+        """An epoch starts."""
+        self.run_event(Event.EPOCH_START)
+
+    def batch_start(self) -> None:
+        """A batch starts."""
+        self.run_event(Event.BATCH_START)
+
+    def batch_end(self, samples: int = 0, tokens: int = 0) -> None:
+        """A batch of ``samples`` samples and ``tokens`` tokens ended: advance the timestamp,
+        flush gathered metrics (a collective, unless ``auto_flush=False``) and notify destinations."""
+        self._check_open()
+        self.state.advance_batch(samples, tokens)
+        if self.auto_flush:
+            self.flush()
+        self.run_event(Event.BATCH_END)
+
+    def epoch_end(self) -> None:
+        """An epoch ended: flush (unless ``auto_flush=False``), notify destinations, advance the epoch."""
+        self._check_open()
+        if self.auto_flush:
+            self.flush()
+        self.run_event(Event.EPOCH_END)
+        self.state.advance_epoch()
+
+    def fit_end(self) -> None:
+        """Training ended."""
+        self.run_event(Event.FIT_END)
+
+    def close(self) -> None:
+        """Close every destination (waiting for their uploads); idempotent; issues no collective.
+
+        Raises:
+            The first exception a non-optional destination raised during the run or
+            while closing (e.g. :class:`~dist_logging.UploadError`), with the others
+            listed in its notes.
+        """
+        if self._closed:
+            return
+        pending = self._gatherer.pending_keys()
+        if pending:
+            warnings.warn(f'Logger.close(): metrics buffered with reduce= were never flushed: {sorted(pending)}; '
+                          'call flush() on every rank before close()', RuntimeWarning, stacklevel=2)
+        self._closed = True
+        errors = [exc for destination, exc in self._failures.values() if not destination.optional]
+        for event in (Event.CLOSE, Event.POST_CLOSE):
+            for destination in self._active:
+                try:
+                    destination.run_event(event, self.state, self)
+                except Exception as exc:  # noqa: BLE001 - every destination gets closed
+                    log.error('%s.%s raised %s', type(destination).__name__, event.value, exc, exc_info=exc)
+                    if not destination.optional:
+                        errors.append(exc)
+        self._group.destroy()
+        if errors:
+            first = errors[0]
+            for other in errors[1:]:
+                first.add_note(f'also failed: {type(other).__name__}: {other}')
+            raise first
+
+    def __enter__(self) -> 'Logger':
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close()
+
+    def _log_run_info(self) -> None:
+        import socket
+
+        import torch
+
+        hosts = self._group.all_gather_object(socket.gethostname(), 'gathering host names')
+        self.log_hyperparameters({
+            'world_size': dist.get_world_size(),
+            'num_nodes': dist.get_num_nodes(),
+            'torch_version': torch.__version__,
+            'hosts': sorted(set(hosts)),
+        })
+
+    def __repr__(self) -> str:
+        return f'Logger(run_name={self.run_name!r}, destinations={list(self.destinations)!r})'
