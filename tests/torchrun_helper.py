@@ -37,7 +37,7 @@ def write_script(tmp_path: pathlib.Path, source: str, name: str = 'scenario.py')
 def base_env(out_dir: pathlib.Path, extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     env = dict(os.environ)
     env['OUT_DIR'] = str(out_dir)
-    env['PYTHONPATH'] = os.pathsep.join([str(REPO_ROOT), env.get('PYTHONPATH', '')]).rstrip(os.pathsep)
+    env['PYTHONPATH'] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), env.get('PYTHONPATH', '')]).rstrip(os.pathsep)
     env['OMP_NUM_THREADS'] = '1'
     env.pop('DIST_LOGGING_RUN_NAME', None)
     for key in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'NODE_RANK',
