@@ -7,7 +7,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ['to_image_batch', 'to_uint8']
+__all__ = ['to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_masks', 'overlay_masks',
+           'encode_png', 'write_png']
 
 
 def _as_numpy(image: Any) -> np.ndarray:
@@ -67,3 +68,130 @@ def to_uint8(batch: np.ndarray) -> np.ndarray:
     if batch.dtype == np.bool_:
         return batch.astype(np.uint8) * 255
     return (np.clip(np.nan_to_num(batch.astype(np.float32)), 0.0, 1.0) * 255 + 0.5).astype(np.uint8)
+
+
+# A fixed, colour-blind-friendly-ish palette for mask classes; class 0 is background (not drawn).
+_PALETTE = np.array([
+    [0, 0, 0], [230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200], [245, 130, 48],
+    [145, 30, 180], [70, 240, 240], [240, 50, 230], [210, 245, 60], [250, 190, 212], [0, 128, 128],
+    [220, 190, 255], [170, 110, 40], [255, 250, 200], [128, 0, 0], [170, 255, 195], [128, 128, 0],
+    [255, 215, 180], [0, 0, 128],
+], dtype=np.uint8)
+
+
+def to_rgb(batch: np.ndarray) -> np.ndarray:
+    """An NHWC uint8 batch with 1, 3 or 4 channels as 3-channel RGB (grey repeated, alpha dropped)."""
+    if batch.shape[-1] == 1:
+        return np.repeat(batch, 3, axis=-1)
+    if batch.shape[-1] == 4:
+        return batch[..., :3]
+    return batch
+
+
+def to_mask_batch(masks: Any, batch_shape: tuple[int, ...], name: str = 'mask') -> np.ndarray:
+    """Return ``masks`` as an ``(N, H, W)`` integer array matching an NHWC image batch.
+
+    Accepts one mask (HW) for a single image, a batch (NHW, N1HW or NHW1), or a
+    sequence of HW masks; values are class ids (integers >= 0) or booleans.
+
+    Raises:
+        ValueError: a shape that does not match the images, or a non-integer dtype, saying what was expected.
+    """
+    n, h, w = batch_shape[0], batch_shape[1], batch_shape[2]
+    if isinstance(masks, Sequence) and not isinstance(masks, (str, bytes)):
+        if len(masks) == 0:
+            raise ValueError(f'mask {name!r}: expected {n} mask(s), got an empty sequence')
+        array = np.stack([_as_numpy(m) for m in masks])
+    else:
+        array = _as_numpy(masks)
+    if array.ndim == 2:
+        array = array[None]
+    if array.ndim == 4 and array.shape[1] == 1:
+        array = array[:, 0]
+    elif array.ndim == 4 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.shape != (n, h, w):
+        raise ValueError(f'mask {name!r}: expected class ids of shape {(n, h, w)} (N, H, W) to match the images, '
+                         f'got shape {tuple(array.shape)}')
+    if array.dtype == np.bool_:
+        return array.astype(np.int64)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f'mask {name!r}: expected integer class ids or booleans, got dtype {array.dtype}')
+    if array.size and array.min() < 0:
+        raise ValueError(f'mask {name!r}: class ids must be >= 0, got {int(array.min())}')
+    return array
+
+
+def overlay_masks(batch: np.ndarray, mask: np.ndarray, alpha: float = 0.5) -> np.ndarray:
+    """Blend class-id ``mask`` (N, H, W) over an NHWC uint8 ``batch``; returns RGB uint8.
+
+    Class 0 is background and left untouched; class ``k`` gets palette colour ``k``
+    (the palette repeats after 19 classes).
+    """
+    rgb = to_rgb(batch).astype(np.float32)
+    colours = _PALETTE[np.where(mask > 0, (mask - 1) % (len(_PALETTE) - 1) + 1, 0)].astype(np.float32)
+    drawn = (mask > 0)[..., None]
+    out = np.where(drawn, rgb * (1.0 - alpha) + colours * alpha, rgb)
+    return (out + 0.5).astype(np.uint8)
+
+
+def validate_masks(masks: Any, batch: np.ndarray) -> dict[str, np.ndarray]:
+    """Check every entry of a ``masks`` mapping against an NHWC ``batch``; return them as (N, H, W) arrays.
+
+    Raises:
+        TypeError: ``masks`` is not a mapping of str -> masks.
+        ValueError: as :func:`to_mask_batch`.
+    """
+    if masks is None:
+        return {}
+    if not hasattr(masks, 'items'):
+        raise TypeError(f'masks must be a mapping of mask name -> masks, got {type(masks).__name__}')
+    out = {}
+    for mask_name, value in masks.items():
+        if not isinstance(mask_name, str) or not mask_name:
+            raise TypeError(f'mask names must be non-empty str, got {mask_name!r}')
+        out[mask_name] = to_mask_batch(value, batch.shape, mask_name)
+    return out
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """Encode one HWC uint8 image (1, 3 or 4 channels) as PNG bytes (no third-party library).
+
+    Raises:
+        ValueError: not an HWC uint8 array with 1, 3 or 4 channels.
+    """
+    import struct
+    import zlib
+
+    if image.ndim == 2:
+        image = image[..., None]
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] not in (1, 3, 4):
+        raise ValueError(f'encode_png: expected an HWC uint8 image with 1, 3 or 4 channels, '
+                         f'got shape {image.shape} dtype {image.dtype}')
+    height, width, channels = image.shape
+    colour_type = {1: 0, 3: 2, 4: 6}[channels]
+    # Filter type 0 (None) on every scanline: a zero byte before each row.
+    raw = np.concatenate([np.zeros((height, 1), np.uint8), np.ascontiguousarray(image).reshape(height, -1)], axis=1)
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack('>I', len(payload)) + kind + payload + struct.pack('>I', zlib.crc32(kind + payload))
+
+    header = struct.pack('>IIBBBBB', width, height, 8, colour_type, 0, 0, 0)
+    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(raw.tobytes(), 6))
+            + chunk(b'IEND', b''))
+
+
+def write_png(path: Any, image: np.ndarray) -> None:
+    """Write one HWC uint8 image as a PNG file, atomically (temp name, then ``os.replace``).
+
+    Raises:
+        ValueError: as :func:`encode_png`.
+        OSError: the file cannot be written.
+    """
+    import os
+
+    data = encode_png(image)
+    tmp = f'{os.fspath(path)}.tmp{os.getpid()}'
+    with open(tmp, 'wb') as f:
+        f.write(data)
+    os.replace(tmp, path)

@@ -17,9 +17,10 @@ naming the missing ranks instead of blocking forever.
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import threading
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed as torch_dist
@@ -101,6 +102,9 @@ def get_num_nodes() -> int:
     return max(get_world_size() // max(get_local_world_size(), 1), 1)
 
 
+_GROUP_INSTANCES = itertools.count()
+
+
 class LoggingGroup:
     """The Logger's own collectives: a lazily created gloo group over CPU tensors.
 
@@ -109,9 +113,20 @@ class LoggingGroup:
     communicating. The group is created on first use; its creation is itself a
     collective and obeys the same timeout.
 
+    Naming the ranks that did not arrive: before each collective, a rank writes the
+    collective's sequence number under its own key in the rendezvous store (a
+    one-way ``set``: a few microseconds, no round trip, not a collective). When a
+    collective fails or times out, the ranks that did arrive read those keys and
+    name the ranks whose number differs. The steady state therefore still costs
+    exactly one collective per call; the store is only read on failure.
+
     Args:
         timeout: Seconds each collective may wait for the slowest rank before
             raising :class:`DistributedLoggingError`.
+
+    Attributes:
+        collective_count: How many collectives this group issued (tests use it to
+            prove "one collective per flush").
     """
 
     def __init__(self, timeout: float = 300.0):
@@ -121,11 +136,20 @@ class LoggingGroup:
         self._group: Any = None
         self._lock = threading.Lock()
         self.collective_count = 0  # counted so tests can prove "one collective per flush"
+        # Every rank builds its Loggers in the same order, so the index names the same group everywhere.
+        self._prefix = f'dist_logging/group{next(_GROUP_INSTANCES)}/arrived/'
+        self._sequence = 0
+        self._store: Any = None
 
     @property
     def active(self) -> bool:
         """Whether collectives really communicate (an initialized world of more than one)."""
         return is_initialized() and torch_dist.get_world_size() > 1
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group (the global rank)."""
+        return get_global_rank()
 
     def _timedelta(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.timeout)
@@ -134,19 +158,70 @@ class LoggingGroup:
         """The dedicated gloo group, created on first call (a collective)."""
         with self._lock:
             if self._group is None:
+                what = 'creating the logging gloo process group'
+                self._arrive()
                 try:
                     if torch_dist.get_backend() == 'gloo':
                         # The default group already is gloo on CPU; a second one would only
-                        # cost ports and threads.
+                        # cost ports and threads. Our own Work.wait(timeout) bounds each call.
                         self._group = torch_dist.group.WORLD
                     else:
                         self._group = torch_dist.new_group(backend='gloo', timeout=self._timedelta())
                 except RuntimeError as exc:
-                    raise DistributedLoggingError(
-                        f'could not create the logging gloo process group: {exc}', missing_ranks=()
-                    ) from exc
+                    raise self._failure(what, exc) from exc
             return self._group
 
+    # ------------------------------------------------------------------ arrival marks
+    def _get_store(self) -> Any:
+        if self._store is None:
+            try:
+                from torch.distributed import distributed_c10d
+
+                self._store = distributed_c10d._get_default_store()
+            except Exception:  # noqa: BLE001 - diagnostics are best effort
+                self._store = False
+        return self._store
+
+    def _arrive(self) -> None:
+        """Record in the store that this rank reached collective number ``_sequence + 1``."""
+        self._sequence += 1
+        store = self._get_store()
+        if store:
+            try:
+                store.set(f'{self._prefix}{get_global_rank()}', str(self._sequence))
+            except Exception:  # noqa: BLE001 - a store hiccup must not fail logging
+                pass
+
+    def missing_ranks(self) -> Optional[list[int]]:
+        """Ranks that have not reached this rank's latest collective (None when unknown).
+
+        Reads every rank's arrival mark from the rendezvous store (no collective).
+        """
+        store = self._get_store()
+        if not store:
+            return None
+        missing = []
+        try:
+            for rank in range(torch_dist.get_world_size()):
+                key = f'{self._prefix}{rank}'
+                if not store.check([key]) or int(store.get(key)) != self._sequence:
+                    missing.append(rank)
+        except Exception:  # noqa: BLE001 - the store may be gone with the failed rank's host
+            return None
+        return missing
+
+    def _failure(self, what: str, exc: BaseException) -> DistributedLoggingError:
+        error = DistributedLoggingError.from_runtime_error(what, exc, self.timeout)
+        if not error.missing_ranks:
+            missing = self.missing_ranks()
+            if missing:
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                error = DistributedLoggingError(
+                    f'{what}: ranks {missing} did not reach it within {self.timeout:g} s, or failed ({first})',
+                    missing)
+        return error
+
+    # ------------------------------------------------------------------ collectives
     def barrier(self, what: str) -> None:
         """Wait until every rank arrives, or raise naming the ranks that did not.
 
@@ -156,36 +231,68 @@ class LoggingGroup:
         if not self.active:
             return
         group = self.group()
+        self._arrive()
         try:
             torch_dist.monitored_barrier(group=group, timeout=self._timedelta(), wait_all_ranks=True)
         except RuntimeError as exc:
-            raise DistributedLoggingError.from_runtime_error(what, exc, self.timeout) from exc
-        self.collective_count += 1
+            raise self._failure(what, exc) from exc
+        finally:
+            self.collective_count += 1
 
     def all_reduce(self, tensor: torch.Tensor, op: Any, what: str) -> torch.Tensor:
         """All-reduce a CPU tensor in place on the logging group and return it."""
         if not self.active:
             return tensor
         group = self.group()
+        self._arrive()
         try:
             work = torch_dist.all_reduce(tensor, op=op, group=group, async_op=True)
             self._wait(work, what)
+        except RuntimeError as exc:
+            if isinstance(exc, DistributedLoggingError):
+                raise
+            raise self._failure(what, exc) from exc
         finally:
             self.collective_count += 1
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, what: str) -> list[torch.Tensor]:
-        """All-gather equal-shaped CPU tensors; returns one tensor per rank."""
+        """All-gather equal-shaped CPU tensors; returns one tensor per rank.
+
+        Every rank must pass a tensor of the same shape and dtype: gloo aborts the
+        process (it does not raise) when the sizes differ.
+        """
         if not self.active:
             return [tensor]
         group = self.group()
         outputs = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size())]
+        self._arrive()
         try:
             work = torch_dist.all_gather(outputs, tensor, group=group, async_op=True)
             self._wait(work, what)
+        except RuntimeError as exc:
+            if isinstance(exc, DistributedLoggingError):
+                raise
+            raise self._failure(what, exc) from exc
         finally:
             self.collective_count += 1
         return outputs
+
+    def all_gather_bytes(self, payload: bytes, length: int, lengths: Sequence[int], what: str) -> list[bytes]:
+        """All-gather byte strings whose lengths every rank already knows (one collective).
+
+        Args:
+            payload: this rank's bytes.
+            length: the padded length, identical on every rank (at least ``max(lengths)``).
+            lengths: every rank's payload length, by rank.
+        """
+        if not self.active:
+            return [payload]
+        padded = torch.zeros(max(length, 1), dtype=torch.uint8)
+        if payload:
+            padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        gathered = self.all_gather(padded, what)
+        return [g[:n].numpy().tobytes() for g, n in zip(gathered, lengths)]
 
     def all_gather_object(self, obj: Any, what: str) -> list[Any]:
         """All-gather picklable objects; returns one per rank.
@@ -197,13 +304,10 @@ class LoggingGroup:
             return [obj]
         import pickle
 
-        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        sizes = self.all_gather(torch.tensor([payload.numel()], dtype=torch.int64), what)
-        longest = int(max(int(s.item()) for s in sizes))
-        padded = torch.zeros(longest, dtype=torch.uint8)
-        padded[: payload.numel()] = payload
-        gathered = self.all_gather(padded, what)
-        return [pickle.loads(g[: int(s.item())].numpy().tobytes()) for g, s in zip(gathered, sizes)]
+        payload = pickle.dumps(obj)
+        sizes = [int(s.item()) for s in self.all_gather(torch.tensor([len(payload)], dtype=torch.int64), what)]
+        gathered = self.all_gather_bytes(payload, max(sizes), sizes, what)
+        return [pickle.loads(g) for g in gathered]
 
     def broadcast_object(self, obj: Any, what: str, src: int = 0) -> Any:
         """Return rank ``src``'s object on every rank."""
@@ -215,11 +319,9 @@ class LoggingGroup:
         try:
             finished = work.wait(timeout=self._timedelta())
         except RuntimeError as exc:
-            raise DistributedLoggingError.from_runtime_error(what, exc, self.timeout) from exc
+            raise self._failure(what, exc) from exc
         if finished is False:
-            raise DistributedLoggingError(
-                f'{what}: not every rank arrived within {self.timeout:g} s', missing_ranks=()
-            )
+            raise self._failure(what, RuntimeError('timed out'))
 
     def destroy(self) -> None:
         """Release the dedicated group (not the default group)."""
@@ -230,4 +332,3 @@ class LoggingGroup:
                 torch_dist.destroy_process_group(group)
             except (RuntimeError, ValueError):
                 pass
-

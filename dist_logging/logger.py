@@ -60,6 +60,16 @@ def _resolve_run_name(run_name: Optional[str], group: dist.LoggingGroup) -> str:
     return generated
 
 
+_CLOSED_MESSAGE = 'this Logger is closed; log calls after close() are not accepted'
+
+
+class _ClosedRoutes:
+    """Stands in for the routing table after close, so the hot path needs no closed check."""
+
+    def __getitem__(self, level: Any) -> tuple:
+        raise RuntimeError(_CLOSED_MESSAGE)
+
+
 def _rank_included(ranks: str) -> bool:
     if ranks == 'all':
         return True
@@ -118,6 +128,7 @@ class Logger:
         self.auto_flush = bool(auto_flush)
         self.state = State(_resolve_run_name(run_name, self._group))
         self._closed = False
+        self._closing = False
         self._failures: dict[int, tuple[LoggerDestination, BaseException]] = {}
         self._warned_no_upload = False
 
@@ -126,7 +137,7 @@ class Logger:
         self._active = tuple(d for d in self.destinations if _rank_included(d.ranks))
         self._is_global_zero = dist.get_global_rank() == 0
         self._hparam_destinations = self._active if self._is_global_zero else ()
-        self._routes: list[tuple[LoggerDestination, ...]] = [()] + [
+        self._routes: Any = [()] + [
             tuple(d for d in self._active if level <= LogLevel.parse(d.log_level)) for level in LogLevel
         ]
         self._uploaders = tuple(d for d in self._active if d.can_upload_files())
@@ -153,7 +164,7 @@ class Logger:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError('this Logger is closed; log calls after close() are not accepted')
+            raise RuntimeError(_CLOSED_MESSAGE)
 
     def _dispatch(self, destinations: Sequence[LoggerDestination], hook: str, *args: Any, **kwargs: Any) -> None:
         for destination in destinations:
@@ -209,7 +220,8 @@ class Logger:
             from dist_logging._consistency import check_hyperparameters
 
             differences = check_hyperparameters(redacted, self._group)
-            if differences:
+            if differences and self._is_global_zero:
+                warnings.warn(f'hyperparameters differ across ranks: {differences}', RuntimeWarning, stacklevel=2)
                 self.log_traces({'hyperparameter_mismatch': differences})
         self._dispatch(self._hparam_destinations, 'log_hyperparameters', redacted)
 
@@ -237,23 +249,30 @@ class Logger:
             RuntimeError: the Logger is closed.
         """
         if reduce is None:
-            if self._closed:
-                self._check_open()
-            destinations = self._routes[level] if type(level) is LogLevel else self._routes[LogLevel.parse(level)]
+            # The hot path: on a rank where no destination takes the call this is two lookups.
+            destinations = self._routes[level if type(level) is LogLevel else LogLevel.parse(level)]
             if not destinations:
                 return
             data = metrics() if callable(metrics) else metrics
             if not isinstance(data, Mapping):
                 raise TypeError(f'metrics must be a mapping (or a callable returning one), got {type(data).__name__}')
-            clean = {check_metric_key(key): metric_scalar(key, value) for key, value in data.items()}
-            self._dispatch(destinations, 'log_metrics', clean, step)
+            clean = {}
+            for key, value in data.items():
+                if type(key) is not str or not key:
+                    check_metric_key(key)
+                kind = type(value)
+                clean[key] = value if kind is float or kind is int else metric_scalar(key, value)
+            for destination in destinations:
+                try:
+                    destination.log_metrics(clean, step)
+                except Exception as exc:  # noqa: BLE001 - one destination must not take the others down
+                    self._record_failure(destination, 'log_metrics', exc)
             return
         self._check_open()
         if reduce not in REDUCTIONS:
             raise ValueError(f'unknown reduce {reduce!r}; expected one of {list(REDUCTIONS)} or None')
-        LogLevel.parse(level)
         data = self._resolve(metrics, 'metrics')
-        self._gatherer.add(data, step, reduce)
+        self._gatherer.add(data, step, reduce, int(LogLevel.parse(level)))
 
     def log_traces(self, traces: Data, *, level: Union[LogLevel, int, str] = LogLevel.VERBOSE) -> None:
         """Log debug data (any values) to the destinations active on this rank; secrets are redacted.
@@ -305,14 +324,12 @@ class Logger:
             ValueError: images whose shape or dtype is not an image (says what was expected).
             RuntimeError: the Logger is closed.
         """
-        from dist_logging._images import to_image_batch
+        from dist_logging._images import to_image_batch, validate_masks
 
         self._check_open()
         destinations = self._routes[LogLevel.parse(level)]
-        to_image_batch(images, channels_last)  # validate on every rank, at the call
-        if masks is not None:
-            if not isinstance(masks, Mapping):
-                raise TypeError(f'masks must be a mapping of mask name -> masks, got {type(masks).__name__}')
+        batch = to_image_batch(images, channels_last)  # validate on every rank, at the call
+        validate_masks(masks, batch)
         if destinations:
             self._dispatch(destinations, 'log_images', images, name, channels_last, step, masks,
                            mask_class_labels, use_table)
@@ -346,22 +363,36 @@ class Logger:
             UploadError: an earlier upload failed (surfaced at the next call).
             RuntimeError: the Logger is closed.
         """
-        self._check_open()
+        if not self._closing:
+            self._check_open()
         timestamp = self.state.timestamp
-        remote = validate_object_name(format_name_with_dist_and_time(remote_file_name, self.run_name, timestamp))
-        path = pathlib.Path(format_name_with_dist_and_time(os.fspath(file_path), self.run_name, timestamp))
-        if not path.exists():
-            raise FileNotFoundError(f'upload_file: {str(path)!r} does not exist')
-        if path.is_dir():
-            raise IsADirectoryError(f'upload_file: {str(path)!r} is a directory; upload its files one by one')
+        # This call sits on the training loop: names without placeholders skip formatting, and one
+        # stat answers both "exists?" and "directory?".
+        if type(remote_file_name) is not str or '{' in remote_file_name or '}' in remote_file_name:
+            remote_file_name = format_name_with_dist_and_time(remote_file_name, self.run_name, timestamp)
+        remote = validate_object_name(remote_file_name)
+        local = os.fspath(file_path)
+        if type(local) is not str or '{' in local or '}' in local:
+            local = format_name_with_dist_and_time(local, self.run_name, timestamp)
+        try:
+            mode = os.stat(local).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f'upload_file: {local!r} does not exist') from None
+        if mode & 0o170000 == 0o040000:  # stat.S_ISDIR
+            raise IsADirectoryError(f'upload_file: {local!r} is a directory; upload its files one by one')
         if not self._has_uploader_anywhere and not self._warned_no_upload:
             self._warned_no_upload = True
             warnings.warn(f'upload_file({remote!r}): the Logger has no upload-capable destination; '
                           'files are not uploaded', RuntimeWarning, stacklevel=2)
+        path = None
         for destination in self._uploaders:
             if self._upload_takes_copy[id(destination)]:
-                destination.upload_file(self.state, remote, path, overwrite=overwrite, copy=copy)
+                # Destinations that take copy= also take the path as a str (building a
+                # pathlib.Path costs more than the whole hand-over).
+                destination.upload_file(self.state, remote, local, overwrite=overwrite, copy=copy)
             else:
+                if path is None:
+                    path = pathlib.Path(local)
                 destination.upload_file(self.state, remote, path, overwrite=overwrite)
 
     # ------------------------------------------------------------------ gathering
@@ -377,9 +408,10 @@ class Logger:
             RuntimeError: the Logger is closed.
         """
         self._check_open()
-        for metrics, step in self._gatherer.flush():
-            destinations = self._routes[LogLevel.BATCH] if self._is_global_zero else ()
-            self._dispatch(destinations, 'log_metrics', metrics, step)
+        results = self._gatherer.flush(self.state.timestamp.batch)
+        if self._is_global_zero:
+            for metrics, step, level in results:
+                self._dispatch(self._routes[level], 'log_metrics', metrics, step)
 
     # ------------------------------------------------------------------ lifecycle
     def run_event(self, event: Union[Event, str]) -> None:
@@ -441,15 +473,21 @@ class Logger:
             warnings.warn(f'Logger.close(): metrics buffered with reduce= were never flushed: {sorted(pending)}; '
                           'call flush() on every rank before close()', RuntimeWarning, stacklevel=2)
         self._closed = True
+        self._routes = _ClosedRoutes()  # type: ignore[assignment]
         errors = [exc for destination, exc in self._failures.values() if not destination.optional]
+        # Destinations upload their last files (final log lines, event files) from their own
+        # close(): close uploaders last, and accept those uploads until every close ran.
+        ordered = [d for d in self._active if d not in self._uploaders] + list(self._uploaders)
+        self._closing = True
         for event in (Event.CLOSE, Event.POST_CLOSE):
-            for destination in self._active:
+            for destination in ordered:
                 try:
                     destination.run_event(event, self.state, self)
                 except Exception as exc:  # noqa: BLE001 - every destination gets closed
                     log.error('%s.%s raised %s', type(destination).__name__, event.value, exc, exc_info=exc)
                     if not destination.optional:
                         errors.append(exc)
+        self._closing = False
         self._group.destroy()
         if errors:
             first = errors[0]
@@ -475,6 +513,27 @@ class Logger:
             'torch_version': torch.__version__,
             'hosts': sorted(set(hosts)),
         })
+
+    @classmethod
+    def from_config(cls, config: Any, **overrides: Any) -> 'Logger':
+        """Build a Logger from a YAML file or a mapping (see :mod:`dist_logging.config`); call it on every rank.
+
+        Every key is checked before anything is built, so a typo fails here with its key
+        path (``destinations[2].rankz: unknown key; did you mean 'ranks'?``).
+
+        Args:
+            config: a path to a YAML file, or the config as a mapping.
+            **overrides: Logger keyword arguments (e.g. ``run_name=``) that win over the config.
+
+        Raises:
+            FileNotFoundError: the config file does not exist.
+            ValueError: an unknown key or destination type, a bad value, an unset environment variable.
+            TypeError: an override the Logger does not take, or a value of the wrong type.
+            ImportError: a destination's optional package is missing (names the extra to install).
+        """
+        from dist_logging.config import logger_from_config
+
+        return logger_from_config(config, **overrides)
 
     def __repr__(self) -> str:
         return f'Logger(run_name={self.run_name!r}, destinations={list(self.destinations)!r})'

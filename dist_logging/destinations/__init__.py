@@ -1,7 +1,35 @@
-"""Logger destinations, one per module. Optional integrations import their library lazily."""
+"""Logger destinations, one per module. Optional integrations import their library lazily.
+
+``TensorboardLogger``, ``MLFlowLogger`` and ``RemoteUploaderDownloader`` are imported on
+first access (module ``__getattr__``), so importing this package never imports
+tensorboard, mlflow or boto3.
+"""
+
+from typing import Any
 
 from dist_logging.destinations.console import ConsoleLogger
 from dist_logging.destinations.file import FileLogger
 from dist_logging.destinations.in_memory import InMemoryLogger
 
-__all__ = ['InMemoryLogger', 'ConsoleLogger', 'FileLogger']
+_LAZY = {
+    'TensorboardLogger': 'dist_logging.destinations.tensorboard',
+    'MLFlowLogger': 'dist_logging.destinations.mlflow',
+    'RemoteUploaderDownloader': 'dist_logging.destinations.remote',
+}
+
+__all__ = ['InMemoryLogger', 'ConsoleLogger', 'FileLogger', *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,12 +1,14 @@
-"""FileLogger: each rank's log as a text or JSON Lines file, uploaded when an uploader exists."""
+"""FileLogger: each rank's log as a text or JSON Lines file, with its tables and images beside it, uploaded when an uploader exists."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
+from dist_logging._artifacts import jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
@@ -19,6 +21,13 @@ if TYPE_CHECKING:
 __all__ = ['FileLogger']
 
 FORMATS = ('text', 'jsonl')
+TABLE_FORMATS = ('jsonl', 'csv')
+
+
+def _artifact_base(path: str) -> str:
+    """``runs/x/logs-rank0.txt`` -> ``runs/x/logs-rank0``: the folder for that log's tables and images."""
+    root, ext = os.path.splitext(path)
+    return root if ext else path + '.d'
 
 
 class FileLogger(LoggerDestination):
@@ -29,14 +38,30 @@ class FileLogger(LoggerDestination):
     has an upload-capable destination, the file is uploaded (``overwrite=True``) under
     ``remote_file_name`` after every flush, so the object always holds the newest log.
 
+    Tables and images go next to the log, in a folder named after it without its
+    extension (``runs/r/logs-rank0.txt`` -> ``runs/r/logs-rank0/``):
+
+    * ``tables/<name>.jsonl`` (one JSON object per row, with the step as ``_step``) or
+      ``tables/<name>.csv`` (a header ``_step,<columns>``, then one line per row);
+    * ``images/<name>/step<step>-<i>.png`` for image ``i`` of a batch, and
+      ``images/<name>/step<step>-<i>.<mask name>.png`` with each mask overlaid.
+
+    They are uploaded like the log (under the same folder next to ``remote_file_name``):
+    tables after every flush that changed them, each image once, at the next flush.
+    The log itself gets one line per table or image call that names the file.
+
     Args:
         filename: template for the local path (``{run_name}``, ``{rank}``, ...).
-        remote_file_name: template for the uploaded name (default: the same as ``filename``);
-            ``None``-like empty string disables uploading.
+        remote_file_name: template for the uploaded name (default: ``filename`` when it is
+            relative, else ``{run_name}/<its file name>``); an empty string disables uploading.
         format: ``'text'`` (human-readable lines) or ``'jsonl'`` (one JSON object a line).
         flush_interval: flush every this many batches (>= 1).
         log_traces: also write traces (default True).
+        table_format: ``'jsonl'`` (default) or ``'csv'``; a CSV table keeps the columns of its
+            first call (a later call with other columns raises ``ValueError``).
         ranks: rank policy (default ``'all'``: every rank writes its own file).
+        log_level: highest :class:`~dist_logging.LogLevel` taken (default: all).
+        optional: when True, this destination's errors are reported but never re-raised.
 
     Raises:
         ValueError: a bad template, an unknown format, a bad interval, or a template that
@@ -44,23 +69,31 @@ class FileLogger(LoggerDestination):
     """
 
     def __init__(self, filename: str = '{run_name}/logs-rank{rank}.txt', remote_file_name: Optional[str] = None,
-                 format: str = 'text', flush_interval: int = 100, log_traces: bool = True, ranks: str = 'all',
-                 log_level: Any = None, optional: Optional[bool] = None):
+                 format: str = 'text', flush_interval: int = 100, log_traces: bool = True,
+                 table_format: str = 'jsonl', ranks: str = 'all', log_level: Any = None,
+                 optional: Optional[bool] = None):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         if format not in FORMATS:
             raise ValueError(f'FileLogger: unknown format {format!r}; expected one of {list(FORMATS)}')
+        if table_format not in TABLE_FORMATS:
+            raise ValueError(f'FileLogger: unknown table_format {table_format!r}; expected one of {list(TABLE_FORMATS)}')
         if isinstance(flush_interval, bool) or not isinstance(flush_interval, int) or flush_interval < 1:
             raise ValueError(f'FileLogger: flush_interval must be an int >= 1, got {flush_interval!r}')
         validate_template(filename, DIST_PLACEHOLDERS)
         check_rank_distinct(filename, self.ranks, 'FileLogger filename')
         if remote_file_name is None:
-            remote_file_name = filename
+            # An absolute local path is no object name: keep its file name, under the run's folder.
+            remote_file_name = filename if not os.path.isabs(filename) else '{run_name}/' + os.path.basename(filename)
         if remote_file_name:
             validate_template(remote_file_name, DIST_PLACEHOLDERS)
+            if os.path.isabs(remote_file_name) or remote_file_name.startswith('\\'):
+                raise ValueError(f'FileLogger: remote_file_name {remote_file_name!r} is absolute; use a name '
+                                 'relative to the bucket')
             check_rank_distinct(remote_file_name, self.ranks, 'FileLogger remote_file_name')
         self.filename_template = filename
         self.remote_file_name_template = remote_file_name
         self.format = format
+        self.table_format = table_format
         self.flush_interval = flush_interval
         self.should_log_traces = log_traces
         self.filename: Optional[str] = None
@@ -69,6 +102,10 @@ class FileLogger(LoggerDestination):
         self._state: Optional['State'] = None
         self._logger: Optional['Logger'] = None
         self._dirty = False
+        # table name -> (open file, columns); relative artifact paths to upload at the next flush.
+        self._tables: dict[str, tuple[TextIO, Optional[list[str]]]] = {}
+        self._dirty_artifacts: dict[str, bool] = {}  # relative path -> overwrite
+        self._used_image_names: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
@@ -83,6 +120,11 @@ class FileLogger(LoggerDestination):
         # Append: a restarted run with the same name keeps what the first attempt wrote.
         self._file = open(self.filename, 'a', encoding='utf-8', buffering=1 << 16)
 
+    @property
+    def artifact_dir(self) -> Optional[str]:
+        """The local folder of this log's tables and images (``None`` before the Logger opens it)."""
+        return _artifact_base(self.filename) if self.filename else None
+
     def batch_end(self, state: 'State', logger: 'Logger') -> None:
         if state.timestamp.batch % self.flush_interval == 0:
             self.flush()
@@ -96,24 +138,48 @@ class FileLogger(LoggerDestination):
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self._file is None:
             return
-        self.flush()
-        self._file.close()
-        self._file = None
+        try:
+            self.flush()
+        finally:
+            for handle, _ in self._tables.values():
+                handle.close()
+            self._tables.clear()
+            self._file.close()
+            self._file = None
 
     def flush(self) -> None:
-        """Write buffered lines to disk and, if the Logger can upload, upload the file."""
-        if self._file is None or not self._dirty:
+        """Write buffered lines and tables to disk and, if the Logger can upload, upload what changed.
+
+        Raises:
+            Whatever ``Logger.upload_file`` raises (e.g. an earlier upload's ``UploadError``).
+        """
+        if self._file is None or not (self._dirty or self._dirty_artifacts):
             return
         self._file.flush()
-        self._dirty = False
+        for handle, _ in self._tables.values():
+            handle.flush()
+        uploads: list[tuple[str, str, bool]] = []
         logger = self._logger
-        if self.remote_file_name and logger is not None and logger.has_file_upload_destination():
-            logger.upload_file(self.remote_file_name, self.filename, overwrite=True)
+        can_upload = self.remote_file_name and logger is not None and logger.has_file_upload_destination()
+        if can_upload:
+            if self._dirty:
+                uploads.append((self.remote_file_name, self.filename, True))
+            remote_base = _artifact_base(self.remote_file_name)
+            local_base = self.artifact_dir
+            uploads += [(f'{remote_base}/{rel}', os.path.join(local_base, rel), overwrite)
+                        for rel, overwrite in self._dirty_artifacts.items()]
+        self._dirty = False
+        self._dirty_artifacts = {}
+        for remote, local, overwrite in uploads:
+            logger.upload_file(remote, local, overwrite=overwrite)
 
     # ------------------------------------------------------------------ writing
-    def _write(self, kind: str, data: Any, step: Optional[int] = None, **extra: Any) -> None:
+    def _check_open(self) -> None:
         if self._file is None:
             raise RuntimeError(f'FileLogger({self.filename_template!r}) is not open: it is opened by the Logger')
+
+    def _write(self, kind: str, data: Any, step: Optional[int] = None, **extra: Any) -> None:
+        self._check_open()
         timestamp = self._state.timestamp if self._state is not None else None
         if self.format == 'jsonl':
             record: dict[str, Any] = {'kind': kind, 'time': round(time.time(), 6)}
@@ -133,6 +199,11 @@ class FileLogger(LoggerDestination):
                 self._file.write(f'[{kind}]{where}: {format_log_data_value(data)}\n')
         self._dirty = True
 
+    def _step(self, step: Optional[int]) -> int:
+        if step is not None:
+            return step
+        return self._state.timestamp.batch if self._state is not None else 0
+
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         self._write('hparams', hyperparameters)
 
@@ -145,4 +216,68 @@ class FileLogger(LoggerDestination):
 
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
                   step: Optional[int] = None) -> None:
-        self._write('table', {'columns': columns, 'rows': rows}, step, name=name)
+        self._check_open()
+        step_value = self._step(step)
+        rel = f'tables/{safe_artifact_name(name)}.{self.table_format}'
+        path = os.path.join(self.artifact_dir, rel)
+        entry = self._tables.get(rel)
+        if entry is None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            existing_header: Optional[list[str]] = None
+            if self.table_format == 'csv' and os.path.exists(path) and os.path.getsize(path) > 0:
+                with open(path, newline='', encoding='utf-8') as f:  # a restarted run appends to the same table
+                    existing_header = next(csv.reader(f), None)
+            handle = open(path, 'a', encoding='utf-8', newline='', buffering=1 << 16)
+            entry = (handle, existing_header[1:] if existing_header else None)
+            self._tables[rel] = entry
+        handle, header = entry
+        if self.table_format == 'csv':
+            if header is None:
+                csv.writer(handle).writerow(['_step', *columns])
+                self._tables[rel] = (handle, list(columns))
+            elif header != list(columns):
+                raise ValueError(f'FileLogger: table {name!r} was written to {path!r} with columns {header}; '
+                                 f'got {list(columns)}. A CSV file keeps one header: use another table name '
+                                 "or table_format='jsonl'")
+            writer = csv.writer(handle)
+            for row in rows:
+                writer.writerow([step_value, *(format_log_data_value(v) for v in row)])
+        else:
+            for row in rows:
+                record = {'_step': step_value}
+                record.update({column: jsonable(value) for column, value in zip(columns, row)})
+                handle.write(json.dumps(record, allow_nan=False, default=format_log_data_value) + '\n')
+        self._dirty_artifacts[rel] = True
+        self._write('table', f'{len(rows)} row(s) -> {path}', step, name=name, file=path, rows=len(rows))
+
+    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
+                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+        from dist_logging._images import overlay_masks, to_image_batch, to_uint8, validate_masks, write_png
+
+        self._check_open()
+        batch = to_uint8(to_image_batch(images, channels_last))
+        mask_batches = validate_masks(masks, batch)
+        step_value = self._step(step)
+        folder = f'images/{safe_artifact_name(name)}'
+        stem = f'{folder}/step{step_value:06d}'
+        # The same name and step twice (e.g. train and eval at one batch) must not overwrite the first.
+        suffix, counter = '', 1
+        while stem + suffix in self._used_image_names:
+            counter += 1
+            suffix = f'_{counter}'
+        stem += suffix
+        self._used_image_names.add(stem)
+        os.makedirs(os.path.join(self.artifact_dir, folder), exist_ok=True)
+        written = []
+        for index in range(batch.shape[0]):
+            outputs = [(f'{stem}-{index}.png', batch[index])]
+            for mask_name, mask in mask_batches.items():
+                overlaid = overlay_masks(batch[index:index + 1], mask[index:index + 1])[0]
+                outputs.append((f'{stem}-{index}.{safe_artifact_name(mask_name).replace("/", "_")}.png', overlaid))
+            for rel, image in outputs:
+                write_png(os.path.join(self.artifact_dir, rel), image)
+                self._dirty_artifacts[rel] = True
+                written.append(rel)
+        self._write('images', f'{len(written)} file(s) in {os.path.join(self.artifact_dir, folder)}', step,
+                    name=name, files=[os.path.join(self.artifact_dir, rel) for rel in written])

@@ -1,0 +1,310 @@
+"""Step-time inflation of a real training loop that uploads a checkpoint every K steps, per upload mode.
+
+Launch::
+
+    torchrun --standalone --nproc_per_node=4 benchmarks/training_stall.py --ckpt-size 256MiB --every 10
+
+The loop: an MLP (``--width`` x ``--depth``, GELU) wrapped in DistributedDataParallel when the
+world has more than one rank (gradients all-reduced every step, so ranks move in lockstep and a
+stall on one rank is felt by all), AdamW, random batches on the device. Every ``--every``
+steps each rank writes a checkpoint (model + optimizer state + filler up to ``--ckpt-size``,
+``torch.save`` to a fresh file) and hands it to the mode under test, then trains on.
+
+Modes run in segments of ``--checkpoints`` checkpoints each, rotating between modes every
+round; between segments the uploads are awaited (not timed) so each segment starts clean:
+
+* ``none``: the same loop, checkpoint written, no upload -- the reference;
+* ``ours_nocopy`` / ``ours_copy``: ``Logger.upload_file(copy=False/True)``, worker threads;
+* ``ours_procs_nocopy`` / ``ours_procs``: the same with ``use_procs=True``;
+* ``sync_upload``: the upload on the training thread;
+* ``composer_design``: copy2 to staging + spawn-queue worker processes (Composer's design).
+
+Step time is the training step plus the ``upload_file`` call (the checkpoint write is timed
+separately: it is the same in every mode). Inflation = mean step time of a mode / mean step
+time of ``none`` - 1, both from the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import uuid
+from typing import Any, Callable, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _baselines as B  # noqa: E402
+import _common as C  # noqa: E402
+import torch  # noqa: E402
+
+NAME = 'training_stall'
+ALL_MODES = ('none', 'ours_nocopy', 'ours_procs_nocopy', 'ours_copy', 'ours_procs', 'sync_upload', 'composer_design')
+
+
+def build_model(width: int, depth: int, device: torch.device) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    layers.append(torch.nn.Linear(width, 1))
+    return torch.nn.Sequential(*layers).to(device)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = C.base_parser(__doc__.splitlines()[0])
+    parser.add_argument('--ckpt-size', default='256MiB', help='checkpoint file size')
+    parser.add_argument('--every', type=int, default=10, help='checkpoint every this many steps')
+    parser.add_argument('--checkpoints', type=int, default=2, help='checkpoints per timed segment')
+    parser.add_argument('--rounds', type=int, default=3, help='segments per mode')
+    parser.add_argument('--width', type=int, default=1024)
+    parser.add_argument('--depth', type=int, default=4)
+    parser.add_argument('--batch', type=int, default=128)
+    parser.add_argument('--store', choices=('local', 's3'), default='local', help='upload target')
+    parser.add_argument('--modes', default=','.join(ALL_MODES))
+    parser.add_argument('--workers', type=int, default=4, help='num_concurrent_uploads for ours')
+    parser.add_argument('--composer-workers', type=int, default=1)
+    parser.add_argument('--workdir', default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.ckpt_size, args.every, args.checkpoints, args.rounds = '1MiB', 3, 1, 1
+        args.width, args.depth, args.batch = 128, 2, 32
+    ckpt_size = C.parse_size(args.ckpt_size)
+    wanted = [m.strip() for m in args.modes.split(',') if m.strip()]
+    if 'none' not in wanted:
+        wanted.insert(0, 'none')
+
+    d = C.init_distributed(args.backend)
+    torch.manual_seed(1234 + d.rank)
+    base = d.broadcast_object(args.workdir or tempfile.mkdtemp(prefix='dist_logging-bench-stall-'))
+    work = pathlib.Path(base) / f'node-{d.node}'
+    (work / 'ckpt').mkdir(parents=True, exist_ok=True)
+
+    model = build_model(args.width, args.depth, d.device)
+    if d.world_size > 1:
+        ddp_kwargs = {'device_ids': [d.device.index]} if d.device.type == 'cuda' else {}
+        model = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(args.batch, args.width, device=d.device)
+    y = torch.randn(args.batch, 1, device=d.device)
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        C.device_sync(d.device)
+
+    # Checkpoint payload: real state + a filler so the file has the requested size.
+    for _ in range(2):
+        train_step()  # optimizer state exists from here on
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3  # params + 2 Adam moments
+    filler = torch.randint(0, 256, (max(ckpt_size - state_bytes, 0),), dtype=torch.uint8)
+
+    def write_checkpoint(path: pathlib.Path) -> None:
+        torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'filler': filler}, path)
+
+    # Upload modes.
+    moto_proc = None
+    endpoint = None
+    if args.store == 's3':
+        endpoint, moto_proc = C.start_moto(d)
+        uri, backend_kwargs = f's3://{C.MOTO_BUCKET}', {'endpoint_url': endpoint}
+        spec = {'kind': 's3', 'bucket': C.MOTO_BUCKET, 'endpoint': endpoint}
+    else:
+        (work / 'bucket').mkdir(exist_ok=True)
+        uri, backend_kwargs = f'file://{work / "bucket"}', None
+        spec = {'kind': 'local', 'root': str(work / 'bucket')}
+    calls: dict[str, Callable[[str, str], None]] = {'none': lambda name, path: None}
+    waits: dict[str, Callable[[list[str]], None]] = {'none': lambda names: None}
+    closers: list[Callable[[], None]] = []
+    skipped: dict[str, str] = {}
+    from dist_logging import Logger
+
+    try:
+        from dist_logging.destinations import RemoteUploaderDownloader
+    except ImportError as exc:
+        RemoteUploaderDownloader = None  # type: ignore[assignment,misc]
+        for m in wanted:
+            if m.startswith('ours'):
+                skipped[m] = f'RemoteUploaderDownloader not importable: {exc}'
+    for use_procs in (False, True):
+        names = ('ours_procs_nocopy', 'ours_procs') if use_procs else ('ours_nocopy', 'ours_copy')
+        if RemoteUploaderDownloader is None or not any(n in wanted for n in names):
+            continue
+        dest = RemoteUploaderDownloader(uri, backend_kwargs=backend_kwargs, num_concurrent_uploads=args.workers,
+                                        use_procs=use_procs,
+                                        upload_staging_folder=str(work / f'staging-{"procs" if use_procs else "threads"}'))
+        logger = Logger([dest], run_name='bench-stall')
+        closers.append(logger.close)
+
+        def wait(names: list[str], dest: Any = dest) -> None:
+            if not dest.wait_for_uploads(900):
+                raise RuntimeError('uploads did not land within 900 s')
+
+        calls[names[0]] = lambda n, p, lg=logger: lg.upload_file(n, p, copy=False)
+        calls[names[1]] = lambda n, p, lg=logger: lg.upload_file(n, p, copy=True)
+        waits[names[0]] = waits[names[1]] = wait
+    if 'sync_upload' in wanted:
+        backend = B.Backend(spec)
+        calls['sync_upload'] = lambda n, p: B.sync_upload(backend, n, p)
+        waits['sync_upload'] = lambda names: None
+    if 'composer_design' in wanted:
+        uploader = B.ComposerDesignUploader(spec, str(work / f'staging-composer-r{d.rank}'),
+                                            num_concurrent_uploads=args.composer_workers)
+        closers.append(uploader.close)
+        calls['composer_design'] = lambda n, p: uploader.upload_file(n, p)
+
+        def cwait(names: list[str]) -> None:
+            if not uploader.wait_landed(names, 900):
+                raise RuntimeError('Composer-design uploads did not land within 900 s')
+        waits['composer_design'] = cwait
+    modes = [m for m in wanted if m in calls]
+    everyone = d.all_gather_object(modes)
+    modes = [m for m in modes if all(m in other for other in everyone)]
+    d.log(f'training_stall: {d.world_size} ranks, modes {modes}, checkpoint {C.format_size(ckpt_size)} every '
+          f'{args.every} steps, {args.rounds} rounds x {args.checkpoints} checkpoints, store {args.store}')
+
+    steps: dict[str, list[int]] = {m: [] for m in modes}
+    ckpt_steps: dict[str, list[int]] = {m: [] for m in modes}   # the step right after a checkpoint
+    upload_block: dict[str, list[int]] = {m: [] for m in modes}
+    writes: list[int] = []
+    try:
+        # Warm-up: a few steps and one checkpoint through every mode, untimed.
+        for r, order in C.rotations(modes, args.rounds + 1):
+            for mode in order:
+                d.barrier()
+                names: list[str] = []
+                local_files: list[pathlib.Path] = []
+                for step in range(args.every * args.checkpoints):
+                    t_write = 0
+                    if step % args.every == 0:
+                        path = work / 'ckpt' / f'r{d.rank}-{mode}-{r}-{step}-{uuid.uuid4().hex[:6]}.pt'
+                        t0 = C.now_ns()
+                        write_checkpoint(path)
+                        t_write = C.now_ns() - t0
+                        local_files.append(path)
+                    t0 = C.now_ns()
+                    if step % args.every == 0:
+                        name = f'stall/{mode}/r{d.rank}/{r}-{step}.pt'
+                        names.append(name)
+                        u0 = C.now_ns()
+                        calls[mode](name, str(path))
+                        if r > 0:
+                            upload_block[mode].append(C.now_ns() - u0)
+                    train_step()
+                    dt = C.now_ns() - t0
+                    if r > 0:
+                        steps[mode].append(dt)
+                        if step % args.every == 0:
+                            ckpt_steps[mode].append(dt)
+                            writes.append(t_write)
+                waits[mode](names)  # not timed: the next segment starts clean
+                for f in local_files:
+                    f.unlink()
+                _delete_objects(args.store, spec, endpoint, names)
+    finally:
+        for closer in closers:
+            closer()
+        C.stop_moto(moto_proc)
+        d.barrier()
+        if d.local_rank == 0 and not args.workdir:
+            shutil.rmtree(base, ignore_errors=True)
+
+    every = d.all_gather_object({'steps': steps, 'ckpt_steps': ckpt_steps, 'upload': upload_block, 'writes': writes})
+    per_mode: dict[str, Any] = {}
+    for mode in modes:
+        # A step is as slow as its slowest rank (DDP all-reduces gradients every step).
+        n = len(steps[mode])
+        slowest = [max(rank['steps'][mode][i] for rank in every) for i in range(n)]
+        per_mode[mode] = {
+            'step_ms': C.summarize(slowest, 1e-6),
+            'step_after_checkpoint_ms': C.summarize([max(rank['ckpt_steps'][mode][i] for rank in every)
+                                                     for i in range(len(ckpt_steps[mode]))], 1e-6),
+            'upload_call_ms': C.summarize([v for rank in every for v in rank['upload'][mode]], 1e-6),
+        }
+    ref = per_mode['none']['step_ms']['mean']
+    for mode in modes:
+        per_mode[mode]['inflation_mean'] = C.ratio(per_mode[mode]['step_ms']['mean'], ref) - 1.0
+        per_mode[mode]['inflation_median'] = C.ratio(per_mode[mode]['step_ms']['median'],
+                                                     per_mode['none']['step_ms']['median']) - 1.0
+    summary: dict[str, Any] = {
+        'what': 'step time (training step + upload_file call; slowest rank) per mode, and inflation vs no upload',
+        'checkpoint_bytes': ckpt_size,
+        'every': args.every,
+        'checkpoints_per_segment': args.checkpoints,
+        'rounds': args.rounds,
+        'store': args.store,
+        'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'device': str(d.device),
+                  'ddp': d.world_size > 1},
+        'checkpoint_write_ms': C.summarize([v for rank in every for v in rank['writes']], 1e-6),
+        'skipped': skipped,
+        'modes': per_mode,
+    }
+    targets = {}
+    if 'ours_nocopy' in per_mode:
+        infl = per_mode['ours_nocopy']['inflation_mean']
+        note = None
+        if ckpt_size != 256 << 20 or args.every != 10:
+            note = f'the target is stated for 256MiB every 10 steps; this run used {C.format_size(ckpt_size)} every {args.every}'
+        targets['nocopy_inflation_le_5pct'] = {'value': infl, 'target': 0.05, 'met': infl <= 0.05, 'note': note}
+    for mode in ('ours_procs_nocopy', 'ours_copy', 'ours_procs', 'sync_upload', 'composer_design'):
+        if mode in per_mode:
+            targets[f'{mode}_inflation'] = {'value': per_mode[mode]['inflation_mean']}
+    summary['targets'] = targets
+    summary = C.clean_nan(summary)
+    C.write_results(NAME, d, summary, args.out_json)
+    if not args.no_plot and d.is_zero:
+        plot(summary, d, args.out_json)
+    C.shutdown(d)
+    return 0
+
+
+def _delete_objects(store: str, spec: dict, endpoint: Optional[str], names: list[str]) -> None:
+    if store == 'local':
+        for name in names:
+            try:
+                os.unlink(os.path.join(spec['root'], name))
+            except FileNotFoundError:
+                pass
+    elif names:
+        C.s3_client(endpoint).delete_objects(Bucket=C.MOTO_BUCKET,  # type: ignore[arg-type]
+                                             Delete={'Objects': [{'Key': n} for n in names], 'Quiet': True})
+
+
+def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
+    fig, (ax1, ax2) = C.new_figure(ncols=2, width=6.4)
+    modes = list(summary['modes'])
+    xs = list(range(len(modes)))
+    infl = [100 * (summary['modes'][m]['inflation_mean'] or 0.0) for m in modes]
+    bars = ax1.bar(xs, infl, color=['gray' if m == 'none' else 'tab:blue' if m.startswith('ours') else 'tab:orange'
+                                    for m in modes])
+    for bar, value in zip(bars, infl):
+        ax1.annotate(f'{value:.1f}%', (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha='center',
+                     va='bottom', fontsize=8)
+    ax1.axhline(5, color='red', linestyle='--', linewidth=1, label='target for copy=False: 5%')
+    ax1.set_xticks(xs)
+    ax1.set_xticklabels(modes, rotation=25, ha='right')
+    ax1.set_ylabel('step-time inflation vs no upload (%, mean)')
+    note = ' (oversubscribed)' if d.local_world_size > (os.cpu_count() or 1) else ''
+    ax1.set_title(f'{C.format_size(summary["checkpoint_bytes"])} checkpoint every {summary["every"]} steps, '
+                  f'{d.world_size} rank(s){note}', fontsize=9)
+    ax1.legend(fontsize=8)
+    med = [summary['modes'][m]['step_ms']['median'] for m in modes]
+    p95 = [summary['modes'][m]['step_ms']['p95'] for m in modes]
+    after = [summary['modes'][m]['step_after_checkpoint_ms']['median'] for m in modes]
+    ax2.bar([x - 0.27 for x in xs], med, width=0.27, label='median step')
+    ax2.bar(xs, p95, width=0.27, label='p95 step')
+    ax2.bar([x + 0.27 for x in xs], after, width=0.27, label='step with the upload_file call (median)')
+    ax2.set_xticks(xs)
+    ax2.set_xticklabels(modes, rotation=25, ha='right')
+    ax2.set_ylabel('step time (ms, slowest rank)')
+    ax2.set_yscale('log')
+    ax2.set_title(f'step times, store {summary["store"]}', fontsize=9)
+    ax2.legend(fontsize=8)
+    C.save_figure(fig, NAME, d, out_json)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

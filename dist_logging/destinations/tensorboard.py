@@ -1,0 +1,203 @@
+"""TensorboardLogger: scalars, hyperparameters, text, tables and images as TensorBoard event files."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import TYPE_CHECKING, Any, Optional
+
+from dist_logging._artifacts import flatten, markdown_table
+from dist_logging._values import format_log_data_value
+from dist_logging.destination import LoggerDestination
+from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
+                                 validate_object_name, validate_template)
+
+if TYPE_CHECKING:
+    from dist_logging.logger import Logger
+    from dist_logging.state import State
+
+__all__ = ['TensorboardLogger']
+
+INSTALL_HINT = 'TensorboardLogger needs the tensorboard package: pip install dist-logging[tensorboard]'
+
+
+def _check_installed() -> None:
+    # Cheap at construction (config load); the real, slower import happens when the Logger opens it.
+    if importlib.util.find_spec('tensorboard') is None:
+        raise ImportError(INSTALL_HINT)
+
+
+def _import_summary_writer() -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError(f'{INSTALL_HINT} ({exc})') from exc
+    return SummaryWriter
+
+
+class TensorboardLogger(LoggerDestination):
+    """Writes TensorBoard event files through ``torch.utils.tensorboard.SummaryWriter``.
+
+    * metrics -> scalars (``add_scalar``), at ``step`` or else the batch count;
+    * hyperparameters -> the HParams plugin (nested names flattened with ``/``; values that
+      are not numbers, strings or booleans are written as strings), in the same run folder;
+    * traces -> text (``traces/<name>``); tables -> Markdown text (``<name>``);
+    * images -> ``add_images`` (NHWC/NCHW as given by ``channels_last``); each mask of
+      ``masks`` is overlaid in colour and written as ``<name>/<mask name>``.
+
+    Events are written by the writer's background thread; they reach the disk every
+    ``flush_interval`` batches, at epoch end and at close. When the Logger has an
+    upload-capable destination, each event file is then uploaded (``overwrite=True``) as
+    ``<remote_dir>/<path inside log_dir>``.
+
+    Args:
+        log_dir: template for the run folder (``{run_name}``, ``{rank}``, ...).
+        flush_interval: flush (and upload) every this many batches (>= 1).
+        remote_dir: template for the uploaded folder; ``''`` or ``None`` disables uploading.
+        max_queue: events the writer may queue before a log call waits for its thread.
+        ranks: rank policy (default ``'zero'``). With ``'all'``/``'local_zero'`` the templates
+            must tell ranks apart (e.g. ``{run_name}/tensorboard/rank{rank}``).
+        log_level: highest :class:`~dist_logging.LogLevel` taken (default: all).
+        optional: when True, this destination's errors are reported but never re-raised.
+
+    Raises:
+        ImportError: tensorboard is not installed (with the extra to install).
+        ValueError: a bad template or interval, or templates that cannot tell ranks apart.
+    """
+
+    def __init__(self, log_dir: str = '{run_name}/tensorboard', flush_interval: int = 100,
+                 remote_dir: Optional[str] = '{run_name}/tensorboard', max_queue: int = 1000,
+                 ranks: str = 'zero', log_level: Any = None, optional: Optional[bool] = None):
+        super().__init__(ranks=ranks, log_level=log_level, optional=optional)
+        _check_installed()
+        if isinstance(flush_interval, bool) or not isinstance(flush_interval, int) or flush_interval < 1:
+            raise ValueError(f'TensorboardLogger: flush_interval must be an int >= 1, got {flush_interval!r}')
+        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
+            raise ValueError(f'TensorboardLogger: max_queue must be an int >= 1, got {max_queue!r}')
+        validate_template(log_dir, DIST_PLACEHOLDERS)
+        check_rank_distinct(log_dir, self.ranks, 'TensorboardLogger log_dir')
+        if remote_dir:
+            validate_template(remote_dir, DIST_PLACEHOLDERS)
+            check_rank_distinct(remote_dir, self.ranks, 'TensorboardLogger remote_dir')
+        self.log_dir_template = log_dir
+        self.remote_dir_template = remote_dir or None
+        self.flush_interval = flush_interval
+        self.max_queue = max_queue
+        self.log_dir: Optional[str] = None
+        self.remote_dir: Optional[str] = None
+        self.writer: Any = None
+        self._state: Optional['State'] = None
+        self._logger: Optional['Logger'] = None
+        self._dirty = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def init(self, state: 'State', logger: 'Logger') -> None:
+        self._state, self._logger = state, logger
+        self.log_dir = format_name_with_dist(self.log_dir_template, state.run_name)
+        if self.remote_dir_template:
+            self.remote_dir = validate_object_name(format_name_with_dist(self.remote_dir_template, state.run_name))
+        # flush_secs is a backstop for long batches; flushes normally follow flush_interval.
+        self.writer = _import_summary_writer()(log_dir=self.log_dir, max_queue=self.max_queue, flush_secs=120)
+
+    def batch_end(self, state: 'State', logger: 'Logger') -> None:
+        if state.timestamp.batch % self.flush_interval == 0:
+            self.flush()
+
+    def epoch_end(self, state: 'State', logger: 'Logger') -> None:
+        self.flush()
+
+    def fit_end(self, state: 'State', logger: 'Logger') -> None:
+        self.flush()
+
+    def close(self, state: 'State', logger: 'Logger') -> None:
+        if self.writer is None:
+            return
+        try:
+            self.writer.close()  # flushes what is queued
+            if self._dirty:
+                self._upload()
+        finally:
+            self.writer = None
+
+    def flush(self) -> None:
+        """Write queued events to disk and upload the event files, if anything was logged since the last flush.
+
+        Raises:
+            Whatever ``Logger.upload_file`` raises (e.g. an earlier upload's ``UploadError``).
+        """
+        if self.writer is None or not self._dirty:
+            return
+        self.writer.flush()
+        self._upload()
+
+    def _upload(self) -> None:
+        self._dirty = False
+        logger = self._logger
+        if not self.remote_dir or logger is None or not logger.has_file_upload_destination():
+            return
+        for root, _, files in os.walk(self.log_dir):
+            for file in sorted(files):
+                if '.tfevents.' not in file:
+                    continue
+                path = os.path.join(root, file)
+                rel = os.path.relpath(path, self.log_dir).replace(os.sep, '/')
+                logger.upload_file(f'{self.remote_dir}/{rel}', path, overwrite=True)
+
+    # ------------------------------------------------------------------ writing
+    def _writer(self) -> Any:
+        if self.writer is None:
+            raise RuntimeError(f'TensorboardLogger({self.log_dir_template!r}) is not open: it is opened by the Logger')
+        self._dirty = True
+        return self.writer
+
+    def _step(self, step: Optional[int]) -> int:
+        if step is not None:
+            return step
+        return self._state.timestamp.batch if self._state is not None else 0
+
+    def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        writer = self._writer()
+        clean: dict[str, Any] = {}
+        for name, value in flatten(hyperparameters).items():
+            if isinstance(value, (bool, int, float, str)):
+                clean[name] = value
+            elif value is not None:
+                clean[name] = format_log_data_value(value)
+        # SummaryWriter.add_hparams would write to a new sub-folder (a separate run in the UI);
+        # writing the three summaries to this writer keeps hparams with the run's scalars.
+        for summary in hparams(clean, {}):
+            writer.file_writer.add_summary(summary)
+
+    def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        writer = self._writer()
+        step = self._step(step)
+        for name, value in metrics.items():
+            writer.add_scalar(name, value, global_step=step)
+
+    def log_traces(self, traces: dict[str, Any]) -> None:
+        writer = self._writer()
+        step = self._step(None)
+        for name, value in traces.items():
+            writer.add_text(f'traces/{name}', format_log_data_value(value), global_step=step)
+
+    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
+                  step: Optional[int] = None) -> None:
+        self._writer().add_text(name, markdown_table(columns, rows), global_step=self._step(step))
+
+    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
+                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+        from dist_logging._images import overlay_masks, to_image_batch, to_uint8, validate_masks
+
+        batch = to_uint8(to_image_batch(images, channels_last))
+        mask_batches = validate_masks(masks, batch)
+        writer = self._writer()
+        step = self._step(step)
+        writer.add_images(name, batch, global_step=step, dataformats='NHWC')
+        for mask_name, mask in mask_batches.items():
+            writer.add_images(f'{name}/{mask_name}', overlay_masks(batch, mask), global_step=step, dataformats='NHWC')
+        if mask_class_labels and mask_batches:
+            legend = markdown_table(['class', 'label'], [[k, v] for k, v in sorted(mask_class_labels.items())])
+            writer.add_text(f'{name}/mask_class_labels', legend, global_step=step)

@@ -1,0 +1,145 @@
+"""A rank's staging folder: ``<staging>/rank{r}/`` with its lock, journal and snapshots.
+
+Layout::
+
+    <staging>/rank{r}/.lock            filelock held while an uploader (or a drain) owns the folder
+    <staging>/rank{r}/journal.jsonl    queued/done records (see dist_logging.upload.journal)
+    <staging>/rank{r}/files/<id>       snapshots (copies or hard links) waiting to be uploaded
+
+Opening a :class:`RankStaging` takes the lock (failing at once if another live
+process holds it), reads the journal, deletes snapshots no pending record refers
+to (left by a process killed between snapshot and record, or after an upload
+finished), and compacts the journal.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from dist_logging.upload.journal import JOURNAL_NAME, Journal, JournalState, QueuedRecord, compact, read_journal
+
+__all__ = ['RankStaging', 'StagingBusyError', 'rank_dirs']
+
+log = logging.getLogger(__name__)
+
+
+class StagingBusyError(RuntimeError):
+    """A rank's staging folder is held by another live process (an uploader or a drain)."""
+
+
+def rank_dirs(staging_folder: str) -> dict[int, str]:
+    """Rank -> ``<staging>/rank{r}`` for every rank folder present."""
+    found = {}
+    try:
+        entries = os.listdir(staging_folder)
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if entry.startswith('rank') and entry[4:].isdigit():
+            path = os.path.join(staging_folder, entry)
+            if os.path.isdir(path):
+                found[int(entry[4:])] = path
+    return dict(sorted(found.items()))
+
+
+class RankStaging:
+    """Owns ``<root>/rank{rank}`` while open.
+
+    Args:
+        root: the staging folder.
+        rank: the global rank whose subfolder this is.
+        fsync: flush journal appends and snapshots to stable storage (survives machine crashes).
+        lock_timeout: seconds to wait for the folder's lock (0: fail at once).
+
+    Raises:
+        StagingBusyError: another process holds the folder.
+    """
+
+    def __init__(self, root: str, rank: int, *, fsync: bool = False, lock_timeout: float = 0):
+        import filelock
+
+        self.root = os.path.abspath(root)
+        self.rank = rank
+        self.fsync = fsync
+        self.dir = os.path.join(self.root, f'rank{rank}')
+        self.files_dir = os.path.join(self.dir, 'files')
+        self.journal_path = os.path.join(self.dir, JOURNAL_NAME)
+        os.makedirs(self.files_dir, mode=0o700, exist_ok=True)
+        self.dev = os.stat(self.files_dir).st_dev
+        self._lock = filelock.FileLock(os.path.join(self.dir, '.lock'), thread_local=False)
+        try:
+            self._lock.acquire(timeout=lock_timeout)
+        except filelock.Timeout:
+            raise StagingBusyError(f'staging folder {self.dir} is in use by another live process (an uploader or '
+                                   'a drain); use a different upload_staging_folder or wait for it to finish') from None
+        try:
+            state = read_journal(self.journal_path)
+            if state.torn_lines:
+                log.warning('%s: ignored %d unreadable journal line(s) (a process was killed while writing)',
+                            self.journal_path, state.torn_lines)
+            self._remove_orphans(state)
+            compact(self.journal_path, state, fsync=fsync)
+            self.recovered: JournalState = state
+            self.journal = Journal(self.journal_path, fsync=fsync)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._ids = itertools.count(state.max_id + 1)
+        self._closed = False
+
+    def _remove_orphans(self, state: JournalState) -> None:
+        wanted = {str(record.id) for record in state.pending.values() if record.src is None}
+        for entry in os.listdir(self.files_dir):
+            if entry not in wanted:
+                try:
+                    os.unlink(os.path.join(self.files_dir, entry))
+                except OSError:
+                    pass
+        for record in state.pending.values():
+            if not os.path.exists(self.path_of(record)):
+                log.warning('%s: the file of pending upload %r (%s) is missing; it will fail',
+                            self.dir, record.name, self.path_of(record))
+
+    def next_id(self) -> int:
+        """A fresh upload id (thread-safe)."""
+        return next(self._ids)
+
+    def snapshot_path(self, upload_id: int) -> str:
+        """Where the snapshot of upload ``upload_id`` lives."""
+        return f'{self.files_dir}{os.sep}{upload_id}'
+
+    def path_of(self, record: QueuedRecord) -> str:
+        """The file a journal record uploads: its snapshot, or the original for an in-place hand-over."""
+        return record.src if record.src is not None else self.snapshot_path(record.id)
+
+    def finish(self, upload_id: int, path: str) -> None:
+        """Record upload ``upload_id`` as done, then delete its snapshot (never an in-place original)."""
+        self.journal.append_done(upload_id)
+        if os.path.dirname(path) == self.files_dir:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def pending(self) -> JournalState:
+        """What the journal on disk says is still pending."""
+        return read_journal(self.journal_path)
+
+    def close(self) -> JournalState:
+        """Close the journal, compact it to what is still pending, release the lock; returns what is pending."""
+        if self._closed:
+            return read_journal(self.journal_path)
+        self._closed = True
+        try:
+            self.journal.close()
+            state = read_journal(self.journal_path)
+            self._remove_orphans(state)
+            compact(self.journal_path, state, fsync=self.fsync)
+            return state
+        finally:
+            self._lock.release()
+
+    def __repr__(self) -> str:
+        return f'RankStaging({self.dir!r})'
+

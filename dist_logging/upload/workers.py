@@ -1,0 +1,447 @@
+"""Upload workers: a scheduler with per-name ordering over a thread pool or spawned processes.
+
+:class:`UploadScheduler` takes frozen :class:`UploadTask` records (never live
+objects) and guarantees at most one upload in flight per remote name: a newer
+task for a busy name waits, and a task still waiting when an even newer one
+arrives is *superseded* (reported, so its snapshot is deleted) instead of being
+uploaded, so an object never ends with older bytes after newer ones.
+
+Executors:
+
+* :class:`ThreadExecutor` (default): ``num_workers`` daemon threads sharing the
+  store (which must be thread-safe). A thread that dies is replaced.
+* :class:`ProcessExecutor` (``use_procs=True``): ``num_workers`` child Python
+  processes, each with its own copy of the store, fed one task at a time over a
+  socket pair. Children do not import torch (see :mod:`dist_logging.upload._child`),
+  die with their parent, and a child that dies is replaced; its task is retried.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection, wait as wait_connections
+from typing import Any, Callable, NamedTuple, Optional
+
+from dist_logging.upload.retry import Interrupted, RetryPolicy, call_with_retries
+
+__all__ = ['UploadTask', 'WorkerDied', 'UploadScheduler', 'ThreadExecutor', 'ProcessExecutor', 'run_upload']
+
+log = logging.getLogger(__name__)
+
+
+class WorkerDied(RuntimeError):
+    """The worker running an upload died (a crashed thread or a killed process)."""
+
+
+class UploadTask(NamedTuple):
+    """One upload, as handed to a worker: plain values only (a named tuple: cheap to build and to pickle).
+
+    Attributes:
+        id: the journal id.
+        name: the object name in the store.
+        path: the file to upload (the snapshot, or the original for an in-place hand-over).
+        size: its size in bytes, or -1 when not measured at the call (a hard-linked hand-over).
+        overwrite: whether an existing object may be replaced.
+        resumed: queued by an earlier process (it may already have landed).
+        deaths: how many workers died running it so far.
+        store: for thread executors only, a store overriding the executor's (used by ``drain``).
+    """
+
+    id: int
+    name: str
+    path: str
+    size: int
+    overwrite: bool
+    resumed: bool = False
+    deaths: int = 0
+    store: Any = None
+
+
+def _already_landed(store: Any, task: UploadTask) -> bool:
+    try:
+        size = task.size if task.size >= 0 else os.stat(task.path).st_size
+        return store.get_object_size(task.name) == size
+    except Exception:  # noqa: BLE001 - cannot tell: keep the FileExistsError
+        return False
+
+
+def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional[threading.Event] = None) -> None:
+    """Upload ``task`` to ``store`` with retries. Runs on a worker.
+
+    With ``overwrite=False``, a ``FileExistsError`` on a retry or on a resumed task
+    whose object already has the snapshot's size is taken as "an earlier attempt
+    landed before its confirmation was lost", not as a collision.
+
+    Raises:
+        The upload's last error, or :class:`~dist_logging.upload.retry.Interrupted`.
+    """
+
+    def attempt(number: int) -> None:
+        try:
+            store.upload_object(task.name, task.path, overwrite=task.overwrite)
+        except FileExistsError:
+            if not task.overwrite and (number > 1 or task.resumed) and _already_landed(store, task):
+                return
+            raise
+
+    call_with_retries(attempt, policy, stop, store)
+
+
+ResultCallback = Callable[[UploadTask, Optional[BaseException]], None]
+
+
+class ThreadExecutor:
+    """Runs tasks on ``num_workers`` daemon threads; calls ``on_result(task, exc_or_None)`` on the worker."""
+
+    def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, on_result: ResultCallback,
+                 name: str = 'upload'):
+        self._store, self._policy, self._on_result, self._name = store, policy, on_result, name
+        self._queue: 'queue.SimpleQueue[Optional[UploadTask]]' = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        self._threads_lock = threading.Lock()
+        for _ in range(num_workers):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        with self._threads_lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            thread = threading.Thread(target=self._loop, name=f'{self._name}-{len(self._threads)}', daemon=True)
+            self._threads.append(thread)
+        thread.start()
+
+    def dispatch(self, task: UploadTask) -> None:
+        self._queue.put(task)
+
+    def _loop(self) -> None:
+        task: Optional[UploadTask] = None
+        try:
+            while True:
+                task = self._queue.get()
+                if task is None:
+                    return
+                store = task.store if task.store is not None else self._store
+                error: Optional[BaseException] = None
+                try:
+                    if self._stop.is_set():
+                        raise Interrupted('upload not started: the uploader was stopped')
+                    run_upload(store, task, self._policy, self._stop)
+                except Exception as exc:  # noqa: BLE001 - reported to the scheduler
+                    error = exc
+                self._on_result(task, error)
+                task = None
+        except BaseException as exc:
+            # The thread is dying (SystemExit from a store, a bug in a callback...): report its task
+            # and put a new thread in its place so the other uploads do not stall.
+            if not self._stopping:
+                self._spawn()
+            if task is not None:
+                died = WorkerDied(f'upload thread died: {type(exc).__name__}: {exc}')
+                died.__cause__ = exc
+                self._on_result(task, died)
+            if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                raise
+
+    def shutdown(self, abort: bool = False, timeout: Optional[float] = None) -> None:
+        """Stop the threads (after the queued tasks, or at once with ``abort``, interrupting backoffs)."""
+        self._stopping = True
+        if abort:
+            self._stop.set()
+        with self._threads_lock:
+            threads = list(self._threads)
+        for _ in threads:
+            self._queue.put(None)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+
+
+_BOOT = r'''
+import importlib.util, os, sys
+root, fd = sys.argv[1], int(sys.argv[2])
+# Import dist_logging's upload code without running the package __init__ (which imports torch):
+# the real __init__ runs only if something asks the package for a top-level name.
+pkg_dir = os.path.join(root, 'dist_logging')
+spec = importlib.util.spec_from_file_location('dist_logging', os.path.join(pkg_dir, '__init__.py'),
+                                              submodule_search_locations=[pkg_dir])
+pkg = importlib.util.module_from_spec(spec)
+def _load_real_package(name, _pkg=pkg, _spec=spec):
+    _pkg.__dict__.pop('__getattr__', None)
+    _spec.loader.exec_module(_pkg)
+    return getattr(_pkg, name)
+pkg.__getattr__ = _load_real_package
+sys.modules['dist_logging'] = pkg
+from dist_logging.upload._child import serve
+serve(fd)
+'''
+
+
+class _Slot:
+    __slots__ = ('proc', 'conn', 'task')
+
+    def __init__(self) -> None:
+        self.proc: Optional[subprocess.Popen] = None
+        self.conn: Optional[Connection] = None
+        self.task: Optional[UploadTask] = None
+
+
+class ProcessExecutor:
+    """Runs tasks in ``num_workers`` child processes; ``on_result`` is called on a manager thread.
+
+    The store and policy are pickled once here (so a store that cannot be pickled
+    fails at construction) and unpickled in each child, which builds its own clients.
+    """
+
+    def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, on_result: ResultCallback,
+                 name: str = 'upload'):
+        self._payload = pickle.dumps((store, policy))
+        self._on_result = on_result
+        self._slots = [_Slot() for _ in range(num_workers)]
+        self._ready: collections.deque[UploadTask] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._stopping = False
+        self._abort = False
+        self._broken: Optional[BaseException] = None
+        self._root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self._started = threading.Event()
+        self._manager = threading.Thread(target=self._manage, name=f'{name}-procs', daemon=True)
+        self._manager.start()
+
+    # Children are started from the manager thread: PR_SET_PDEATHSIG ties a child to the
+    # thread that forked it, and this thread lives as long as the executor.
+    def _spawn(self, slot: _Slot) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        try:
+            slot.proc = subprocess.Popen([sys.executable, '-c', _BOOT, self._root, str(child_sock.fileno())],
+                                         pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            child_sock.close()
+        slot.conn = Connection(parent_sock.detach())
+        slot.conn.send(list(sys.path))
+        slot.conn.send_bytes(self._payload)
+        slot.task = None
+
+    def dispatch(self, task: UploadTask) -> None:
+        with self._lock:
+            broken = self._broken
+            if broken is None:
+                self._ready.append(task)
+        if broken is not None:
+            self._on_result(task, WorkerDied(f'upload process manager failed: {broken}'))
+            return
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b'x')
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
+    def _manage(self) -> None:
+        try:
+            self._manage_loop()
+        except BaseException as exc:  # noqa: BLE001 - never leave tasks hanging
+            log.exception('upload process manager failed')
+            with self._lock:
+                self._broken = exc
+                orphans = [slot.task for slot in self._slots if slot.task is not None] + list(self._ready)
+                self._ready.clear()
+                for slot in self._slots:
+                    slot.task = None
+            for slot in self._slots:
+                if slot.proc is not None and slot.proc.poll() is None:
+                    slot.proc.kill()
+            for task in orphans:
+                self._on_result(task, WorkerDied(f'upload process manager failed: {type(exc).__name__}: {exc}'))
+        finally:
+            self._started.set()
+
+    def _manage_loop(self) -> None:
+        for slot in self._slots:
+            self._spawn(slot)
+        self._started.set()
+        while True:
+            with self._lock:
+                for slot in self._slots:
+                    if slot.task is None and self._ready and not self._abort:
+                        task = self._ready.popleft()
+                        try:
+                            slot.conn.send(task)  # type: ignore[union-attr]
+                            slot.task = task
+                        except OSError:
+                            self._ready.appendleft(task)  # the child is gone; its EOF is handled below
+                busy = any(slot.task is not None for slot in self._slots)
+                if self._stopping and (self._abort or (not busy and not self._ready)):
+                    break
+            # A child that dies closes its end of the socket: its connection becomes readable (EOF).
+            ready = wait_connections([self._wake_r] + [slot.conn for slot in self._slots], timeout=5.0)
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+            for slot in self._slots:
+                if slot.conn in ready or slot.proc.poll() is not None:  # type: ignore[union-attr]
+                    self._poll_slot(slot)
+        for slot in self._slots:
+            self._stop_child(slot)
+        with self._lock:
+            leftover = list(self._ready)
+            self._ready.clear()
+        for task in leftover:
+            self._on_result(task, Interrupted('upload not started: the uploader was stopped'))
+
+    def _poll_slot(self, slot: _Slot) -> None:
+        conn, proc = slot.conn, slot.proc
+        try:
+            if conn.poll():  # type: ignore[union-attr]
+                upload_id, error = conn.recv()  # type: ignore[union-attr]
+                task, slot.task = slot.task, None
+                if task is not None and task.id == upload_id:
+                    self._on_result(task, error)
+                return
+        except (EOFError, OSError):
+            pass  # the child is gone
+        if proc.poll() is None:  # type: ignore[union-attr]
+            try:
+                proc.wait(timeout=5)  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                proc.kill()  # type: ignore[union-attr]
+                proc.wait()  # type: ignore[union-attr]
+        task, slot.task = slot.task, None
+        code = proc.returncode  # type: ignore[union-attr]
+        conn.close()  # type: ignore[union-attr]
+        if not self._stopping or task is not None or self._ready:
+            log.warning('upload worker process %d exited with %s; starting a new one', proc.pid, code)
+            self._spawn(slot)
+        if task is not None:
+            reason = f'signal {-code}' if code < 0 else f'exit code {code}'
+            self._on_result(task, WorkerDied(f'upload worker process died ({reason})'))
+
+    def _stop_child(self, slot: _Slot) -> None:
+        proc, conn = slot.proc, slot.conn
+        if proc is None:
+            return
+        if self._abort:
+            proc.kill()
+        else:
+            try:
+                conn.send(None)  # type: ignore[union-attr]
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        conn.close()  # type: ignore[union-attr]
+        if slot.task is not None:
+            task, slot.task = slot.task, None
+            self._on_result(task, Interrupted('upload interrupted: the uploader was stopped'))
+
+    def shutdown(self, abort: bool = False, timeout: Optional[float] = None) -> None:
+        """Stop the children (after the queued tasks, or at once with ``abort``)."""
+        with self._lock:
+            self._stopping = True
+            self._abort = self._abort or abort
+        self._wake()
+        self._manager.join(timeout)
+        if not self._manager.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def child_pids(self) -> list[int]:
+        """The process ids of the current children (for tests and diagnostics)."""
+        self._started.wait(30)
+        return [slot.proc.pid for slot in self._slots if slot.proc is not None]
+
+
+class UploadScheduler:
+    """Orders uploads per name over an executor and tracks what is outstanding.
+
+    Callbacks (called on worker/manager threads, must not raise):
+    ``on_done(task)`` when it landed, ``on_failed(task, exc)`` when it failed for good,
+    ``on_superseded(task)`` when a newer upload of the same name replaced it before it started.
+
+    Args:
+        store: the object store (shared by threads, pickled for processes).
+        policy: the retry policy.
+        num_workers: threads or processes.
+        use_procs: processes instead of threads.
+    """
+
+    def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, *, use_procs: bool = False,
+                 on_done: Callable[[UploadTask], None], on_failed: Callable[[UploadTask, BaseException], None],
+                 on_superseded: Callable[[UploadTask], None], name: str = 'upload'):
+        self.policy = policy
+        self._on_done, self._on_failed, self._on_superseded = on_done, on_failed, on_superseded
+        self._cond = threading.Condition(threading.Lock())
+        self._inflight: dict[str, int] = {}
+        self._waiting: dict[str, UploadTask] = {}
+        self.outstanding = 0
+        executor_cls = ProcessExecutor if use_procs else ThreadExecutor
+        self.executor = executor_cls(store, policy, num_workers, self._result, name)
+
+    def submit(self, task: UploadTask) -> None:
+        """Queue ``task``; returns at once."""
+        superseded = None
+        with self._cond:
+            self.outstanding += 1
+            start = task.name not in self._inflight
+            if start:
+                self._inflight[task.name] = task.id
+            else:
+                superseded = self._waiting.get(task.name)
+                self._waiting[task.name] = task
+                if superseded is not None:
+                    self.outstanding -= 1
+                    self._cond.notify_all()
+        if start:
+            self.executor.dispatch(task)
+        elif superseded is not None:
+            self._safe(self._on_superseded, superseded)
+
+    def _result(self, task: UploadTask, error: Optional[BaseException]) -> None:
+        if isinstance(error, WorkerDied) and task.deaths + 1 < self.policy.num_attempts:
+            log.warning('upload of %r: %s; retrying it on another worker', task.name, error)
+            self.executor.dispatch(task._replace(deaths=task.deaths + 1))
+            return
+        if error is None:
+            self._safe(self._on_done, task)
+        else:
+            self._safe(self._on_failed, task, error)
+        with self._cond:
+            following = self._waiting.pop(task.name, None)
+            if following is None:
+                self._inflight.pop(task.name, None)
+            else:
+                self._inflight[task.name] = following.id
+            self.outstanding -= 1
+            self._cond.notify_all()
+        if following is not None:
+            self.executor.dispatch(following)
+
+    @staticmethod
+    def _safe(callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:  # noqa: BLE001 - a bookkeeping error must not kill a worker
+            log.exception('upload bookkeeping callback %r failed', callback)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until nothing is outstanding; returns False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.outstanding == 0, timeout)
+
+    def shutdown(self, abort: bool = False, timeout: Optional[float] = None) -> None:
+        """Stop the executor: after the outstanding uploads, or at once (``abort``; they fail as interrupted)."""
+        self.executor.shutdown(abort=abort, timeout=timeout)
+

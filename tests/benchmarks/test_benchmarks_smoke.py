@@ -1,0 +1,100 @@
+"""Each benchmark runs once at tiny sizes under torchrun (2 ranks) and writes a well-formed JSON summary.
+
+Never a timed assertion: the figures are not checked, only that the benchmarks still run
+and report what the README's tables are built from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from torchrun_helper import REPO_ROOT, run_torchrun
+
+pytestmark = pytest.mark.multiprocess
+
+BENCH = REPO_ROOT / 'benchmarks'
+
+
+def _run(tmp_path, name, *args, timeout=300):
+    out = tmp_path / f'{name}.json'
+    result = run_torchrun(BENCH / f'{name}.py', 2, tmp_path / 'out', args=['--quick', '--out-json', str(out), *args],
+                          timeout=timeout)
+    doc = json.loads(out.read_text())  # written by rank zero
+    assert doc['benchmark'] == name
+    assert doc['environment']['world_size'] == 2
+    assert json.loads(result.stdout[result.stdout.index('{'):])['benchmark'] == name  # also printed on rank zero
+    assert out.with_suffix('.png').stat().st_size > 0
+    return doc
+
+
+def _finite_summary(summary):
+    assert summary['n'] > 0
+    for key in ('median', 'p95', 'p99', 'max'):
+        assert summary[key] is not None and summary[key] >= 0
+
+
+def test_log_overhead(tmp_path):
+    doc = _run(tmp_path, 'log_overhead')
+    assert set(doc['per_rank']) == {'0', '1'}
+    for mode in ('noop_call', 'dict_append', 'ours_3zero', 'ours_inmem', 'composer_design'):
+        _finite_summary(doc['per_rank']['0'][mode])
+        _finite_summary(doc['per_rank']['1'][mode])
+    assert doc['targets']['other_ranks_ours_3zero_le_0.3us']['met'] in (True, False)
+
+
+def test_gather_cost(tmp_path):
+    doc = _run(tmp_path, 'gather_cost')
+    assert doc['keys'] == [1, 10]
+    for entry in doc['results'].values():
+        for mode in ('flush', 'floor_1tensor', 'per_key'):
+            _finite_summary(entry[mode]['slowest_rank'])
+        assert entry['collectives_per_flush']['max'] >= 1  # a real reduction at 2 ranks
+
+
+def test_upload_latency(tmp_path):
+    doc = _run(tmp_path, 'upload_latency', '--sizes', '4KiB', '--stores', 'local,s3', timeout=400)
+    for store in ('local', 's3'):
+        modes = doc['results'][store]['4KiB']['modes']
+        for mode in ('ours_copy', 'ours_nocopy', 'ours_procs', 'floor_cfr', 'floor_copy2', 'floor_link',
+                     'sync_upload', 'composer_design'):
+            _finite_summary(modes[mode]['blocking_us'])
+        for mode in ('ours_copy', 'ours_nocopy', 'ours_procs', 'sync_upload', 'composer_design'):
+            _finite_summary(modes[mode]['end_to_end_ms'])
+            assert modes[mode]['bad_objects'] == 0  # everything accepted landed, byte counts right
+    assert 'headline' in doc['evaluation']
+
+
+def test_training_stall(tmp_path):
+    doc = _run(tmp_path, 'training_stall')
+    assert 'none' in doc['modes'] and 'ours_nocopy' in doc['modes'] and 'ours_procs_nocopy' in doc['modes']
+    for mode in doc['modes'].values():
+        _finite_summary(mode['step_ms'])
+        assert mode['inflation_mean'] is not None
+
+
+def test_run_all_renders_a_table(tmp_path):
+    spec = importlib.util.spec_from_file_location('bench_run_all', BENCH / 'run_all.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = _run(tmp_path, 'gather_cost')
+    table = module.render([doc])
+    assert '| 2 | 10 |' in table
+
+
+def test_size_parsing():
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common
+    finally:
+        sys.path.remove(str(BENCH))
+    assert _common.parse_sizes('4KiB,1MiB,64MiB,256MiB,1GiB') == [4096, 1 << 20, 64 << 20, 256 << 20, 1 << 30]
+    assert _common.parse_size('2MB') == 2_000_000
+    assert _common.format_size(256 << 20) == '256MiB'
+    with pytest.raises(ValueError):
+        _common.parse_size('4 parsecs')
+    assert _common.summarize([1000, 2000, 3000])['median'] == 2.0

@@ -1,0 +1,153 @@
+"""MLFlowLogger against a real local MLflow tracking store (sqlite in a temp dir), read back with MlflowClient."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip('mlflow', reason='mlflow is not installed: pip install dist-logging[mlflow]')
+
+from dist_logging import Logger  # noqa: E402
+from dist_logging.destinations import MLFlowLogger  # noqa: E402
+
+# Creating the sqlite schema takes seconds on a loaded machine: one store per module.
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope='module')
+def tracking_uri(tmp_path_factory):
+    path = tmp_path_factory.mktemp('mlflow') / 'mlflow.db'
+    return f'sqlite:///{path}'
+
+
+@pytest.fixture
+def client(tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _logger_kwargs(tracking_uri, tmp_path, **kwargs):
+    return dict(tracking_uri=tracking_uri, experiment_name='dist-logging-tests',
+                artifact_location=(tmp_path / 'artifacts').as_uri(), **kwargs)
+
+
+def test_params_metrics_batched_and_read_back(tracking_uri, tmp_path, client, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    calls = []
+    original = MlflowClient.log_batch
+
+    def spy(self, run_id, metrics=(), params=(), tags=(), **kwargs):
+        calls.append((len(metrics), len(params)))
+        return original(self, run_id, metrics=metrics, params=params, tags=tags, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, 'log_batch', spy)
+    destination = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path, flush_interval=5))
+    long_value = 'x' * 7000
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        with Logger(destination, run_name='params-metrics') as logger:
+            logger.log_hyperparameters({'lr': 0.1, 'opt': {'name': 'adam', 'betas': [0.9, 0.99]},
+                                        'long': long_value, 'long2': long_value,
+                                        'many': {f'p{i}': i for i in range(150)}})
+            for batch in range(1, 13):
+                logger.log_metrics({'loss': 1.0 / batch, 'acc': batch / 100}, step=batch)
+                logger.batch_end()
+            logger.log_metrics({'final': 3.0})
+    truncation = [w for w in caught if 'truncated' in str(w.message)]
+    assert len(truncation) == 1 and 'long' in str(truncation[0].message)
+
+    run = client.get_run(destination.run_id)
+    assert run.info.status == 'FINISHED'
+    assert run.info.run_name == 'params-metrics'
+    params = run.data.params
+    assert params['lr'] == '0.1' and params['opt/name'] == 'adam' and params['opt/betas'] == '[0.9, 0.99]'
+    assert params['long'] == 'x' * 6000
+    assert params['many/p149'] == '149' and len(params) == 5 + 150
+    history = client.get_metric_history(destination.run_id, 'loss')
+    assert sorted((m.step, m.value) for m in history) == [(s, pytest.approx(1.0 / s)) for s in range(1, 13)]
+    assert [(m.step, m.value) for m in client.get_metric_history(destination.run_id, 'final')] == [(12, 3.0)]
+    # params: 155 in chunks of <= 100; metrics: 25 values in 3 calls (batches 5, 10, close), not 25 calls
+    assert [c for c in calls if c[1]] == [(0, 100), (0, 55)]
+    assert [c[0] for c in calls if c[0]] == [10, 10, 5]
+
+
+def test_tables_images_and_traces_as_artifacts(tracking_uri, tmp_path, client):
+    destination = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path, log_traces=True))
+    image = (np.arange(4 * 5 * 3) % 256).astype(np.uint8).reshape(4, 5, 3)
+    with Logger(destination, run_name='artifacts') as logger:
+        logger.log_table(['name', 'score'], [['a', 1], ['b', np.float32(2.5)]], name='eval/results', step=7)
+        logger.log_images(image, name='samples', channels_last=True, step=2,
+                          masks={'pred': np.eye(4, 5, dtype=np.int64)}, mask_class_labels={1: 'edge'})
+        logger.log_traces({'algo': {'k': 1}})
+    run_id = destination.run_id
+    table_path = client.download_artifacts(run_id, 'tables/eval/results/step000007.json', str(tmp_path / 'dl'))
+    with open(table_path) as f:
+        assert json.load(f) == {'columns': ['name', 'score'], 'data': [['a', 1], ['b', 2.5]]}
+    names = sorted(a.path for a in client.list_artifacts(run_id, 'images/samples'))
+    assert names == ['images/samples/step000002-0.png', 'images/samples/step000002-0.pred.png',
+                     'images/samples/step000002.mask_class_labels.json']
+    png = client.download_artifacts(run_id, 'images/samples/step000002-0.png', str(tmp_path / 'dl2'))
+    import matplotlib.image
+
+    assert np.array_equal((matplotlib.image.imread(png) * 255 + 0.5).astype(np.uint8), image)
+    trace = client.download_artifacts(run_id, 'traces/algo.txt', str(tmp_path / 'dl3'))
+    assert open(trace).read() == '{ k: 1 }'
+
+
+def test_resumes_the_run_given_by_id_and_by_run_name(tracking_uri, tmp_path, client):
+    first = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path))
+    with Logger(first, run_name='resumable') as logger:
+        logger.log_hyperparameters({'lr': 0.1})
+        logger.log_metrics({'loss': 1.0}, step=1)
+    # A restart of the same job: same Logger run name -> same MLflow run.
+    again = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        with Logger(again, run_name='resumable') as logger:
+            logger.log_hyperparameters({'lr': 0.2, 'new': 1})  # a changed param is skipped with a warning
+            logger.log_metrics({'loss': 0.5}, step=2)
+    assert again.run_id == first.run_id
+    assert any('already has params' in str(w.message) for w in caught)
+    # An explicit run id wins, whatever the Logger's run name.
+    by_id = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path, run_id=first.run_id))
+    with Logger(by_id, run_name='another-name') as logger:
+        logger.log_metrics({'loss': 0.25}, step=3)
+    assert by_id.run_id == first.run_id
+    run = client.get_run(first.run_id)
+    assert run.info.status == 'FINISHED'
+    assert run.data.params == {'lr': '0.1', 'new': '1'}
+    assert [(m.step, m.value) for m in client.get_metric_history(first.run_id, 'loss')] == [
+        (1, 1.0), (2, 0.5), (3, 0.25)]
+    # resume=False starts a new run
+    fresh = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path, resume=False))
+    with Logger(fresh, run_name='resumable'):
+        pass
+    assert fresh.run_id != first.run_id
+
+
+def test_background_failure_surfaces_at_close(tracking_uri, tmp_path, client):
+    destination = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path))
+    logger = Logger(destination, run_name='fails')
+    client.delete_run(destination.run_id)  # every later write to this run is refused
+    logger.log_metrics({'loss': 1.0}, step=1)
+    with pytest.raises(RuntimeError, match='MLflow call'):
+        logger.close()
+
+
+def test_validation_and_install_hint(monkeypatch):
+    with pytest.raises(ValueError, match='experiment_name'):
+        MLFlowLogger(experiment_name='')
+    with pytest.raises(ValueError, match='flush_interval'):
+        MLFlowLogger(flush_interval=0)
+    with pytest.raises(ValueError, match='param_separator'):
+        MLFlowLogger(param_separator='-')
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'mlflow' else real(name, *a))
+    with pytest.raises(ImportError, match=r'pip install dist-logging\[mlflow\]'):
+        MLFlowLogger()

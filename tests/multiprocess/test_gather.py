@@ -1,0 +1,183 @@
+"""Gathering metrics across ranks under real torchrun (gloo, CPU): exact reductions, partial and
+changing key sets, collective counts, hyperparameter divergence, a skipped flush, a missing rank.
+
+One torchrun launch per world size runs every scenario in order (each launch costs seconds);
+the scenario that breaks the group (a rank that never arrives) runs last, on its own Logger.
+"""
+
+import math
+import pathlib
+
+import pytest
+
+from torchrun_helper import read_rank_outputs, run_torchrun, write_script
+
+pytestmark = pytest.mark.multiprocess
+
+TESTS_DIR = str(pathlib.Path(__file__).resolve().parents[1])
+MISSING_TIMEOUT = 4.0
+
+SCENARIO = '''
+import os, sys, time, warnings
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+sys.path.insert(0, os.environ['TESTS_DIR'])
+from torchrun_helper import dump_rank_output
+from dist_logging import DistributedLoggingError, Logger
+from dist_logging.destinations import InMemoryLogger
+
+torch_dist.init_process_group('gloo')
+r, W = torch_dist.get_rank(), torch_dist.get_world_size()
+sink = InMemoryLogger()
+logger = Logger(sink, run_name='gather-test', sync_timeout=60)
+costs = {}
+
+def flush(name):
+    before = logger._group.collective_count
+    logger.flush()
+    costs[name] = logger._group.collective_count - before
+
+# A: every reduction, rank-dependent values; partial keys; a key logged twice; NaN
+logger.log_metrics({'loss': torch.tensor(float(r + 1))}, step=1, reduce='mean')
+logger.log_metrics({'samples': 10 * (r + 1)}, step=1, reduce='sum')
+logger.log_metrics({'lo': r * 1.5}, step=1, reduce='min')
+logger.log_metrics({'hi': np.float64(-r)}, step=1, reduce='max')
+logger.log_metrics({'tput': 100 + r}, step=1, reduce='gather')
+if r % 2:
+    logger.log_metrics({'odd_only': float(r)}, step=1, reduce='mean')
+if r == 0:
+    logger.log_metrics({'rank0_only': 7}, step=1, reduce='sum')
+logger.log_metrics({'twice': float(r)}, step=1, reduce='mean')
+logger.log_metrics({'twice': float(r + 2)}, step=3, reduce='mean')
+logger.log_metrics({'nan': float('nan') if r == 1 else 1.0}, step=1, reduce='max')
+flush('A')
+# B: the same keys again (steady state: one collective)
+logger.log_metrics({'loss': torch.tensor(float(r + 1))}, step=2, reduce='mean')
+logger.log_metrics({'samples': 10 * (r + 1)}, step=2, reduce='sum')
+logger.log_metrics({'lo': r * 1.5}, step=2, reduce='min')
+logger.log_metrics({'hi': np.float64(-r)}, step=2, reduce='max')
+logger.log_metrics({'tput': 100 + r}, step=2, reduce='gather')
+flush('B')
+# C: the key set changes: a new key on the last rank only
+logger.log_metrics({'loss': float(r)}, step=4, reduce='mean')
+if r == W - 1:
+    logger.log_metrics({'new_key': 5.0}, step=4, reduce='sum')
+flush('C')
+# D: nothing buffered anywhere
+flush('D')
+# E: 1, 10 and 1000 keys, each flushed twice (new keys, then steady state)
+for n in (1, 10, 1000):
+    for repeat in (0, 1):
+        logger.log_metrics({f'n{n}/k{i}': float(i + r + repeat) for i in range(n)}, step=100 * n + repeat,
+                           reduce='mean')
+        flush(f'n{n}.{repeat}')
+
+# hyperparameters: ranks disagree on lr (rank 1) and seed (every rank)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    logger.log_hyperparameters({'lr': 0.2 if r == 1 else 0.1, 'seed': r, 'batch': 32}, check_consistency=True)
+hparam_warnings = [str(w.message) for w in caught if 'differ' in str(w.message)]
+
+# a rank skips the flush at batch 2: every rank raises at the flush that pairs wrongly, naming it
+skip = {}
+logger.batch_end()  # batch 1, all flush
+logger.log_metrics({'x': 1.0}, reduce='mean')
+for batch in (2, 3):
+    if r == W - 1:
+        logger.auto_flush = batch == 3  # the last rank skips the flush at batch 2
+    t0 = time.monotonic()
+    try:
+        logger.batch_end()  # the others' flush at batch 2 meets the last rank's at batch 3
+    except DistributedLoggingError as exc:
+        skip = {'missing': list(exc.missing_ranks), 'message': str(exc), 'seconds': time.monotonic() - t0}
+        break
+
+out = {'costs': costs, 'skip': skip, 'hparam_warnings': hparam_warnings}
+if r == 0:
+    out['data'] = sink.data
+    out['traces'] = sink.traces.get('hyperparameter_mismatch')
+
+# last: the last rank never reaches the flush; the others must raise within the timeout
+short = Logger(InMemoryLogger(), run_name='gather-test', sync_timeout=float(os.environ['MISSING_TIMEOUT']))
+short.log_metrics({'y': 1.0}, reduce='sum')
+short.flush()  # everyone, so that the group is in use before the failure
+if r == W - 1:
+    dump_rank_output(out)
+    time.sleep(float(os.environ['MISSING_TIMEOUT']) + 5)
+    os._exit(0)
+short.log_metrics({'y': 1.0}, reduce='sum')
+t0 = time.monotonic()
+try:
+    short.flush()
+    out['missing'] = {'error': None}
+except DistributedLoggingError as exc:
+    out['missing'] = {'ranks': list(exc.missing_ranks), 'message': str(exc), 'seconds': time.monotonic() - t0}
+dump_rank_output(out)
+os._exit(0)  # the group is broken now; skip the teardown collectives
+'''
+
+
+def series(data, key):
+    return {step: value for step, value in data[key]}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize('nproc', [2, 4])
+def test_gather_under_torchrun(tmp_path, nproc):
+    script = write_script(tmp_path, SCENARIO)
+    run_torchrun(script, nproc, tmp_path / 'out', timeout=200,
+                 env={'TESTS_DIR': TESTS_DIR, 'MISSING_TIMEOUT': str(MISSING_TIMEOUT)})
+    outputs = read_rank_outputs(tmp_path / 'out')
+    assert sorted(outputs) == list(range(nproc))
+    W, ranks = nproc, range(nproc)
+    data = outputs[0]['data']
+
+    # exact reductions over rank-dependent inputs
+    assert series(data, 'loss')[1] == sum(r + 1 for r in ranks) / W
+    assert series(data, 'samples') == {1: sum(10 * (r + 1) for r in ranks), 2: sum(10 * (r + 1) for r in ranks)}
+    assert series(data, 'lo') == {1: 0.0, 2: 0.0}
+    assert series(data, 'hi') == {1: 0.0, 2: 0.0} and min(-r for r in ranks) == -(W - 1)
+    for r in ranks:
+        assert series(data, f'tput/rank{r}') == {1: 100.0 + r, 2: 100.0 + r}  # one series per rank
+    odd = [r for r in ranks if r % 2]
+    assert series(data, 'odd_only') == {1: sum(odd) / len(odd)}  # over the ranks that logged it
+    assert series(data, 'rank0_only') == {1: 7.0}
+    assert series(data, 'twice') == {3: sum(2 * r + 2 for r in ranks) / (2 * W)}  # every value; largest step
+    assert math.isnan(series(data, 'nan')[1])
+    # a changed key set, then an empty flush
+    assert series(data, 'loss')[4] == sum(ranks) / W
+    assert series(data, 'new_key') == {4: 5.0}
+    # 1, 10, 1000 keys
+    for n in (1, 10, 1000):
+        for repeat in (0, 1):
+            step = 100 * n + repeat
+            values = [series(data, f'n{n}/k{i}')[step] for i in range(n)]
+            assert values == [i + repeat + (W - 1) / 2 for i in range(n)]
+    assert len(data) == 8 + W + 1 + 1011  # nothing else was emitted (the empty flush emitted nothing)
+
+    # the collective count: one per flush in the steady state, two when keys are new
+    for r, out in outputs.items():
+        assert out['costs'] == {'A': 2, 'B': 1, 'C': 2, 'D': 1, 'n1.0': 2, 'n1.1': 1, 'n10.0': 2, 'n10.1': 1,
+                                'n1000.0': 2, 'n1000.1': 1}, r
+
+    # hyperparameter divergence: the differing keys and ranks, reported on rank zero
+    traces = outputs[0]['traces']
+    assert traces is not None and len(traces) == 1
+    assert set(traces[0]) == {'lr', 'seed'}
+    assert traces[0]['lr'] == [{'ranks': [r for r in ranks if r != 1], 'value': '0.1'}, {'ranks': [1], 'value': '0.2'}]
+    assert len(outputs[0]['hparam_warnings']) == 1
+    assert all(not out['hparam_warnings'] for r, out in outputs.items() if r)
+
+    # a skipped flush: every rank raises at once, naming the rank and the step
+    for r, out in outputs.items():
+        assert out['skip']['missing'] == [W - 1], out['skip']
+        assert 'step 2' in out['skip']['message']
+        assert out['skip']['seconds'] < 30
+
+    # a rank that never arrives: the others raise within the timeout (+ scheduling slack), naming it
+    for r in range(W - 1):
+        missing = outputs[r]['missing']
+        assert missing.get('ranks') == [W - 1], missing
+        assert f'ranks [{W - 1}]' in missing['message']
+        assert MISSING_TIMEOUT - 0.5 < missing['seconds'] < MISSING_TIMEOUT + 10

@@ -1,0 +1,135 @@
+"""The ObjectStore conformance suite: every backend opts in through the ``store`` fixture below."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+
+import pytest
+
+from dist_logging.object_store import LocalObjectStore, ObjectStore, S3ObjectStore
+from s3_server import aws_credentials, s3_bucket, _moto_session  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.timeout(60)
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(params=['local', 's3'])
+def store(request, tmp_path) -> ObjectStore:
+    if request.param == 'local':
+        backend = LocalObjectStore(str(tmp_path / 'bucket'))
+    else:
+        endpoint, bucket = request.getfixturevalue('s3_bucket')
+        backend = S3ObjectStore(bucket, 'some/prefix', endpoint_url=endpoint, multipart_threshold=5 * MiB,
+                                multipart_chunksize=5 * MiB, client_config={'retries': {'total_max_attempts': 1}})
+    yield backend
+    backend.close()
+
+
+def _file(tmp_path, name: str, data: bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_roundtrip_size_uri(store, tmp_path):
+    src = _file(tmp_path, 'a.bin', b'hello world')
+    seen = []
+    store.upload_object('dir/sub/a.bin', src, callback=seen.append)
+    assert sum(seen) == 11
+    assert store.get_object_size('dir/sub/a.bin') == 11
+    assert 'dir/sub/a.bin' in store.get_uri('dir/sub/a.bin')
+    out = tmp_path / 'out' / 'a.bin'
+    got = []
+    store.download_object('dir/sub/a.bin', str(out), callback=got.append)
+    assert out.read_bytes() == b'hello world'
+    assert sum(got) == 11
+
+
+def test_empty_file(store, tmp_path):
+    store.upload_object('empty', _file(tmp_path, 'e', b''))
+    assert store.get_object_size('empty') == 0
+
+
+def test_overwrite_semantics(store, tmp_path):
+    store.upload_object('x', _file(tmp_path, 'one', b'one'))
+    store.upload_object('x', _file(tmp_path, 'two', b'two'), overwrite=True)
+    with pytest.raises(FileExistsError):
+        store.upload_object('x', _file(tmp_path, 'three', b'three'), overwrite=False)
+    out = tmp_path / 'x.out'
+    store.download_object('x', str(out))
+    assert out.read_bytes() == b'two'
+    store.upload_object('fresh', _file(tmp_path, 'f', b'f'), overwrite=False)
+    assert store.get_object_size('fresh') == 1
+
+
+def test_missing_object(store, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        store.get_object_size('nope/missing')
+    with pytest.raises(FileNotFoundError):
+        store.download_object('nope/missing', str(tmp_path / 'never'))
+    assert not (tmp_path / 'never').exists()
+
+
+def test_download_overwrite(store, tmp_path):
+    store.upload_object('obj', _file(tmp_path, 'src', b'new'))
+    dest = tmp_path / 'dest'
+    dest.write_bytes(b'old')
+    with pytest.raises(FileExistsError):
+        store.download_object('obj', str(dest))
+    assert dest.read_bytes() == b'old'
+    store.download_object('obj', str(dest), overwrite=True)
+    assert dest.read_bytes() == b'new'
+    assert sorted(os.listdir(tmp_path)) == ['dest', 'src'] or not any(p.endswith('.tmp') for p in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize('bad', ['../escape', '/abs/name', 'a/../../b', ''])
+def test_escaping_names_rejected(store, tmp_path, bad):
+    src = _file(tmp_path, 's', b's')
+    with pytest.raises(ValueError):
+        store.upload_object(bad, src)
+
+
+def test_pickle_roundtrip(store, tmp_path):
+    store.get_uri('warm')  # a client may exist; it must not be pickled
+    clone = pickle.loads(pickle.dumps(store))
+    clone.upload_object('pickled', _file(tmp_path, 'p', b'pp'))
+    assert store.get_object_size('pickled') == 2
+    clone.close()
+
+
+def test_overwrite_false_race_has_one_winner(store, tmp_path):
+    files = [_file(tmp_path, f'r{i}', bytes([65 + i]) * 100) for i in range(4)]
+    outcomes = []
+
+    def attempt(path):
+        try:
+            store.upload_object('contended', path, overwrite=False)
+            outcomes.append('won')
+        except FileExistsError:
+            outcomes.append('lost')
+
+    threads = [threading.Thread(target=attempt, args=(f,)) for f in files]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ['lost', 'lost', 'lost', 'won']
+
+
+@pytest.mark.parametrize('overwrite', [True, False])
+def test_multipart_sized_file(store, tmp_path, overwrite):
+    data = os.urandom(11 * MiB + 123)
+    src = _file(tmp_path, 'big', data)
+    seen = []
+    store.upload_object('big/object', src, callback=seen.append, overwrite=overwrite)
+    assert sum(seen) == len(data)
+    assert store.get_object_size('big/object') == len(data)
+    out = tmp_path / 'big.out'
+    store.download_object('big/object', str(out))
+    assert out.read_bytes() == data
+    if not overwrite:
+        with pytest.raises(FileExistsError):
+            store.upload_object('big/object', src, overwrite=False)

@@ -1,0 +1,58 @@
+"""LoggingGroup in one process: no-op collectives without a world, and naming missing ranks from the store."""
+
+import pytest
+import torch
+import torch.distributed as torch_dist
+
+from dist_logging import DistributedLoggingError
+from dist_logging.dist import LoggingGroup
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_timeout_must_be_positive():
+    with pytest.raises(ValueError, match='sync_timeout'):
+        LoggingGroup(0)
+
+
+def test_without_a_world_collectives_return_at_once():
+    group = LoggingGroup()
+    assert not group.active and group.rank == 0
+    t = torch.ones(3)
+    assert group.all_gather(t, 'x') == [t]
+    assert group.all_reduce(t, torch_dist.ReduceOp.SUM, 'x') is t
+    assert group.all_gather_object({'a': 1}, 'x') == [{'a': 1}]
+    assert group.all_gather_bytes(b'abc', 3, [3], 'x') == [b'abc']
+    assert group.broadcast_object(5, 'x') == 5
+    group.barrier('x')
+    assert group.collective_count == 0
+
+
+def test_missing_ranks_are_the_ones_whose_arrival_mark_differs(monkeypatch):
+    group = LoggingGroup(timeout=1)
+    store = torch_dist.HashStore()
+    group._store = store
+    monkeypatch.setattr(torch_dist, 'get_world_size', lambda group=None: 4)
+    # ranks 0 and 2 reached collective #3; rank 1 is still at #2; rank 3 never wrote a mark
+    store.set(f'{group._prefix}1', '2')
+    store.set(f'{group._prefix}2', '3')
+    group._sequence = 2
+    group._arrive()  # this process is rank 0
+    assert group._sequence == 3 and store.get(f'{group._prefix}0') == b'3'
+    assert group.missing_ranks() == [1, 3]
+    error = group._failure('flush at step 7', RuntimeError('Operation timed out!'))
+    assert isinstance(error, DistributedLoggingError)
+    assert error.missing_ranks == (1, 3)
+    assert 'flush at step 7' in str(error) and '[1, 3]' in str(error)
+
+
+def test_missing_ranks_unknown_without_a_store():
+    group = LoggingGroup()
+    group._store = False
+    assert group.missing_ranks() is None
+    error = group._failure('flush', RuntimeError('Operation timed out!'))
+    assert error.missing_ranks == () and 'not every rank arrived' in str(error)
+
+
+def test_each_group_has_its_own_store_prefix():
+    assert LoggingGroup()._prefix != LoggingGroup()._prefix
