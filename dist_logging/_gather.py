@@ -199,8 +199,10 @@ class MetricGatherer:
                 flushed at different positions (names the ranks and the step).
         """
         buffered, self._buffer = self._buffer, {}
-        self._materialize(buffered)
         if not self._group.active:
+            if not buffered:
+                return []  # every batch_end flushes: keep the no-data, no-peer case free
+            self._materialize(buffered)
             entries = list(buffered.values())
             layout = _Layout({key: e[_SPEC] for key, e in buffered.items()}, shared=False)
             data = np.empty((1, len(entries), _SLOTS), dtype=np.float64)
@@ -208,6 +210,7 @@ class MetricGatherer:
             data[0, :, 1] = [e[_COUNT] for e in entries]
             data[0, :, 2] = np.array([e[_STEP] for e in entries], dtype=np.float64)  # None -> NaN
             return _results(layout, data)
+        self._materialize(buffered)
         return self._flush_collective(buffered, position)
 
     def _flush_collective(self, buffered: dict[str, list[Any]], position: int):

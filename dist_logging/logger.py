@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import pathlib
+import stat
 import time
 import uuid
 import warnings
@@ -378,7 +379,7 @@ class Logger:
             mode = os.stat(local).st_mode
         except (FileNotFoundError, NotADirectoryError):
             raise FileNotFoundError(f'upload_file: {local!r} does not exist') from None
-        if mode & 0o170000 == 0o040000:  # stat.S_ISDIR
+        if stat.S_ISDIR(mode):
             raise IsADirectoryError(f'upload_file: {local!r} is a directory; upload its files one by one')
         if not self._has_uploader_anywhere and not self._warned_no_upload:
             self._warned_no_upload = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import string
 from typing import Any, Iterable
 
@@ -34,6 +35,12 @@ def template_placeholders(format_str: str) -> set[str]:
     """
     if not isinstance(format_str, str):
         raise TypeError(f'name template must be a str, got {type(format_str).__name__}: {format_str!r}')
+    return set(_parse_placeholders(format_str))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_placeholders(format_str: str) -> frozenset[str]:
+    # Cached: the same templates are formatted at every upload and flush.
     names: set[str] = set()
     try:
         parsed = list(string.Formatter().parse(format_str))
@@ -48,7 +55,7 @@ def template_placeholders(format_str: str) -> set[str]:
         names.add(root)
         if spec and '{' in spec:
             names |= template_placeholders(spec)
-    return names
+    return frozenset(names)
 
 
 def validate_template(format_str: str, allowed: Iterable[str]) -> set[str]:
@@ -57,13 +64,12 @@ def validate_template(format_str: str, allowed: Iterable[str]) -> set[str]:
     Raises:
         ValueError: an unknown placeholder (named, with the allowed list), or bad braces.
     """
-    allowed_set = set(allowed)
     used = template_placeholders(format_str)
-    unknown = sorted(used - allowed_set)
+    unknown = sorted(used.difference(allowed))
     if unknown:
         raise ValueError(
             f'name template {format_str!r} uses unknown placeholder(s) {", ".join("{" + u + "}" for u in unknown)}; '
-            f'allowed: {", ".join("{" + a + "}" for a in sorted(allowed_set))}'
+            f'allowed: {", ".join("{" + a + "}" for a in sorted(allowed))}'
         )
     return used
 
