@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import re
+import types
 from typing import Any, Iterable, Mapping, Optional, Pattern, Union
 
 __all__ = ['DEFAULT_SECRET_PATTERN', 'REDACTED', 'build_redactor', 'Redactor']
@@ -14,7 +17,11 @@ RedactOption = Union[bool, str, Pattern[str], Iterable[Union[str, Pattern[str]]]
 
 
 class Redactor:
-    """Replaces the values of secret-looking keys with ``'***'``, in nested mappings and lists too."""
+    """Replaces the values of secret-looking keys with ``'***'``, in nested mappings and lists too.
+
+    Nested dataclass instances and ``argparse.Namespace``/``SimpleNamespace`` objects are
+    turned into (redacted) dicts of their fields, so their secrets cannot leak through their repr.
+    """
 
     def __init__(self, pattern: Optional[Pattern[str]]):
         self.pattern = pattern
@@ -37,6 +44,12 @@ class Redactor:
     def _value(self, value: Any) -> Any:
         if isinstance(value, Mapping):
             return self._mapping(value)
+        # Config objects (dataclasses, argparse/SimpleNamespace) would reach destinations as their
+        # repr, secrets included: log them as the mappings they are, redacted.
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return self._mapping({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+        if isinstance(value, (argparse.Namespace, types.SimpleNamespace)):
+            return self._mapping(vars(value))
         if isinstance(value, (list, tuple)):
             return type(value)(self._value(v) for v in value) if isinstance(value, list) else tuple(self._value(v) for v in value)
         return value

@@ -25,6 +25,7 @@ from dist_logging._gather import REDUCTIONS, MetricGatherer
 from dist_logging._redact import RedactOption, build_redactor
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
+from dist_logging.errors import UploadError
 from dist_logging.naming import format_name_with_dist, format_name_with_dist_and_time, validate_object_name
 from dist_logging.state import State
 
@@ -386,15 +387,26 @@ class Logger:
             warnings.warn(f'upload_file({remote!r}): the Logger has no upload-capable destination; '
                           'files are not uploaded', RuntimeWarning, stacklevel=2)
         path = None
+        earlier_failures: Optional[UploadError] = None
         for destination in self._uploaders:
-            if self._upload_takes_copy[id(destination)]:
-                # Destinations that take copy= also take the path as a str (building a
-                # pathlib.Path costs more than the whole hand-over).
-                destination.upload_file(self.state, remote, local, overwrite=overwrite, copy=copy)
-            else:
-                if path is None:
-                    path = pathlib.Path(local)
-                destination.upload_file(self.state, remote, path, overwrite=overwrite)
+            try:
+                if self._upload_takes_copy[id(destination)]:
+                    # Destinations that take copy= also take the path as a str (building a
+                    # pathlib.Path costs more than the whole hand-over).
+                    destination.upload_file(self.state, remote, local, overwrite=overwrite, copy=copy)
+                else:
+                    if path is None:
+                        path = pathlib.Path(local)
+                    destination.upload_file(self.state, remote, path, overwrite=overwrite)
+            except UploadError as exc:
+                # Earlier uploads of that destination failed, but it queued this file: the other
+                # destinations must still get it before the error reaches the caller.
+                if earlier_failures is None:
+                    earlier_failures = exc
+                else:
+                    earlier_failures.add_note(f'also: {exc}')
+        if earlier_failures is not None:
+            raise earlier_failures
 
     # ------------------------------------------------------------------ gathering
     def flush(self) -> None:

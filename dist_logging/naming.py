@@ -7,6 +7,8 @@ import string
 from typing import Any, Iterable
 
 from dist_logging import dist
+# One definition of a safe object name, shared with the (torch-free) object stores.
+from dist_logging.object_store import check_object_name as validate_object_name
 
 __all__ = [
     'DIST_PLACEHOLDERS',
@@ -155,22 +157,3 @@ def check_rank_distinct(template: str, ranks: str, what: str) -> None:
                 "but cannot tell nodes apart: add {node_rank} (or {rank})"
             )
 
-
-def validate_object_name(name: str) -> str:
-    """Return ``name`` if it is a safe relative object name.
-
-    Object names use ``/`` as separator and must stay inside the bucket/prefix:
-    no absolute names, no ``..`` component, no empty name, no NUL byte.
-
-    Raises:
-        ValueError: naming the bad name and what is wrong with it.
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f'object name must be a non-empty string, got {name!r}')
-    if '\x00' in name:
-        raise ValueError(f'object name {name!r} contains a NUL byte')
-    if name.startswith(('/', '\\')) or (len(name) > 1 and name[1] == ':'):
-        raise ValueError(f'object name {name!r} is absolute; use a name relative to the bucket')
-    if '..' in name.replace('\\', '/').split('/'):
-        raise ValueError(f'object name {name!r} contains a ".." component')
-    return name

@@ -368,3 +368,10 @@ def test_image_validation():
         logger.log_images(np.zeros((3, 8, 8), dtype=np.int64))
     logger.log_images(np.zeros((3, 8, 8), dtype=np.uint8))
     logger.log_images(torch.rand(2, 8, 8, 3), channels_last=True)
+
+
+def test_log_run_info_is_opt_in():
+    mem = InMemoryLogger()
+    Logger([mem], run_name='r', log_run_info=True)
+    assert mem.hyperparameters['world_size'] == 1 and mem.hyperparameters['torch_version'] == torch.__version__
+    assert len(mem.hyperparameters['hosts']) == 1

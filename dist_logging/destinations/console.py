@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination
+from dist_logging.destinations._periodic import check_interval
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -38,9 +39,7 @@ class ConsoleLogger(LoggerDestination):
                  log_traces: bool = False, stream: Optional[TextIO] = None, ranks: str = 'zero',
                  log_level: Any = None, optional: Optional[bool] = None):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
-        if isinstance(log_interval, bool) or not isinstance(log_interval, int) or log_interval < 1:
-            raise ValueError(f'ConsoleLogger: log_interval must be an int >= 1, got {log_interval!r}')
-        self.log_interval = log_interval
+        self.log_interval = check_interval('ConsoleLogger', 'log_interval', log_interval)
         self.progress_bar = progress_bar
         self.total_batches = total_batches
         self.should_log_traces = log_traces

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 from dist_logging._artifacts import jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination
+from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
                                  validate_object_name, validate_template)
 
@@ -30,7 +31,7 @@ def _artifact_base(path: str) -> str:
     return root if ext else path + '.d'
 
 
-class FileLogger(LoggerDestination):
+class FileLogger(PeriodicFlushMixin, LoggerDestination):
     """Writes everything logged to a file per rank (by default), buffered, flushed periodically.
 
     Lines are written to an open, buffered file; they reach the disk every
@@ -77,8 +78,6 @@ class FileLogger(LoggerDestination):
             raise ValueError(f'FileLogger: unknown format {format!r}; expected one of {list(FORMATS)}')
         if table_format not in TABLE_FORMATS:
             raise ValueError(f'FileLogger: unknown table_format {table_format!r}; expected one of {list(TABLE_FORMATS)}')
-        if isinstance(flush_interval, bool) or not isinstance(flush_interval, int) or flush_interval < 1:
-            raise ValueError(f'FileLogger: flush_interval must be an int >= 1, got {flush_interval!r}')
         validate_template(filename, DIST_PLACEHOLDERS)
         check_rank_distinct(filename, self.ranks, 'FileLogger filename')
         if remote_file_name is None:
@@ -94,7 +93,7 @@ class FileLogger(LoggerDestination):
         self.remote_file_name_template = remote_file_name
         self.format = format
         self.table_format = table_format
-        self.flush_interval = flush_interval
+        self.flush_interval = check_interval('FileLogger', 'flush_interval', flush_interval)
         self.should_log_traces = log_traces
         self.filename: Optional[str] = None
         self.remote_file_name: Optional[str] = None
@@ -124,16 +123,6 @@ class FileLogger(LoggerDestination):
     def artifact_dir(self) -> Optional[str]:
         """The local folder of this log's tables and images (``None`` before the Logger opens it)."""
         return _artifact_base(self.filename) if self.filename else None
-
-    def batch_end(self, state: 'State', logger: 'Logger') -> None:
-        if state.timestamp.batch % self.flush_interval == 0:
-            self.flush()
-
-    def epoch_end(self, state: 'State', logger: 'Logger') -> None:
-        self.flush()
-
-    def fit_end(self, state: 'State', logger: 'Logger') -> None:
-        self.flush()
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self._file is None:

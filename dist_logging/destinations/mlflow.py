@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 from dist_logging._artifacts import flatten, jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination
+from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def _check_installed() -> None:
         raise ImportError(INSTALL_HINT)
 
 
-class MLFlowLogger(LoggerDestination):
+class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
     """Logs to an MLflow run through ``mlflow.tracking.MlflowClient`` (no global ``mlflow`` state).
 
     * hyperparameters -> params: nested mappings flattened (``{'opt': {'lr': 1}}`` ->
@@ -97,8 +98,6 @@ class MLFlowLogger(LoggerDestination):
             raise ValueError(f'MLFlowLogger: tracking_uri must be a non-empty string or None, got {tracking_uri!r}')
         if run_name is not None:
             validate_template(run_name, DIST_PLACEHOLDERS)
-        if isinstance(flush_interval, bool) or not isinstance(flush_interval, int) or flush_interval < 1:
-            raise ValueError(f'MLFlowLogger: flush_interval must be an int >= 1, got {flush_interval!r}')
         if param_separator not in ('/', '.'):
             raise ValueError(f"MLFlowLogger: param_separator must be '/' or '.', got {param_separator!r}")
         if tags is not None and not isinstance(tags, Mapping):
@@ -110,7 +109,7 @@ class MLFlowLogger(LoggerDestination):
         self.resume = bool(resume)
         self.tags = {str(k): format_log_data_value(v) for k, v in (tags or {}).items()}
         self.artifact_location = artifact_location
-        self.flush_interval = flush_interval
+        self.flush_interval = check_interval('MLFlowLogger', 'flush_interval', flush_interval)
         self.param_separator = param_separator
         self.should_log_traces = log_traces
         self.synchronous = bool(synchronous)
@@ -171,16 +170,6 @@ class MLFlowLogger(LoggerDestination):
                 return run
         name = format_name_with_dist(self.run_name_template, state.run_name) if self.run_name_template else state.run_name
         return client.create_run(experiment_id, run_name=name, tags={RUN_NAME_TAG: state.run_name, **self.tags})
-
-    def batch_end(self, state: 'State', logger: 'Logger') -> None:
-        if state.timestamp.batch % self.flush_interval == 0:
-            self.flush()
-
-    def epoch_end(self, state: 'State', logger: 'Logger') -> None:
-        self.flush()
-
-    def fit_end(self, state: 'State', logger: 'Logger') -> None:
-        self.flush()
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self.client is None:

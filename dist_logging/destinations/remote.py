@@ -50,6 +50,16 @@ def default_staging_folder(run_name: str) -> str:
     return os.path.join(tempfile.gettempdir(), f'dist_logging-{user}', safe_run, 'staging')
 
 
+def _check_private_base(base: str) -> None:
+    """The default staging base lives in the shared temp dir under a guessable name: make sure it is
+    ours (not another user's folder or a symlink planted there), so nobody can read or swap snapshots."""
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    info = os.lstat(base)
+    if hasattr(os, 'getuid') and (not os.path.isdir(base) or os.path.islink(base) or info.st_uid != os.getuid()):
+        raise PermissionError(f'the default staging folder {base} is not a folder owned by this user (uid '
+                              f'{os.getuid()}); pass upload_staging_folder= to choose a safe place')
+
+
 def _store_record(store: ObjectStore, backend_kwargs: Optional[Mapping[str, Any]]) -> StoreRecord:
     uri = getattr(store, 'bucket_uri', None)
     custom = None
@@ -197,7 +207,10 @@ class RemoteUploaderDownloader(LoggerDestination):
             if self._closed:
                 raise RuntimeError('this RemoteUploaderDownloader is closed')
             self._run_name = run_name
-            root = self.upload_staging_folder or default_staging_folder(run_name or 'standalone')
+            root = self.upload_staging_folder
+            if root is None:
+                root = default_staging_folder(run_name or 'standalone')
+                _check_private_base(os.path.dirname(os.path.dirname(root)))
             staging = RankStaging(root, dist.get_global_rank(), fsync=self.fsync)
             try:
                 scheduler = UploadScheduler(self.object_store, self.retry_policy, self.num_concurrent_uploads,
@@ -391,16 +404,30 @@ class RemoteUploaderDownloader(LoggerDestination):
         upload_id = staging.next_id()  # type: ignore[union-attr]
         snapshot = staging.snapshot_path(upload_id)  # type: ignore[union-attr]
         src = None
-        if copy:
-            size = copy_file(path, snapshot, fsync=self.fsync, dst_dev=staging.dev)[0]  # type: ignore[union-attr]
-        elif link_file(path, snapshot):
-            size = -1  # not needed on the call path; whoever needs it stats the file
-        else:
-            src = snapshot = os.path.abspath(path)  # across filesystems: upload the original in place
-            size = os.stat(src).st_size
-        if self.fsync:
-            fsync_dir(staging.files_dir)  # type: ignore[union-attr]
-        staging.journal.append_queued(upload_id, name, size, overwrite, self._store_record.sid, src)  # type: ignore[union-attr]
+        try:
+            if copy:
+                size = copy_file(path, snapshot, fsync=self.fsync, dst_dev=staging.dev)[0]  # type: ignore[union-attr]
+            elif link_file(path, snapshot):
+                size = -1  # not needed on the call path; whoever needs it stats the file
+            else:
+                src = snapshot = os.path.abspath(path)  # across filesystems: upload the original in place
+                size = os.stat(src).st_size
+            if self.fsync:
+                fsync_dir(staging.files_dir)  # type: ignore[union-attr]
+            staging.journal.append_queued(upload_id, name, size, overwrite, self._store_record.sid, src)  # type: ignore[union-attr]
+        except OSError as exc:
+            # E.g. the staging disk is full: nothing may stay half-done (no snapshot without its
+            # record, no half record), and the caller learns where and what, then may go on.
+            if src is None:
+                try:
+                    os.unlink(snapshot)
+                except OSError:
+                    pass
+            if exc.filename is None:
+                exc.filename = staging.files_dir  # type: ignore[union-attr]
+            exc.add_note(f'upload_file({name!r}): could not stage {path!r} in {staging.dir}; '  # type: ignore[union-attr]
+                         'nothing was queued')
+            raise
         self._queued_names.add(name)
         if copy and self.max_staged_bytes is not None:
             with self._budget:

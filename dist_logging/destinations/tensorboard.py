@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from dist_logging._artifacts import flatten, markdown_table
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination
+from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
                                  validate_object_name, validate_template)
 
@@ -35,7 +36,7 @@ def _import_summary_writer() -> Any:
     return SummaryWriter
 
 
-class TensorboardLogger(LoggerDestination):
+class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
     """Writes TensorBoard event files through ``torch.utils.tensorboard.SummaryWriter``.
 
     * metrics -> scalars (``add_scalar``), at ``step`` or else the batch count;
@@ -70,8 +71,6 @@ class TensorboardLogger(LoggerDestination):
                  ranks: str = 'zero', log_level: Any = None, optional: Optional[bool] = None):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         _check_installed()
-        if isinstance(flush_interval, bool) or not isinstance(flush_interval, int) or flush_interval < 1:
-            raise ValueError(f'TensorboardLogger: flush_interval must be an int >= 1, got {flush_interval!r}')
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f'TensorboardLogger: max_queue must be an int >= 1, got {max_queue!r}')
         validate_template(log_dir, DIST_PLACEHOLDERS)
@@ -81,7 +80,7 @@ class TensorboardLogger(LoggerDestination):
             check_rank_distinct(remote_dir, self.ranks, 'TensorboardLogger remote_dir')
         self.log_dir_template = log_dir
         self.remote_dir_template = remote_dir or None
-        self.flush_interval = flush_interval
+        self.flush_interval = check_interval('TensorboardLogger', 'flush_interval', flush_interval)
         self.max_queue = max_queue
         self.log_dir: Optional[str] = None
         self.remote_dir: Optional[str] = None
@@ -98,16 +97,6 @@ class TensorboardLogger(LoggerDestination):
             self.remote_dir = validate_object_name(format_name_with_dist(self.remote_dir_template, state.run_name))
         # flush_secs is a backstop for long batches; flushes normally follow flush_interval.
         self.writer = _import_summary_writer()(log_dir=self.log_dir, max_queue=self.max_queue, flush_secs=120)
-
-    def batch_end(self, state: 'State', logger: 'Logger') -> None:
-        if state.timestamp.batch % self.flush_interval == 0:
-            self.flush()
-
-    def epoch_end(self, state: 'State', logger: 'Logger') -> None:
-        self.flush()
-
-    def fit_end(self, state: 'State', logger: 'Logger') -> None:
-        self.flush()
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self.writer is None:

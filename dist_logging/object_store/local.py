@@ -28,7 +28,8 @@ class LocalObjectStore(ObjectStore):
         root: the directory (created if missing).
 
     Raises:
-        ValueError: (at upload/download) a name that escapes ``root``.
+        ValueError: (at upload/download) a name that escapes ``root``, also through a symbolic
+            link inside it (nothing is ever written outside ``root``).
     """
 
     def __init__(self, root: str):
@@ -41,22 +42,30 @@ class LocalObjectStore(ObjectStore):
             raise TypeError(f'LocalObjectStore takes no backend_kwargs, got {sorted(kwargs)}')
         return cls(location)
 
-    def _path(self, name: str) -> str:
+    def _path(self, name: str, *, write: bool = False) -> str:
         check_object_name(name)
         path = os.path.normpath(os.path.join(self.root, name))
         if os.path.commonpath([self.root, path]) != self.root or path == self.root:
             raise ValueError(f'object name {name!r} escapes the store root {self.root!r}')
+        # A symbolic link inside the root must not lead a write (or a read) outside it. Writes
+        # resolve the parent folder (the object itself is replaced, never followed); reads resolve
+        # the object too. Missing folders are created below the checked one as real folders.
+        real_root = os.path.realpath(self.root)
+        resolved = os.path.realpath(os.path.dirname(path) if write else path)
+        if os.path.commonpath([real_root, resolved]) != real_root:
+            raise ValueError(f'object name {name!r} resolves to {resolved!r}, outside the store root '
+                             f'{self.root!r} (through a symbolic link)')
         return path
 
     def upload_object(self, name: str, filename: str, callback: Optional[Callable[[int], None]] = None, *,
                       overwrite: bool = True) -> None:
-        path = self._path(name)
+        path = self._path(name, write=True)
         if not overwrite and os.path.lexists(path):
             raise FileExistsError(f'{self.get_uri(name)} already exists')
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f'.{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp')
-        size, _ = copy_file(filename, tmp)
+        size, _ = copy_file(filename, tmp, mode=0o666)  # objects get the user's umask, like `cp`
         try:
             if overwrite:
                 os.replace(tmp, path)
@@ -97,8 +106,7 @@ class LocalObjectStore(ObjectStore):
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f'.{os.path.basename(filename)}.{uuid.uuid4().hex[:12]}.tmp')
         try:
-            size, _ = copy_file(path, tmp)
-            os.chmod(tmp, 0o644)
+            size, _ = copy_file(path, tmp, mode=0o666)  # the user's umask decides, like `cp`
             if overwrite:
                 os.replace(tmp, filename)
             else:

@@ -25,6 +25,7 @@ which costs a disk flush per call and is off by default.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -119,9 +120,26 @@ class Journal:
         with self._lock:
             if self._fd is None:
                 raise ValueError(f'journal {self.path} is closed')
-            os.write(self._fd, data)
+            written = os.write(self._fd, data)
+            if written != len(data):
+                self._finish_short_write(self._fd, data, written)
             if self.fsync:
                 os.fdatasync(self._fd)
+
+    @staticmethod
+    def _finish_short_write(fd: int, data: bytes, written: int) -> None:
+        # A short write (the disk filled up mid-line) must not leave half a record: the next
+        # append would glue onto it and both lines would be lost. Finish the line, or cut the
+        # file back to where this record started and raise (we hold the lock and the folder's).
+        try:
+            while written < len(data):
+                n = os.write(fd, data[written:])
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += n
+        except OSError:
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+            raise
 
     def append_store(self, record: StoreRecord) -> None:
         """Record a store that later ``queued`` lines refer to by ``sid``."""

@@ -53,14 +53,17 @@ def _remember(cache: set, key: tuple[int, int]) -> None:
         cache.add(key)
 
 
-def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int] = None) -> tuple[int, str]:
+def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int] = None,
+              mode: int = 0o600) -> tuple[int, str]:
     """Copy ``src`` to the new file ``dst`` as it is now, without a Python read/write loop.
 
     Args:
         src: the file to snapshot.
-        dst: the new file (must not exist; created with mode 0o600).
+        dst: the new file (must not exist).
         fsync: flush the copy to stable storage before returning.
         dst_dev: ``st_dev`` of the destination's filesystem, when the caller knows it (saves a syscall).
+        mode: the new file's permission bits, masked by the process umask (0o600: private
+            snapshots; 0o666 gives what ``cp`` would, e.g. for objects in a local bucket).
 
     Returns:
         ``(size, method)``: the bytes copied and ``'reflink'``, ``'copy_file_range'`` or ``'sendfile'``.
@@ -74,7 +77,7 @@ def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int]
     try:
         stat = os.fstat(fin)
         size = stat.st_size
-        fout = os.open(dst, _OPEN_FLAGS, 0o600)
+        fout = os.open(dst, _OPEN_FLAGS, mode)
         try:
             method = _copy_fds(fin, fout, size, stat.st_dev, dst_dev)
             if fsync:
