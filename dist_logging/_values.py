@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-__all__ = ['format_log_data_value', 'metric_scalar', 'check_metric_key']
+__all__ = ['format_log_data_value', 'metric_scalar', 'check_metric_key', 'json_safe']
 
 
 def format_log_data_value(value: Any) -> str:
@@ -41,6 +41,18 @@ def format_log_data_value(value: Any) -> str:
     if isinstance(value, (list, tuple, set, frozenset)):
         return '[' + ', '.join(format_log_data_value(v) for v in value) + ']'
     return str(value)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every mapping key that JSON cannot hold (tuples, objects...) turned into its
+    :func:`format_log_data_value` text, so ``json.dumps(..., default=format_log_data_value)`` never fails.
+    """
+    if isinstance(value, Mapping):
+        return {k if isinstance(k, (str, int, float, bool)) or k is None else format_log_data_value(k): json_safe(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def check_metric_key(key: Any) -> str:

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from dist_logging._artifacts import jsonable, safe_artifact_name
-from dist_logging._values import format_log_data_value
+from dist_logging._values import format_log_data_value, json_safe
 from dist_logging.destination import LoggerDestination
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
@@ -178,7 +178,11 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 record['step'] = step
             record.update(extra)
             record['data'] = data
-            self._file.write(json.dumps(record, default=format_log_data_value, allow_nan=True) + '\n')
+            try:
+                line = json.dumps(record, default=format_log_data_value, allow_nan=True)
+            except TypeError:  # mapping keys JSON cannot hold (e.g. tuples): store them as text, never crash
+                line = json.dumps(json_safe(record), default=format_log_data_value, allow_nan=True)
+            self._file.write(line + '\n')
         else:
             where = f'[epoch={timestamp.epoch}][batch={timestamp.batch if step is None else step}]' if timestamp else ''
             if isinstance(data, dict):

@@ -98,3 +98,11 @@ def test_size_parsing():
     with pytest.raises(ValueError):
         _common.parse_size('4 parsecs')
     assert _common.summarize([1000, 2000, 3000])['median'] == 2.0
+
+
+def test_soak(tmp_path):
+    doc = _run(tmp_path, 'soak', '--minutes', '0.1', '--stores', 'local')
+    overall = doc['overall']
+    assert overall['missing_objects'] == 0 and overall['objects'] > 0
+    assert overall['metric_calls_per_s_total'] > 0 and overall['max_open_fds'] > 0
+    assert set(doc['series']) == {'0', '1'}

@@ -1,0 +1,92 @@
+"""Files and folders are created with the user's umask (run in a subprocess with the umask set).
+
+* Log files, TensorBoard event files, objects in a local bucket and downloaded files get
+  ``0o666 & ~umask`` (folders ``0o777 & ~umask``), like ``cp`` would: a restrictive umask (077)
+  makes all of them private, the usual 022 makes them readable by the team.
+* The staging snapshots and journal are always private (0o600, in a 0o700 ``files/`` folder):
+  they are copies of your checkpoints, by default under the shared system temp dir.
+* Nothing is ever more open than the umask allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from reliability._common import TESTS_DIR
+
+pytestmark = pytest.mark.timeout(120)
+
+SCRIPT = r'''
+import json, os, stat, sys, threading
+root, umask = sys.argv[1], int(sys.argv[2], 8)
+os.umask(umask)
+from dist_logging import Logger
+from dist_logging.destinations import FileLogger, RemoteUploaderDownloader, TensorboardLogger
+
+gate = threading.Event()
+rud = RemoteUploaderDownloader(f'file://{root}/bucket', upload_staging_folder=f'{root}/staging')
+logger = Logger([FileLogger(f'{root}/logs/{{run_name}}/log.txt'), TensorboardLogger(log_dir=f'{root}/tb'), rud],
+                run_name='perm')
+with open(f'{root}/ckpt.bin', 'wb') as handle:
+    handle.write(b'weights')
+os.chmod(f'{root}/ckpt.bin', 0o600)  # the source's own mode must not matter
+logger.log_metrics({'loss': 1.0})
+logger.upload_file('ckpt/ckpt.bin', f'{root}/ckpt.bin')
+modes = {}
+def walk(top):
+    for dirpath, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(dirpath, name)
+            modes[os.path.relpath(path, root)] = stat.S_IMODE(os.lstat(path).st_mode)
+walk(f'{root}/staging')  # while the upload may still be pending: snapshots and journal
+logger.batch_end()
+logger.close()
+rud2 = RemoteUploaderDownloader(f'file://{root}/bucket', upload_staging_folder=f'{root}/staging2')
+rud2.download_file('ckpt/ckpt.bin', f'{root}/down/ckpt.bin')
+rud2.shutdown()
+for top in ('logs', 'tb', 'bucket', 'down', 'staging'):
+    walk(f'{root}/{top}')
+print(json.dumps(modes))
+'''
+
+
+def _modes(tmp_path, umask):
+    root = tmp_path / f'umask{umask}'
+    root.mkdir()
+    env = dict(os.environ, PYTHONPATH=f'{TESTS_DIR.parent}:{TESTS_DIR}')
+    result = subprocess.run([sys.executable, '-c', SCRIPT, str(root), umask], capture_output=True, text=True,
+                            env=env, timeout=100)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _is_dir(name, modes):
+    return any(other.startswith(name + '/') for other in modes)
+
+
+def test_restrictive_umask_makes_everything_private(tmp_path):
+    modes = _modes(tmp_path, '077')
+    assert any(n.startswith('logs/') for n in modes) and any(n.startswith('tb/') for n in modes)
+    assert 'bucket/ckpt/ckpt.bin' in modes and 'down/ckpt.bin' in modes
+    opened = {name: oct(mode) for name, mode in modes.items() if mode & 0o077}
+    assert opened == {}, f'more open than the umask 077 allows: {opened}'
+
+
+def test_usual_umask_gives_what_cp_would(tmp_path):
+    modes = _modes(tmp_path, '022')
+    for name, mode in modes.items():
+        assert not mode & 0o022, f'{name}: {oct(mode)} is more open than umask 022'
+        if name.startswith(('logs/', 'tb/', 'bucket/', 'down/')):
+            expected = 0o755 if _is_dir(name, modes) or name in ('logs/perm', 'bucket/ckpt') else 0o644
+            assert mode == expected, f'{name}: {oct(mode)}, expected {oct(expected)}'
+    # staging stays private whatever the umask: snapshots and the journal are 0o600 in a 0o700 folder
+    assert modes['staging/rank0/files'] == 0o700
+    private = {n: oct(m) for n, m in modes.items()
+               if n.startswith('staging/rank0/files/') or n.endswith('journal.jsonl')}
+    assert private and all(m == oct(0o600) for m in private.values()), private
