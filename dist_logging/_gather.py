@@ -200,16 +200,8 @@ class MetricGatherer:
         """
         buffered, self._buffer = self._buffer, {}
         if not self._group.active:
-            if not buffered:
-                return []  # every batch_end flushes: keep the no-data, no-peer case free
             self._materialize(buffered)
-            entries = list(buffered.values())
-            layout = _Layout({key: e[_SPEC] for key, e in buffered.items()}, shared=False)
-            data = np.empty((1, len(entries), _SLOTS), dtype=np.float64)
-            data[0, :, 0] = [e[_ACC] for e in entries]
-            data[0, :, 1] = [e[_COUNT] for e in entries]
-            data[0, :, 2] = np.array([e[_STEP] for e in entries], dtype=np.float64)  # None -> NaN
-            return _results(layout, data)
+            return _local_results(buffered)
         self._materialize(buffered)
         return self._flush_collective(buffered, position)
 
@@ -345,6 +337,24 @@ class _Layout:
         self.key_array = np.array(self.keys, dtype=object)
         self.codes = np.array([_OP_CODES[op] for op, _ in self.specs], dtype=np.int64)
         self.levels = np.array([level for _, level in self.specs], dtype=np.int64)
+
+
+def _local_results(buffered: Mapping[str, list[Any]]) -> list[tuple[dict[str, float], Optional[int], int]]:
+    """The flush of a world of one: each accumulator already is the result.
+
+    Plain Python rather than :func:`_results`: every ``batch_end`` flushes, and numpy's
+    per-call overhead dominates for the handful of keys a single process logs.
+    """
+    groups: dict[tuple[Optional[int], int], dict[str, float]] = {}
+    for key, entry in buffered.items():
+        count = entry[_COUNT]
+        if not count:
+            continue
+        op, level = entry[_SPEC]
+        value = entry[_ACC] / count if op == 'mean' else entry[_ACC]
+        groups.setdefault((entry[_STEP], level), {})[f'{key}/rank0' if op == 'gather' else key] = float(value)
+    ordered = sorted(groups, key=lambda sl: (-math.inf if sl[0] is None else sl[0], sl[1]))
+    return [(groups[step_level], step_level[0], step_level[1]) for step_level in ordered]
 
 
 def _results(layout: _Layout, data: np.ndarray) -> list[tuple[dict[str, float], Optional[int], int]]:

@@ -142,6 +142,7 @@ class Logger:
         self._routes: Any = [()] + [
             tuple(d for d in self._active if level <= LogLevel.parse(d.log_level)) for level in LogLevel
         ]
+        self._batch_routes: Optional[tuple[LoggerDestination, ...]] = self._routes[LogLevel.BATCH]
         self._uploaders = tuple(d for d in self._active if d.can_upload_files())
         self._has_uploader_anywhere = any(d.can_upload_files() for d in self.destinations)
         self._upload_takes_copy = {
@@ -228,7 +229,7 @@ class Logger:
         self._dispatch(self._hparam_destinations, 'log_hyperparameters', redacted)
 
     def log_metrics(self, metrics: Data, step: Optional[int] = None, *, reduce: Optional[str] = None,
-                    level: Union[LogLevel, int, str] = LogLevel.BATCH) -> None:
+                    level: Union[LogLevel, int, str, None] = None) -> None:
         """Log scalar metrics.
 
         With ``reduce=None`` the call goes to the destinations active on this rank. With
@@ -243,7 +244,8 @@ class Logger:
                 on this rank takes the call (or ``reduce`` is set).
             step: the step the values belong to (default: the destination chooses).
             reduce: how to combine values across ranks, or None to only filter.
-            level: the :class:`LogLevel` of this data; destinations whose threshold is lower skip it.
+            level: the :class:`LogLevel` of this data (default ``BATCH``); destinations whose
+                threshold is lower skip it.
 
         Raises:
             TypeError: a non-string name or a non-numeric value (names them).
@@ -252,8 +254,10 @@ class Logger:
         """
         if reduce is None:
             # The hot path: on a rank where no destination takes the call this is two lookups.
-            destinations = self._routes[level if type(level) is LogLevel else LogLevel.parse(level)]
+            destinations = self._batch_routes if level is None else self._routes[LogLevel.parse(level)]
             if not destinations:
+                if destinations is None:
+                    self._check_open()
                 return
             data = metrics() if callable(metrics) else metrics
             if not isinstance(data, Mapping):
@@ -274,7 +278,7 @@ class Logger:
         if reduce not in REDUCTIONS:
             raise ValueError(f'unknown reduce {reduce!r}; expected one of {list(REDUCTIONS)} or None')
         data = self._resolve(metrics, 'metrics')
-        self._gatherer.add(data, step, reduce, int(LogLevel.parse(level)))
+        self._gatherer.add(data, step, reduce, int(LogLevel.BATCH if level is None else LogLevel.parse(level)))
 
     def log_traces(self, traces: Data, *, level: Union[LogLevel, int, str] = LogLevel.VERBOSE) -> None:
         """Log debug data (any values) to the destinations active on this rank; secrets are redacted.
@@ -487,6 +491,7 @@ class Logger:
                           'call flush() on every rank before close()', RuntimeWarning, stacklevel=2)
         self._closed = True
         self._routes = _ClosedRoutes()  # type: ignore[assignment]
+        self._batch_routes = None
         errors = [exc for destination, exc in self._failures.values() if not destination.optional]
         # Destinations upload their last files (final log lines, event files) from their own
         # close(): close uploaders last, and accept those uploads until every close ran.

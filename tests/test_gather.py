@@ -344,3 +344,24 @@ def test_canonical_json_ignores_order_and_addresses():
     assert canonical_json({'b': 1, 'a': [1.0]}) == canonical_json({'a': [1.0], 'b': 1})
     assert canonical_json(object()) == canonical_json(object())
     assert canonical_json(torch.tensor([1, 2])) == '"[1, 2]"'
+
+
+def test_world_of_one_fast_path_matches_the_vectorized_reduction():
+    g = MetricGatherer(LoggingGroup())
+    g.add({'m': 1.0, 'n': math.nan}, 3, 'mean')
+    g.add({'m': 4.0}, 9, 'mean')
+    g.add({'s': 2.0, 't': math.inf}, None, 'sum')
+    g.add({'lo': 5.0}, 2, 'min', level=2)
+    g.add({'hi': -1.0}, None, 'max', level=4)
+    g.add({'g': 7.0}, 3, 'gather')
+    buffered = g._buffer
+    layout = _gather._Layout({key: entry[_gather._SPEC] for key, entry in buffered.items()}, shared=False)
+    data = np.array([[[e[_gather._ACC], e[_gather._COUNT], np.nan if e[_gather._STEP] is None else e[_gather._STEP]]
+                      for e in buffered.values()]], dtype=np.float64)
+    expected = _gather._results(layout, data)
+    got = g.flush()
+    assert [(step, level) for _, step, level in got] == [(step, level) for _, step, level in expected]
+    for (metrics, _, _), (reference, _, _) in zip(got, expected):
+        assert metrics.keys() == reference.keys()
+        for key in metrics:
+            assert metrics[key] == reference[key] or (math.isnan(metrics[key]) and math.isnan(reference[key]))
