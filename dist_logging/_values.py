@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any, Mapping
 
@@ -107,8 +106,3 @@ def metric_scalar(key: str, value: Any) -> float | int:
     if isinstance(value, numbers.Real):
         return float(value)
     raise TypeError(f'metric {key!r}: value {value!r} of type {type(value).__name__} is not a number')
-
-
-def is_finite(value: float) -> bool:
-    """Whether ``value`` is neither NaN nor infinite."""
-    return math.isfinite(value)

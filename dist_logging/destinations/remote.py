@@ -20,6 +20,7 @@ from dist_logging.destination import LoggerDestination
 from dist_logging.errors import UploadError
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_object_name, validate_template
 from dist_logging.object_store import ObjectStore, persistable_kwargs, split_bucket_uri, store_from_uri
+from dist_logging.upload.node_slots import node_slots_from_env
 from dist_logging.upload.journal import StoreRecord
 from dist_logging.upload.retry import RetryPolicy, call_with_retries
 from dist_logging.upload.snapshot import copy_file, fsync_dir, link_file
@@ -171,6 +172,7 @@ class RemoteUploaderDownloader(LoggerDestination):
         self.max_staged_bytes = max_staged_bytes
         self.retry_policy = RetryPolicy(num_attempts=num_attempts)
         self.fsync = os.environ.get('DIST_LOGGING_UPLOAD_FSYNC', '') not in ('', '0', 'false', 'False')
+        node_slots_from_env()  # a bad DIST_LOGGING_NODE_UPLOAD_SLOTS fails here, not on a worker
         self._store_record = _store_record(self.object_store, backend_kwargs)
 
         self._start_lock = threading.Lock()

@@ -19,6 +19,7 @@ Executors:
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import pickle
@@ -30,6 +31,7 @@ import threading
 from multiprocessing.connection import Connection, wait as wait_connections
 from typing import Any, Callable, NamedTuple, Optional
 
+from dist_logging.upload.node_slots import node_slots_from_env
 from dist_logging.upload.retry import Interrupted, RetryPolicy, call_with_retries
 
 __all__ = ['UploadTask', 'WorkerDied', 'UploadScheduler', 'ThreadExecutor', 'ProcessExecutor', 'run_upload']
@@ -84,13 +86,16 @@ def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional
         The upload's last error, or :class:`~dist_logging.upload.retry.Interrupted`.
     """
 
+    slots = node_slots_from_env()
+
     def attempt(number: int) -> None:
-        try:
-            store.upload_object(task.name, task.path, overwrite=task.overwrite)
-        except FileExistsError:
-            if not task.overwrite and (number > 1 or task.resumed) and _already_landed(store, task):
-                return
-            raise
+        with slots.hold(stop) if slots is not None else contextlib.nullcontext():
+            try:
+                store.upload_object(task.name, task.path, overwrite=task.overwrite)
+            except FileExistsError:
+                if not task.overwrite and (number > 1 or task.resumed) and _already_landed(store, task):
+                    return
+                raise
 
     call_with_retries(attempt, policy, stop, store)
 

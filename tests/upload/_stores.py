@@ -78,6 +78,7 @@ class TestStore(ObjectStore):
     def upload_object(self, name: str, filename: str, callback: Optional[Callable[[int], None]] = None, *,
                       overwrite: bool = True) -> None:
         attempt = self._bump('attempt', name)
+        started = time.time()
         if self.delay:
             time.sleep(self.delay)
         deadline = time.monotonic() + 60
@@ -95,6 +96,21 @@ class TestStore(ObjectStore):
             raise RuntimeError(self.error)
         self.inner.upload_object(name, filename, callback, overwrite=overwrite)
         self._bump('landed', name)
+        with open(os.path.join(self.state_dir, 'intervals'), 'a') as log:  # one short line: atomic append
+            log.write(f'{started} {time.time()}\n')
+
+    def max_concurrency(self) -> int:
+        """The most uploads that were ever in ``upload_object`` at once (from the interval log)."""
+        events = []
+        with open(os.path.join(self.state_dir, 'intervals')) as log:
+            for line in log:
+                start, end = map(float, line.split())
+                events += [(start, 1), (end, -1)]
+        running = peak = 0
+        for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+            running += delta
+            peak = max(peak, running)
+        return peak
 
     def download_object(self, name: str, filename: str, overwrite: bool = False,
                         callback: Optional[Callable[[int], None]] = None) -> None:
