@@ -29,8 +29,20 @@ os.umask(umask)
 from dist_logging import Logger
 from dist_logging.destinations import FileLogger, RemoteUploaderDownloader, TensorboardLogger
 
+from dist_logging.object_store import LocalObjectStore
+
 gate = threading.Event()
-rud = RemoteUploaderDownloader(f'file://{root}/bucket', upload_staging_folder=f'{root}/staging')
+
+
+class GatedStore(LocalObjectStore):
+    """Holds uploads until the staging folder was inspected, so the snapshot is surely there."""
+
+    def upload_object(self, *args, **kwargs):
+        gate.wait(60)
+        return super().upload_object(*args, **kwargs)
+
+
+rud = RemoteUploaderDownloader(object_store=GatedStore(f'{root}/bucket'), upload_staging_folder=f'{root}/staging')
 logger = Logger([FileLogger(f'{root}/logs/{{run_name}}/log.txt'), TensorboardLogger(log_dir=f'{root}/tb'), rud],
                 run_name='perm')
 with open(f'{root}/ckpt.bin', 'wb') as handle:
@@ -44,7 +56,8 @@ def walk(top):
         for name in dirs + files:
             path = os.path.join(dirpath, name)
             modes[os.path.relpath(path, root)] = stat.S_IMODE(os.lstat(path).st_mode)
-walk(f'{root}/staging')  # while the upload may still be pending: snapshots and journal
+walk(f'{root}/staging')  # while the upload is held: snapshots and journal
+gate.set()
 logger.batch_end()
 logger.close()
 rud2 = RemoteUploaderDownloader(f'file://{root}/bucket', upload_staging_folder=f'{root}/staging2')
