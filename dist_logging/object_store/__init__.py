@@ -16,10 +16,12 @@ worker processes import it without paying for torch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
-from typing import Any, Callable, Mapping, Optional
+import uuid
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 __all__ = [
     'ObjectStore',
@@ -30,6 +32,7 @@ __all__ = [
     'split_bucket_uri',
     'store_from_uri',
     'check_object_name',
+    'download_target',
 ]
 
 # scheme -> (module, class name, pip extra or None)
@@ -133,6 +136,40 @@ def check_object_name(name: str) -> str:
     if '..' in name.replace('\\', '/').split('/'):
         raise ValueError(f'object name {name!r} contains a ".." component')
     return name
+
+
+@contextlib.contextmanager
+def download_target(filename: str, overwrite: bool) -> Iterator[str]:
+    """A temporary path next to ``filename`` to download into, published when the block succeeds.
+
+    Publishing is atomic: ``os.replace`` with ``overwrite=True``; with ``overwrite=False`` an
+    ``os.link`` that the kernel refuses if ``filename`` appeared meanwhile (check-then-replace
+    on filesystems without hard links). The temporary file never outlives the block, so a
+    failed or refused download leaves nothing behind.
+
+    Raises:
+        FileExistsError: ``overwrite=False`` and ``filename`` exists (when it is published).
+    """
+    directory = os.path.dirname(os.path.abspath(filename))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f'.{os.path.basename(filename)}.{uuid.uuid4().hex[:12]}.tmp')
+    exists = f'{filename} exists; pass overwrite=True to replace it'
+    try:
+        yield tmp
+        if overwrite:
+            os.replace(tmp, filename)
+        else:
+            try:
+                os.link(tmp, filename)
+            except FileExistsError:
+                raise FileExistsError(exists) from None
+            except OSError:  # no hard links on this filesystem
+                if os.path.lexists(filename):
+                    raise FileExistsError(exists) from None
+                os.replace(tmp, filename)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def split_bucket_uri(bucket_uri: str) -> tuple[str, str]:

@@ -8,7 +8,7 @@ import tempfile
 import uuid
 from typing import Callable, Optional
 
-from dist_logging.object_store import ObjectStore, check_object_name
+from dist_logging.object_store import ObjectStore, check_object_name, download_target
 from dist_logging.upload.snapshot import copy_file
 
 __all__ = ['LocalObjectStore']
@@ -102,25 +102,8 @@ class LocalObjectStore(ObjectStore):
             raise FileNotFoundError(f'{self.get_uri(name)} does not exist')
         if not overwrite and os.path.lexists(filename):
             raise FileExistsError(f'{filename} exists; pass overwrite=True to replace it')
-        directory = os.path.dirname(os.path.abspath(filename))
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f'.{os.path.basename(filename)}.{uuid.uuid4().hex[:12]}.tmp')
-        try:
+        with download_target(filename, overwrite) as tmp:
             size, _ = copy_file(path, tmp, mode=0o666)  # the user's umask decides, like `cp`
-            if overwrite:
-                os.replace(tmp, filename)
-            else:
-                try:
-                    os.link(tmp, filename)
-                except FileExistsError:
-                    raise FileExistsError(f'{filename} exists; pass overwrite=True to replace it') from None
-                except OSError:  # no hard links on this filesystem
-                    if os.path.lexists(filename):
-                        raise FileExistsError(f'{filename} exists; pass overwrite=True to replace it') from None
-                    os.replace(tmp, filename)
-        finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
         if callback is not None:
             callback(size)
 

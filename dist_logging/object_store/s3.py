@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional
 
@@ -16,7 +15,7 @@ try:
 except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('S3ObjectStore needs boto3: pip install "dist-logging[s3]"', name='boto3') from _exc
 
-from dist_logging.object_store import ObjectStore, check_object_name
+from dist_logging.object_store import ObjectStore, check_object_name, download_target
 
 __all__ = ['S3ObjectStore']
 
@@ -200,25 +199,13 @@ class S3ObjectStore(ObjectStore):
         if not overwrite and os.path.lexists(filename):
             raise FileExistsError(f'{filename} exists; pass overwrite=True to replace it')
         self.get_object_size(name)  # FileNotFoundError before any local file is created
-        directory = os.path.dirname(os.path.abspath(filename))
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f'.{os.path.basename(filename)}.{uuid.uuid4().hex[:12]}.tmp')
         try:
-            self.client.download_file(self.bucket, key, tmp, Callback=callback, Config=self._transfer_config())
-            if overwrite:
-                os.replace(tmp, filename)
-            else:
-                try:
-                    os.link(tmp, filename)
-                except FileExistsError:
-                    raise FileExistsError(f'{filename} exists; pass overwrite=True to replace it') from None
+            with download_target(filename, overwrite) as tmp:
+                self.client.download_file(self.bucket, key, tmp, Callback=callback, Config=self._transfer_config())
         except ClientError as exc:
             if _error_code(exc) in _MISSING_CODES:
                 raise FileNotFoundError(f'{self.get_uri(name)} does not exist') from exc
             raise
-        finally:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
 
     def get_object_size(self, name: str) -> int:
         try:
