@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as torch_dist
@@ -452,3 +452,18 @@ def touch_memory(nbytes: int) -> None:
     for i in range(0, nbytes, 4096):
         buf[i] = 1
     del buf
+
+
+def finish(name: str, d: Dist, summary: dict[str, Any], args: Any,
+           plot: Callable[[dict[str, Any], Dist, Optional[str]], None]) -> dict[str, Any]:
+    """The end of every benchmark: clean the summary, print and write it, plot on rank zero, shut down.
+
+    Returns:
+        The summary as written (NaN replaced).
+    """
+    summary = clean_nan(summary)
+    write_results(name, d, summary, args.out_json)
+    if not args.no_plot and d.is_zero:
+        plot(summary, d, args.out_json)
+    shutdown(d)
+    return summary

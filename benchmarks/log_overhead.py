@@ -208,11 +208,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'other_ours_3zero_over_dict_append': C.ratio(ours_other, others_worst('dict_append')) if others else None,
     }
     summary['targets'] = targets
-    summary = C.clean_nan(summary)
-    C.write_results(NAME, d, summary, args.out_json)
-    if not args.no_plot and d.is_zero:
-        plot(summary, d, args.out_json)
-    C.shutdown(d)
+    summary = C.finish(NAME, d, summary, args, plot)
     return 0
 
 

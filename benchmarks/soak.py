@@ -287,11 +287,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         },
         'series': {str(r): res['samples'] for r, res in enumerate(everyone)},
     }
-    summary = C.clean_nan(summary)
-    C.write_results(NAME, d, summary, args.out_json)
-    if not args.no_plot and d.is_zero:
-        plot(summary, d, args.out_json)
-    C.shutdown(d)
+    summary = C.finish(NAME, d, summary, args, plot)
     return 0 if summary['overall']['missing_objects'] == 0 else 1
 
 

@@ -253,11 +253,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if mode in per_mode:
             targets[f'{mode}_inflation'] = {'value': per_mode[mode]['inflation_mean']}
     summary['targets'] = targets
-    summary = C.clean_nan(summary)
-    C.write_results(NAME, d, summary, args.out_json)
-    if not args.no_plot and d.is_zero:
-        plot(summary, d, args.out_json)
-    C.shutdown(d)
+    summary = C.finish(NAME, d, summary, args, plot)
     return 0
 
 

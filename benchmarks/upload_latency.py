@@ -441,11 +441,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'results': results,
         'evaluation': evaluate(results, d.world_size),
     }
-    summary = C.clean_nan(summary)
-    C.write_results(NAME, d, summary, args.out_json)
-    if not args.no_plot and d.is_zero:
-        plot(summary, d, args.out_json)
-    C.shutdown(d)
+    summary = C.finish(NAME, d, summary, args, plot)
     return 0
 
 
