@@ -1,0 +1,186 @@
+"""What the framework adapters share: importing a framework with an install hint, the
+lazily built Logger, and checkpoint object names.
+
+Nothing here imports a framework or torch.distributed at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
+
+if TYPE_CHECKING:
+    from dist_logging.logger import Logger
+
+__all__ = ['CONFIG_ENV', 'import_framework', 'LoggerHandle', 'CheckpointNamer']
+
+#: The environment variable naming a Logger config (a YAML path) for adapters built with no
+#: ``logger`` and no ``config`` (e.g. ``report_to=['dist_logging']`` or ``log_with='dist_logging'``).
+CONFIG_ENV = 'DIST_LOGGING_CONFIG'
+
+
+def import_framework(candidates: tuple[str, ...], extra: str, what: str) -> Any:
+    """Import the first importable module of ``candidates``.
+
+    Raises:
+        ImportError: none is installed; the message names the extra to install.
+    """
+    errors = []
+    for name in candidates:
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            if getattr(exc, 'name', None) not in (None, name, name.split('.')[0]):
+                raise  # the framework is installed but broken: show its own error
+            errors.append(exc)
+    raise ImportError(f'{what} needs {" or ".join(candidates)}, which is not installed: '
+                      f'pip install "dist-logging[{extra}]"') from (errors[0] if errors else None)
+
+
+def _check_config(config: Any, owner: str) -> Any:
+    from dist_logging.config import load_config
+
+    if not isinstance(config, (str, os.PathLike, Mapping)):
+        raise TypeError(f'{owner}: config must be a path to a YAML file or a mapping, got {type(config).__name__}')
+    # Every key is checked now, at construction, not when the first hook runs.
+    return load_config(config)
+
+
+class LoggerHandle:
+    """The adapter's :class:`~dist_logging.Logger`: given, built by a factory, or built from a config, on first use.
+
+    Building waits for the first use because the Logger reads its rank from the process
+    group, which frameworks create after the adapter (Lightning's own launcher sets no
+    ``RANK``).
+
+    Args:
+        logger: a Logger, a zero-argument callable returning one, or None.
+        config: with ``logger=None``, a YAML path or a mapping for :meth:`Logger.from_config`;
+            with neither, the path in the environment variable ``DIST_LOGGING_CONFIG``.
+        owner: the adapter's name, for messages.
+        run_name: the run name to give a Logger built from a config (None: the config's or default).
+
+    Raises:
+        TypeError: ``logger`` is neither a Logger nor callable; ``config`` is not a path or mapping.
+        ValueError: both ``logger`` and ``config``; neither and no ``DIST_LOGGING_CONFIG``; a bad config key.
+        FileNotFoundError: the config file does not exist.
+    """
+
+    def __init__(self, logger: Any, config: Any, owner: str, run_name: Optional[str] = None):
+        from dist_logging.logger import Logger
+
+        self.owner = owner
+        self._logger: Optional['Logger'] = None
+        self._factory: Optional[Callable[[], 'Logger']] = None
+        self._config: Any = None
+        self._run_name = run_name
+        if logger is not None and config is not None:
+            raise ValueError(f'{owner}: pass either logger= or config=, not both')
+        if isinstance(logger, Logger):
+            self._logger = logger
+        elif logger is not None:
+            if not callable(logger):
+                raise TypeError(f'{owner}: logger must be a dist_logging.Logger or a zero-argument callable '
+                                f'returning one, got {type(logger).__name__}')
+            self._factory = logger
+        else:
+            if config is None:
+                config = os.environ.get(CONFIG_ENV) or None
+                if config is None:
+                    raise ValueError(f'{owner}: no Logger given: pass logger= (a Logger or a callable returning one), '
+                                     f'config= (a YAML path or a dict), or set the environment variable {CONFIG_ENV}')
+            self._config = _check_config(config, owner)
+        #: Whether this handle built the Logger (and so owns closing it).
+        self.built_here = self._logger is None
+
+    @property
+    def is_built(self) -> bool:
+        """Whether the Logger exists (was given, or was built by an earlier :meth:`get`)."""
+        return self._logger is not None
+
+    def get(self) -> 'Logger':
+        """The Logger, built now if needed (call it where every rank does, after the process group exists).
+
+        Raises:
+            TypeError: the factory returned something that is not a Logger.
+            RuntimeError: the Logger was closed.
+        """
+        logger = self._logger
+        if logger is None:
+            logger = self._build()
+            self._logger = logger
+        return logger
+
+    def _build(self) -> 'Logger':
+        from dist_logging.config import logger_from_config
+        from dist_logging.logger import Logger
+
+        if self._factory is not None:
+            logger = self._factory()
+            if not isinstance(logger, Logger):
+                raise TypeError(f'{self.owner}: the logger factory {self._factory!r} returned a '
+                                f'{type(logger).__name__}, not a dist_logging.Logger')
+            return logger
+        overrides = {'run_name': self._run_name} if self._run_name is not None else {}
+        return logger_from_config(self._config, **overrides)
+
+    def close(self) -> None:
+        """Close the Logger (waits for its uploads; no collective) and forget it, so a later
+        :meth:`get` builds a new one from the factory or config (a given Logger cannot be reopened).
+
+        Raises:
+            UploadError: uploads that did not land (named), as :meth:`Logger.close`.
+        """
+        logger = self._logger
+        if logger is None:
+            return
+        if self.built_here:
+            self._logger = None
+        logger.close()
+
+
+def _escape(text: str) -> str:
+    """Protect braces from the Logger's own template formatting of names it is handed."""
+    return text.replace('{', '{{').replace('}', '}}')
+
+
+class CheckpointNamer:
+    """Object names for checkpoint files from a template such as ``'{run_name}/checkpoints/{name}'``.
+
+    Args:
+        template: the object-name template: the rank and time placeholders of
+            :func:`~dist_logging.format_name_with_dist_and_time` plus ``fields``.
+        fields: the adapter's own placeholders (e.g. ``('name',)``); each must appear in the template.
+        owner: the adapter's name, for messages.
+
+    Raises:
+        TypeError: ``template`` is not a string.
+        ValueError: an unknown placeholder, bad braces, or a required field missing from the template.
+    """
+
+    def __init__(self, template: Any, fields: tuple[str, ...], owner: str):
+        from dist_logging.naming import DIST_PLACEHOLDERS, TIME_PLACEHOLDERS, validate_template
+
+        if not isinstance(template, str):
+            raise TypeError(f'{owner}: checkpoint_name must be a str, got {type(template).__name__}')
+        used = validate_template(template, DIST_PLACEHOLDERS + TIME_PLACEHOLDERS + fields)
+        missing = [field for field in fields if field not in used]
+        if missing:
+            raise ValueError(f'{owner}: checkpoint_name {template!r} must contain '
+                             f'{", ".join("{" + f + "}" for f in missing)}, or every checkpoint file lands on one name')
+        if os.path.isabs(template) or template.startswith('\\'):
+            raise ValueError(f'{owner}: checkpoint_name {template!r} is absolute; use a name relative to the bucket')
+        self.template = template
+
+    def upload(self, logger: 'Logger', path: Union[str, os.PathLike], *, overwrite: bool, **fields: str) -> str:
+        """Hand ``path`` to ``logger.upload_file`` as a snapshot under the name the template makes; returns it.
+
+        Issues no collective. Raises whatever :meth:`Logger.upload_file` raises.
+        """
+        from dist_logging.naming import format_name_with_dist_and_time, validate_object_name
+
+        name = validate_object_name(format_name_with_dist_and_time(
+            self.template, logger.run_name, logger.state.timestamp, **fields))
+        logger.upload_file(_escape(name), _escape(os.fspath(path)), overwrite=overwrite, copy=True)
+        return name
