@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import re
@@ -12,7 +13,7 @@ import torch
 
 from dist_logging._values import format_log_data_value
 
-__all__ = ['safe_artifact_name', 'jsonable', 'flatten', 'markdown_table']
+__all__ = ['safe_artifact_name', 'jsonable', 'flatten', 'markdown_table', 'table_json']
 
 _UNSAFE = re.compile(r'[^A-Za-z0-9._\-/]+')
 
@@ -74,3 +75,11 @@ def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
     lines = ['| ' + ' | '.join(cell(c) for c in columns) + ' |', '|' + '---|' * len(columns)]
     lines += ['| ' + ' | '.join(cell(v) for v in row) + ' |' for row in rows]
     return '\n'.join(lines)
+
+
+def table_json(columns: list[str], rows: list[list[Any]], ascii: bool = True) -> str:
+    """A table as the compact JSON Composer's loggers print (pandas' ``orient='split'`` without
+    the index): ``{"columns":["a","b"],"data":[[1,"x"]]}``, with ``/`` escaped as ``\\/`` as pandas does."""
+    text = json.dumps({'columns': [jsonable(c) for c in columns], 'data': [[jsonable(v) for v in row] for row in rows]},
+                      separators=(',', ':'), ensure_ascii=ascii)
+    return text.replace('/', '\\/')

@@ -11,9 +11,16 @@ __all__ = ['to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_ma
            'encode_png', 'write_png']
 
 
+# Floating dtypes numpy has; others (bfloat16, the float8 types) are widened to float32 first.
+_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
 def _as_numpy(image: Any) -> np.ndarray:
     if isinstance(image, torch.Tensor):
-        return image.detach().cpu().numpy()
+        image = image.detach()
+        if image.is_floating_point() and image.dtype not in _NUMPY_FLOATS:
+            image = image.to(torch.float32)
+        return image.cpu().numpy()
     if isinstance(image, np.ndarray):
         return image
     raise ValueError(f'expected an image as a numpy array or a torch tensor, got {type(image).__name__}')

@@ -1,8 +1,9 @@
 """The destination interface: :class:`LoggerDestination`, :class:`Event` and :class:`LogLevel`.
 
 A destination written for Composer's ``LoggerDestination`` ports by changing its
-import: the logging hooks have the same names and signatures, and lifecycle
-events are methods taking ``(state, logger)``.
+import: the logging hooks have the same names and signatures, lifecycle
+events are methods taking ``(state, logger)``, and ``post_close()`` takes none
+(see ``docs/composer.md`` for the few differences).
 
 Destinations are rank-agnostic. The :class:`~dist_logging.Logger` reads each
 destination's ``ranks`` policy once and never calls a destination on a rank the
@@ -12,14 +13,16 @@ policy excludes, so no destination checks ranks itself.
 from __future__ import annotations
 
 import enum
+import inspect
 import pathlib
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
     from dist_logging.state import State
 
-__all__ = ['LogLevel', 'Event', 'RANK_POLICIES', 'LoggerDestination', 'validate_ranks']
+__all__ = ['LogLevel', 'Event', 'RANK_POLICIES', 'LoggerDestination', 'validate_ranks', 'ranks_from_rank_zero_only',
+           'post_close_caller']
 
 RANK_POLICIES = ('zero', 'local_zero', 'all')
 
@@ -86,6 +89,58 @@ def validate_ranks(ranks: Any, owner: str = 'destination') -> str:
     if ranks not in RANK_POLICIES:
         raise ValueError(f'{owner}: unknown ranks policy {ranks!r}; expected one of {list(RANK_POLICIES)}')
     return ranks
+
+
+def ranks_from_rank_zero_only(ranks: Optional[str], rank_zero_only: Optional[bool], default: str,
+                              owner: str = 'destination') -> str:
+    """The rank policy from Composer's ``rank_zero_only=`` and/or ``ranks=``.
+
+    ``rank_zero_only=True`` means ``ranks='zero'`` and ``False`` means ``ranks='all'``;
+    giving both is fine when they agree. Neither given: ``default``.
+
+    Raises:
+        TypeError: ``rank_zero_only`` is not a bool.
+        ValueError: an unknown ``ranks``, or ``ranks`` contradicting ``rank_zero_only`` (names both).
+    """
+    if ranks is not None:
+        validate_ranks(ranks, owner)
+    if rank_zero_only is None:
+        return ranks if ranks is not None else default
+    if not isinstance(rank_zero_only, bool):
+        raise TypeError(f'{owner}: rank_zero_only must be a bool, got {rank_zero_only!r}')
+    implied = 'zero' if rank_zero_only else 'all'
+    if ranks is not None and ranks != implied:
+        raise ValueError(f'{owner}: rank_zero_only={rank_zero_only} means ranks={implied!r}, which contradicts '
+                         f'ranks={ranks!r}; give only one of them')
+    return implied
+
+
+def post_close_caller(destination: 'LoggerDestination') -> Callable[['State', 'Logger'], None]:
+    """A function ``(state, logger)`` that calls ``destination.post_close`` in the form it is written in.
+
+    Composer's ``post_close`` takes no arguments; the ``(state, logger)`` form is accepted too.
+    The signature is read once, here.
+
+    Raises:
+        TypeError: ``post_close`` takes neither no arguments nor ``(state, logger)``.
+    """
+    method = destination.post_close
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):  # builtins and some C callables: call it the Composer way
+        return lambda state, logger: method()
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        pass
+    else:
+        return method
+    try:
+        signature.bind()
+    except TypeError:
+        raise TypeError(f'{type(destination).__name__}.post_close{signature} must take no arguments (as in '
+                        'Composer) or (state, logger)') from None
+    return lambda state, logger: method()
 
 
 class LoggerDestination:
@@ -173,7 +228,12 @@ class LoggerDestination:
 
     # -------------------------------------------------------------- file hooks
     def can_upload_files(self) -> bool:
-        """Whether this destination implements :meth:`upload_file`. Defaults to False."""
+        """Whether this destination implements :meth:`upload_file`.
+
+        Defaults to False. As in Composer, :meth:`Logger.upload_file` calls every destination
+        that overrides :meth:`upload_file`, whatever this returns; it is read by
+        :meth:`Logger.has_file_upload_destination` (with the override).
+        """
         return False
 
     def upload_file(self, state: 'State', remote_file_name: str, file_path: pathlib.Path, *,
@@ -201,8 +261,12 @@ class LoggerDestination:
 
     # ---------------------------------------------------------------- lifecycle
     def run_event(self, event: Event, state: 'State', logger: 'Logger') -> None:
-        """Dispatch ``event`` to the method of the same name."""
-        getattr(self, Event(event).value)(state, logger)
+        """Dispatch ``event`` to the method of the same name (``post_close`` in the form it is written in)."""
+        event = Event(event)
+        if event is Event.POST_CLOSE:
+            post_close_caller(self)(state, logger)
+        else:
+            getattr(self, event.value)(state, logger)
 
     def init(self, state: 'State', logger: 'Logger') -> None:
         """Called once when the Logger is built."""
@@ -228,8 +292,12 @@ class LoggerDestination:
     def close(self, state: 'State', logger: 'Logger') -> None:
         """Flush and release resources; the Logger calls it once, at its close."""
 
-    def post_close(self, state: 'State', logger: 'Logger') -> None:
-        """Called after every destination's :meth:`close` (e.g. to wait for uploads other closes queued)."""
+    def post_close(self) -> None:
+        """Called after every destination's :meth:`close` (e.g. to wait for uploads other closes queued).
+
+        As in Composer this takes no arguments. A destination may instead define
+        ``post_close(self, state, logger)``; the Logger reads which form at construction.
+        """
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}(ranks={self.ranks!r})'

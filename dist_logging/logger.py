@@ -24,7 +24,7 @@ from dist_logging import dist
 from dist_logging._gather import REDUCTIONS, MetricGatherer
 from dist_logging._redact import RedactOption, build_redactor
 from dist_logging._values import check_metric_key, metric_scalar
-from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
+from dist_logging.destination import Event, LoggerDestination, LogLevel, post_close_caller, validate_ranks
 from dist_logging.errors import UploadError
 from dist_logging.naming import format_name_with_dist, format_name_with_dist_and_time, validate_object_name
 from dist_logging.state import State
@@ -72,6 +72,12 @@ class _ClosedRoutes:
         raise RuntimeError(_CLOSED_MESSAGE)
 
 
+def _takes_files(destination: LoggerDestination) -> bool:
+    """Composer's Logger hands files to every destination; the ones that did not override
+    ``upload_file`` would ignore them, so only the others are called."""
+    return type(destination).upload_file is not LoggerDestination.upload_file or bool(destination.can_upload_files())
+
+
 def _rank_included(ranks: str) -> bool:
     if ranks == 'all':
         return True
@@ -96,8 +102,9 @@ class Logger:
             every rank before raising :class:`~dist_logging.DistributedLoggingError`.
         log_run_info: when True, log world size, torch version and host names as
             hyperparameters at construction (a collective).
-        redact: secret redaction for hyperparameters and traces: True (default pattern),
-            False (off), or extra regex pattern(s) that extend the default.
+        redact: secret redaction for hyperparameters, traces and table cells: True (the
+            default key-name and value rules, see README "Secrets"), False (off), or extra
+            regex pattern(s) searched in every key on top of the default rules.
         auto_flush: whether :meth:`batch_end` and :meth:`epoch_end` call :meth:`flush`.
 
     Raises:
@@ -143,11 +150,13 @@ class Logger:
             tuple(d for d in self._active if level <= LogLevel.parse(d.log_level)) for level in LogLevel
         ]
         self._batch_routes: Optional[tuple[LoggerDestination, ...]] = self._routes[LogLevel.BATCH]
-        self._uploaders = tuple(d for d in self._active if d.can_upload_files())
-        self._has_uploader_anywhere = any(d.can_upload_files() for d in self.destinations)
+        self._uploaders = tuple(d for d in self._active if _takes_files(d))
+        self._has_uploader_anywhere = any(_takes_files(d) for d in self.destinations)
         self._upload_takes_copy = {
             id(d): 'copy' in inspect.signature(d.upload_file).parameters for d in self._uploaders
         }
+        # Composer's post_close() takes no arguments, ours may take (state, logger): read each form once.
+        self._post_close = {id(d): post_close_caller(d) for d in self.destinations}
         self._gatherer = MetricGatherer(self._group)
 
         self.run_event(Event.INIT)
@@ -242,7 +251,7 @@ class Logger:
             metrics: name -> number, numpy scalar, or 0-d/1-element tensor; or a
                 zero-argument callable returning that, called only if some destination
                 on this rank takes the call (or ``reduce`` is set).
-            step: the step the values belong to (default: the destination chooses).
+            step: the step the values belong to (default: ``state.timestamp.batch``, as in Composer).
             reduce: how to combine values across ranks, or None to only filter.
             level: the :class:`LogLevel` of this data (default ``BATCH``); destinations whose
                 threshold is lower skip it.
@@ -268,6 +277,8 @@ class Logger:
                     check_metric_key(key)
                 kind = type(value)
                 clean[key] = value if kind is float or kind is int else metric_scalar(key, value)
+            if step is None:  # as Composer's Logger: destinations get the batch count
+                step = self.state.timestamp.batch
             for destination in destinations:
                 try:
                     destination.log_metrics(clean, step)
@@ -298,7 +309,7 @@ class Logger:
 
     def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str = 'Table',
                   step: Optional[int] = None, *, level: Union[LogLevel, int, str] = LogLevel.BATCH) -> None:
-        """Log a table to the destinations active on this rank.
+        """Log a table to the destinations active on this rank; secrets in cells are redacted.
 
         Raises:
             TypeError: columns that are not strings, or a name that is not a string.
@@ -318,7 +329,9 @@ class Logger:
             if len(row) != len(columns):
                 raise ValueError(f'table {name!r}: row {index} has {len(row)} values for {len(columns)} columns')
         if destinations:
-            self._dispatch(destinations, 'log_table', columns, rows, name, step)
+            if step is None:
+                step = self.state.timestamp.batch
+            self._dispatch(destinations, 'log_table', columns, self._redact.table(columns, rows), name, step)
 
     def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
@@ -337,17 +350,23 @@ class Logger:
         batch = to_image_batch(images, channels_last)  # validate on every rank, at the call
         validate_masks(masks, batch)
         if destinations:
+            if step is None:
+                step = self.state.timestamp.batch
             self._dispatch(destinations, 'log_images', images, name, channels_last, step, masks,
                            mask_class_labels, use_table)
 
     # ------------------------------------------------------------------ files
     def has_file_upload_destination(self) -> bool:
-        """Whether any destination (on any rank's policy) can upload files."""
+        """Whether any destination (on any rank's policy) takes files: it says ``can_upload_files()``
+        or overrides ``upload_file`` (the destinations :meth:`upload_file` calls)."""
         return self._has_uploader_anywhere
 
     def upload_file(self, remote_file_name: str, file_path: Union[str, pathlib.Path], *,
                     overwrite: bool = False, copy: bool = True) -> None:
-        """Hand a file to every upload-capable destination whose policy includes this rank.
+        """Hand a file to every destination that takes files and whose policy includes this rank.
+
+        As in Composer, a destination takes files when it overrides ``upload_file``, whether or
+        not it overrides ``can_upload_files()``.
 
         Both names are templates filled by :func:`format_name_with_dist_and_time`
         (``{run_name}``, ``{rank}``, ``{epoch}``, ...). The call returns once each
@@ -438,9 +457,49 @@ class Logger:
             ValueError: an unknown event.
         """
         event = Event(event)
-        if event is not Event.CLOSE and event is not Event.POST_CLOSE:
-            self._check_open()
+        if event is Event.CLOSE or event is Event.POST_CLOSE:
+            # As Composer's engine does: close() and post_close() are called directly, not via
+            # run_event (a destination overriding run_event for its events still gets closed).
+            for destination in self._active:
+                try:
+                    self._close_hook(destination, event)
+                except Exception as exc:  # noqa: BLE001 - one destination must not take the others down
+                    self._record_failure(destination, event.value, exc)
+            return
+        self._check_open()
         self._dispatch(self._active, 'run_event', event, self.state, self)
+
+    def _close_hook(self, destination: LoggerDestination, event: Event) -> None:
+        if event is Event.CLOSE:
+            destination.close(self.state, self)
+        else:
+            self._post_close[id(destination)](self.state, self)
+
+    def add_listener(self, destination: LoggerDestination) -> None:
+        """Attach ``destination`` to a Logger that already exists, for lifecycle events only.
+
+        For code configured after the Logger (e.g. :func:`~dist_logging.setup_logging`, which
+        uploads each rank's Python log with the Logger's other files). On the ranks its
+        ``ranks`` policy names, the destination's ``init`` runs now and it then gets every later
+        event (``batch_end``, ``epoch_end``, ``fit_end``, ``close``, ``post_close``) like the
+        Logger's own destinations, and is closed before the uploading ones, so the files it
+        uploads at close are taken. Data calls never reach it: routes are fixed at construction.
+        Adding the same destination twice adds it once.
+
+        Raises:
+            TypeError: ``destination`` is not a :class:`LoggerDestination`.
+            ValueError: an unknown rank policy.
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        if not isinstance(destination, LoggerDestination):
+            raise TypeError(f'add_listener: {type(destination).__name__} is not a LoggerDestination')
+        validate_ranks(getattr(destination, 'ranks', 'zero'), f'add_listener({type(destination).__name__})')
+        if destination in self._active or not _rank_included(destination.ranks):
+            return
+        self._post_close[id(destination)] = post_close_caller(destination)
+        self._active = self._active + (destination,)
+        self._dispatch((destination,), 'run_event', Event.INIT, self.state, self)
 
     def fit_start(self) -> None:
         """Training starts."""
@@ -500,7 +559,7 @@ class Logger:
         for event in (Event.CLOSE, Event.POST_CLOSE):
             for destination in ordered:
                 try:
-                    destination.run_event(event, self.state, self)
+                    self._close_hook(destination, event)
                 except Exception as exc:  # noqa: BLE001 - every destination gets closed
                     log.error('%s.%s raised %s', type(destination).__name__, event.value, exc, exc_info=exc)
                     if not destination.optional:

@@ -29,6 +29,13 @@ class Recorder(LoggerDestination):
         self.calls.append(('event', event))
         super().run_event(event, state, logger)
 
+    # As Composer's engine does, the Logger calls close() and post_close() directly, not through run_event.
+    def close(self, state, logger):
+        self.calls.append(('event', Event.CLOSE))
+
+    def post_close(self):
+        self.calls.append(('event', Event.POST_CLOSE))
+
     def hooks(self, name):
         return [c for c in self.calls if c[0] == name]
 
@@ -375,3 +382,73 @@ def test_log_run_info_is_opt_in():
     Logger([mem], run_name='r', log_run_info=True)
     assert mem.hyperparameters['world_size'] == 1 and mem.hyperparameters['torch_version'] == torch.__version__
     assert len(mem.hyperparameters['hosts']) == 1
+
+
+# ----------------------------------------------------------------- Composer's hook forms and routing
+def test_post_close_in_both_forms_and_close_called_directly():
+    order = []
+
+    class ComposerStyle(LoggerDestination):  # Composer's form: post_close() takes no argument
+        def run_event(self, event, state, logger):  # handles its own events, as Composer allows
+            order.append(('composer.event', event))
+
+        def close(self, state, logger):
+            order.append('composer.close')
+
+        def post_close(self):
+            order.append('composer.post_close')
+
+    class OurStyle(LoggerDestination):
+        def post_close(self, state, logger):
+            order.append(('ours.post_close', state.run_name, type(logger).__name__))
+
+    logger = Logger([ComposerStyle(), OurStyle()], run_name='r')
+    logger.close()
+    assert order == [('composer.event', Event.INIT), 'composer.close', 'composer.post_close',
+                     ('ours.post_close', 'r', 'Logger')]
+
+
+def test_post_close_with_another_signature_fails_at_construction():
+    class Odd(LoggerDestination):
+        def post_close(self, state):
+            pass
+
+    with pytest.raises(TypeError, match=r'Odd\.post_close\(state\) must take no arguments'):
+        Logger([Odd()], run_name='r')
+
+
+def test_upload_reaches_destinations_that_only_override_upload_file(tmp_path):
+    (tmp_path / 'bar').write_text('x')
+    got = []
+
+    class Tracker(LoggerDestination):  # no can_upload_files(), as in Composer's own tests
+        def upload_file(self, state, remote_file_name, file_path, *, overwrite):
+            got.append((remote_file_name, file_path.name, overwrite))
+
+    logger = Logger([Tracker(), Recorder()], run_name='r')
+    assert logger.has_file_upload_destination()
+    logger.upload_file('{run_name}/foo', tmp_path / 'bar', overwrite=True)
+    assert got == [('r/foo', 'bar', True)]
+    assert not Logger([Recorder()], run_name='r').has_file_upload_destination()
+
+
+def test_step_defaults_to_the_batch_count():
+    rec = Recorder()
+    logger = Logger([rec], run_name='r')
+    logger.log_metrics({'a': 1.0})
+    logger.batch_end()
+    logger.batch_end()
+    logger.log_metrics({'a': 2.0})
+    logger.log_metrics({'a': 3.0}, step=7)
+    assert [c[2] for c in rec.hooks('log_metrics')] == [0, 2, 7]
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_low_precision_images(dtype):
+    memory = InMemoryLogger()
+    logger = Logger([memory], run_name='r')
+    logger.log_images(torch.rand(2, 3, 4, 4, dtype=dtype), name='imgs')
+    logger.log_images([torch.rand(4, 4, 3, dtype=dtype)], name='last', channels_last=True)
+    step, batch, _ = memory.images['imgs'][0]
+    assert batch.shape == (2, 4, 4, 3) and batch.dtype.kind == 'f'
+    assert memory.images['last'][0][1].shape == (1, 4, 4, 3)

@@ -1,114 +1,189 @@
-"""ConsoleLogger: metrics on the terminal, every K batches and at epoch end."""
+"""ConsoleLogger: metrics on the terminal every N batches or epochs, in Composer's layout."""
 
 from __future__ import annotations
 
+import re
 import sys
-from typing import TYPE_CHECKING, Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO, Union
 
+from dist_logging._artifacts import table_json
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination
-from dist_logging.destinations._periodic import check_interval
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
     from dist_logging.state import State
 
-__all__ = ['ConsoleLogger']
+__all__ = ['ConsoleLogger', 'parse_log_interval']
+
+_INTERVAL = re.compile(r'^\s*(\d+)\s*(ba|batch|batches|ep|epoch|epochs)\s*$', re.IGNORECASE)
+
+
+def parse_log_interval(value: Union[int, str], owner: str = 'ConsoleLogger') -> tuple[int, str]:
+    """``3`` -> ``(3, 'ba')``; Composer's strings ``'3ba'`` / ``'1ep'`` -> ``(3, 'ba')`` / ``(1, 'ep')``.
+
+    Raises:
+        ValueError: not an int >= 1 nor ``'<n>ba'`` / ``'<n>ep'`` with n >= 1 (names the value).
+    """
+    if isinstance(value, str):
+        match = _INTERVAL.match(value)
+        if match and int(match.group(1)) >= 1:
+            return int(match.group(1)), 'ep' if match.group(2).lower().startswith('ep') else 'ba'
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value, 'ba'
+    raise ValueError(f"{owner}: log_interval must be an int >= 1 (batches) or a string such as '10ba' or '1ep', "
+                     f'got {value!r}')
+
+
+def _resolve_stream(stream: Union[str, TextIO, None]) -> Optional[TextIO]:
+    if stream is None or not isinstance(stream, str):
+        return stream
+    if stream.lower() == 'stdout':
+        return sys.stdout
+    if stream.lower() == 'stderr':
+        return sys.stderr
+    raise ValueError(f"ConsoleLogger: stream must be 'stdout', 'stderr' or a text stream, got {stream!r}")
 
 
 class ConsoleLogger(LoggerDestination):
-    """Prints hyperparameters once, and metrics every ``log_interval`` batches and at each epoch end.
+    """Prints hyperparameters once, and the latest metrics every ``log_interval``, as Composer does.
 
-    Metrics logged between prints are kept (latest value per name) and printed
-    together, so nothing logged is skipped from the printout; anything pending is
-    printed at close.
+    Each print is a progress line and one line per metric (and per table logged since the
+    last print)::
+
+        [epoch=1][batch=2]:
+        	 Train loss: 0.25
+        	 Train results: {"columns":["name","score"],"data":[["a",1]]}
+
+    Metrics logged between prints are kept (latest value per name), so nothing logged is
+    skipped: what is pending is printed at the next interval, at ``fit_end`` and at close.
+    The first batch (or epoch) is always printed, as in Composer.
 
     Args:
-        log_interval: print every this many batches (>= 1).
+        log_interval: an int (batches) or Composer's ``'<n>ba'`` / ``'<n>ep'``.
         progress_bar: show a ``tqdm`` bar of batches per epoch with the latest metrics.
-        total_batches: batches per epoch, for the bar's length (optional).
+        total_batches: batches per epoch, for the bar's length and the progress line (optional).
         log_traces: also print traces.
-        stream: where to print (default ``sys.stdout``).
+        stream: where to print: a text stream, ``'stdout'`` (the default) or ``'stderr'``.
         ranks: rank policy (default ``'zero'``).
 
+    Attributes:
+        tables: table name -> the latest table as JSON (``{"columns": [...], "data": [...]}``).
+
     Raises:
-        ValueError: ``log_interval`` < 1.
+        ValueError: a bad ``log_interval`` or ``stream``.
     """
 
-    def __init__(self, log_interval: int = 1, progress_bar: bool = False, total_batches: Optional[int] = None,
-                 log_traces: bool = False, stream: Optional[TextIO] = None, ranks: str = 'zero',
+    def __init__(self, log_interval: Union[int, str] = 1, progress_bar: bool = False,
+                 total_batches: Optional[int] = None, log_traces: bool = False,
+                 stream: Union[str, TextIO, None] = None, ranks: str = 'zero',
                  log_level: Any = None, optional: Optional[bool] = None):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
-        self.log_interval = check_interval('ConsoleLogger', 'log_interval', log_interval)
+        self.log_interval, self.log_interval_unit = parse_log_interval(log_interval)
         self.progress_bar = progress_bar
         self.total_batches = total_batches
         self.should_log_traces = log_traces
-        self.stream = stream
-        self._pending: dict[str, Any] = {}
-        self._pending_step: Optional[int] = None
+        self.stream = _resolve_stream(stream)
+        self.tables: dict[str, str] = {}
+        self.logged_metrics: dict[str, Any] = {}
+        self._new_tables: list[str] = []
+        self._printed_once = False
+        self._last_printed_batch: Optional[int] = None
         self._bar: Any = None
 
-    def _write(self, line: str) -> None:
+    def _write(self, text: str) -> None:
         stream = self.stream if self.stream is not None else sys.stdout
         if self._bar is not None:
-            self._bar.write(line, file=stream)
+            self._bar.write(text, file=stream)
         else:
-            print(line, file=stream, flush=True)
+            print(text, file=stream, flush=True)
 
+    # ------------------------------------------------------------------ data hooks
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         self._write('[hparams]: ' + format_log_data_value(hyperparameters))
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
-        self._pending.update(metrics)
-        if step is not None:
-            self._pending_step = step
+        self.logged_metrics.update(metrics)
 
     def log_traces(self, traces: dict[str, Any]) -> None:
         if self.should_log_traces:
             for name, value in traces.items():
-                self._write(f'[trace]: {name}: {format_log_data_value(value)}')
+                self._write(f'[trace]: {name}:{format_log_data_value(value)}')
 
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
                   step: Optional[int] = None) -> None:
-        widths = [max([len(str(c))] + [len(format_log_data_value(r[i])) for r in rows]) for i, c in enumerate(columns)]
-        lines = [f'[table {name}]', ' | '.join(str(c).ljust(w) for c, w in zip(columns, widths))]
-        lines += [' | '.join(format_log_data_value(v).ljust(w) for v, w in zip(row, widths)) for row in rows]
-        self._write('\n'.join(lines))
+        self.tables[name] = table_json(columns, rows)
+        if name not in self._new_tables:
+            self._new_tables.append(name)
 
-    def _print_pending(self, state: 'State', where: str) -> None:
-        if not self._pending:
-            return
-        step = self._pending_step if self._pending_step is not None else state.timestamp.batch
-        values = ', '.join(f'{k}: {format_log_data_value(v)}' for k, v in self._pending.items())
-        self._write(f'[{where}][epoch={state.timestamp.epoch}][batch={step}]: {values}')
-        self._pending = {}
-        self._pending_step = None
+    # ------------------------------------------------------------------ printing
+    def _progress(self, state: 'State') -> str:
+        # The Logger sends BATCH_END/EPOCH_END before advancing the epoch, so the epoch in
+        # progress is timestamp.epoch; Composer numbers it from 1.
+        timestamp = state.timestamp
+        total = f'/{self.total_batches}' if self.total_batches else ''
+        return f'[epoch={timestamp.epoch + 1}][batch={timestamp.batch_in_epoch}{total}]'
 
+    def log_to_console(self, data: dict[str, Any], state: 'State', prefix: str = '', is_train: bool = True) -> None:
+        """Print a progress line, then one line per entry of ``data`` and per table logged since the last print.
+
+        Args:
+            data: name -> value.
+            state: the run state (for the progress line).
+            prefix: put before each name (the periodic prints use ``'Train '``).
+            is_train: accepted for Composer compatibility (there is no evaluation loop here).
+        """
+        del is_train
+        text = self._progress(state) + (':' if data else '')
+        for name, value in data.items():
+            text += f'\n\t {prefix}{name}: {format_log_data_value(value)}'
+        for name in self._new_tables:
+            text += f'\n\t {prefix}{name}: {self.tables[name]}'
+        self._new_tables = []
+        self._write(text)
+
+    def _print_pending(self, state: 'State') -> None:
+        self.log_to_console(self.logged_metrics, state, prefix='Train ')
+        self.logged_metrics = {}
+        self._printed_once = True
+        self._last_printed_batch = state.timestamp.batch
+
+    # ------------------------------------------------------------------ events
     def epoch_start(self, state: 'State', logger: 'Logger') -> None:
         if self.progress_bar:
             import tqdm
 
             if self._bar is not None:
                 self._bar.close()
-            self._bar = tqdm.tqdm(total=self.total_batches, desc=f'epoch {state.timestamp.epoch}',
+            self._bar = tqdm.tqdm(total=self.total_batches, desc=f'epoch {state.timestamp.epoch + 1}',
                                   file=self.stream if self.stream is not None else sys.stderr, dynamic_ncols=True)
 
     def batch_end(self, state: 'State', logger: 'Logger') -> None:
         if self._bar is not None:
             self._bar.update(1)
-            if self._pending:
-                self._bar.set_postfix({k: format_log_data_value(v) for k, v in self._pending.items()}, refresh=False)
-        if state.timestamp.batch % self.log_interval == 0:
-            self._print_pending(state, 'batch')
+            if self.logged_metrics:
+                self._bar.set_postfix({k: format_log_data_value(v) for k, v in self.logged_metrics.items()},
+                                      refresh=False)
+        if self.log_interval_unit == 'ba' and (state.timestamp.batch % self.log_interval == 0
+                                               or not self._printed_once):
+            self._print_pending(state)
 
     def epoch_end(self, state: 'State', logger: 'Logger') -> None:
-        self._print_pending(state, 'epoch')
+        # The epoch that just ended is timestamp.epoch + 1 in Composer's count.
+        if self.log_interval_unit == 'ep' and ((state.timestamp.epoch + 1) % self.log_interval == 0
+                                               or not self._printed_once):
+            self._print_pending(state)
         if self._bar is not None:
             self._bar.close()
             self._bar = None
 
+    def fit_end(self, state: 'State', logger: 'Logger') -> None:
+        if self._last_printed_batch != state.timestamp.batch and (self.logged_metrics or self._new_tables):
+            self._print_pending(state)
+
     def close(self, state: 'State', logger: 'Logger') -> None:
-        self._print_pending(state, 'close')
+        if self.logged_metrics or self._new_tables:
+            self._print_pending(state)
         if self._bar is not None:
             self._bar.close()
             self._bar = None
