@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from dist_logging._artifacts import jsonable, safe_artifact_name
+from dist_logging._artifacts import jsonable, safe_artifact_name, table_json
 from dist_logging._values import format_log_data_value, json_safe
 from dist_logging.destination import LoggerDestination
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
@@ -55,7 +56,9 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         filename: template for the local path (``{run_name}``, ``{rank}``, ...).
         remote_file_name: template for the uploaded name (default: ``filename`` when it is
             relative, else ``{run_name}/<its file name>``); an empty string disables uploading.
-        format: ``'text'`` (human-readable lines) or ``'jsonl'`` (one JSON object a line).
+        format: ``'text'`` (Composer's lines: ``[hyperparameter]: lr: 0.1 ``,
+            ``[metric][batch=3]: loss: 0.5 ``, ``[trace]: name:value``, ``[table]: name: {json}``)
+            or ``'jsonl'`` (one JSON object a line).
         flush_interval: flush every this many batches (>= 1).
         log_traces: also write traces (default True).
         table_format: ``'jsonl'`` (default) or ``'csv'``; a CSV table keeps the columns of its
@@ -63,17 +66,24 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         ranks: rank policy (default ``'all'``: every rank writes its own file).
         log_level: highest :class:`~dist_logging.LogLevel` taken (default: all).
         optional: when True, this destination's errors are reported but never re-raised.
+        buffer_size: the file's buffer, as ``open(buffering=)`` takes it: ``1`` writes every
+            line at once (Composer's default), ``-1`` the system default, ``n > 1`` a buffer of
+            ``n`` bytes (default 64 KiB: lines reach the disk at each flush).
+        overwrite: truncate an existing log file; by default a restarted run appends to it.
 
     Raises:
-        ValueError: a bad template, an unknown format, a bad interval, or a template that
-            cannot tell ranks apart under ``ranks='all'``/``'local_zero'`` (names it).
+        ValueError: a bad template, an unknown format, a bad interval or ``buffer_size``, or a
+            template that cannot tell ranks apart under ``ranks='all'``/``'local_zero'`` (names it).
     """
 
     def __init__(self, filename: str = '{run_name}/logs-rank{rank}.txt', remote_file_name: Optional[str] = None,
                  format: str = 'text', flush_interval: int = 100, log_traces: bool = True,
                  table_format: str = 'jsonl', ranks: str = 'all', log_level: Any = None,
-                 optional: Optional[bool] = None):
+                 optional: Optional[bool] = None, buffer_size: int = 1 << 16, overwrite: bool = False):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size == 0 or buffer_size < -1:
+            raise ValueError(f'FileLogger: buffer_size must be 1 (line buffered), -1 (system default) or a '
+                             f'number of bytes > 1, got {buffer_size!r}')
         if format not in FORMATS:
             raise ValueError(f'FileLogger: unknown format {format!r}; expected one of {list(FORMATS)}')
         if table_format not in TABLE_FORMATS:
@@ -95,6 +105,8 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self.table_format = table_format
         self.flush_interval = check_interval('FileLogger', 'flush_interval', flush_interval)
         self.should_log_traces = log_traces
+        self.buffer_size = buffer_size
+        self.overwrite = bool(overwrite)
         self.filename: Optional[str] = None
         self.remote_file_name: Optional[str] = None
         self._file: Optional[TextIO] = None
@@ -105,6 +117,12 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self._tables: dict[str, tuple[TextIO, Optional[list[str]]]] = {}
         self._dirty_artifacts: dict[str, bool] = {}  # relative path -> overwrite
         self._used_image_names: set[str] = set()
+        # write(): text written before the file opens, whether the next text starts a line, and a lock
+        # (text may come from several threads, e.g. captured output).
+        self._early_text: list[str] = []
+        self._at_line_start = True
+        self._write_lock = threading.Lock()
+        self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
@@ -116,8 +134,12 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         directory = os.path.dirname(self.filename)
         if directory:
             os.makedirs(directory, exist_ok=True)
-        # Append: a restarted run with the same name keeps what the first attempt wrote.
-        self._file = open(self.filename, 'a', encoding='utf-8', buffering=1 << 16)
+        # Append by default: a restarted run with the same name keeps what the first attempt wrote.
+        self._file = open(self.filename, 'w' if self.overwrite else 'a', encoding='utf-8', buffering=self.buffer_size)
+        if self._early_text:
+            self._file.write(''.join(self._early_text))
+            self._early_text = []
+            self._dirty = True
 
     @property
     def artifact_dir(self) -> Optional[str]:
@@ -126,6 +148,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self._file is None:
+            self._closed = True
             return
         try:
             self.flush()
@@ -133,8 +156,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             for handle, _ in self._tables.values():
                 handle.close()
             self._tables.clear()
-            self._file.close()
-            self._file = None
+            with self._write_lock:
+                self._closed = True
+                self._file.close()
+                self._file = None
 
     def flush(self) -> None:
         """Write buffered lines and tables to disk and, if the Logger can upload, upload what changed.
@@ -142,22 +167,23 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         Raises:
             Whatever ``Logger.upload_file`` raises (e.g. an earlier upload's ``UploadError``).
         """
-        if self._file is None or not (self._dirty or self._dirty_artifacts):
-            return
-        self._file.flush()
+        with self._write_lock:
+            if self._file is None or not (self._dirty or self._dirty_artifacts):
+                return
+            self._file.flush()
+            dirty, self._dirty = self._dirty, False
         for handle, _ in self._tables.values():
             handle.flush()
         uploads: list[tuple[str, str, bool]] = []
         logger = self._logger
         can_upload = self.remote_file_name and logger is not None and logger.has_file_upload_destination()
         if can_upload:
-            if self._dirty:
+            if dirty:
                 uploads.append((self.remote_file_name, self.filename, True))
             remote_base = _artifact_base(self.remote_file_name)
             local_base = self.artifact_dir
             uploads += [(f'{remote_base}/{rel}', os.path.join(local_base, rel), overwrite)
                         for rel, overwrite in self._dirty_artifacts.items()]
-        self._dirty = False
         self._dirty_artifacts = {}
         for remote, local, overwrite in uploads:
             logger.upload_file(remote, local, overwrite=overwrite)
@@ -182,15 +208,45 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 line = json.dumps(record, default=format_log_data_value, allow_nan=True)
             except TypeError:  # mapping keys JSON cannot hold (e.g. tuples): store them as text, never crash
                 line = json.dumps(json_safe(record), default=format_log_data_value, allow_nan=True)
-            self._file.write(line + '\n')
-        else:
-            where = f'[epoch={timestamp.epoch}][batch={timestamp.batch if step is None else step}]' if timestamp else ''
-            if isinstance(data, dict):
-                for name, value in data.items():
-                    self._file.write(f'[{kind}]{where}: {name}: {format_log_data_value(value)}\n')
+            with self._write_lock:
+                self._file.write(line + '\n')
+                self._dirty = True
+        elif kind == 'metric':  # Composer's text lines, one per name; the trailing space is Composer's too
+            batch = step if step is not None else (timestamp.batch if timestamp is not None else 0)
+            for name, value in data.items():
+                self.write(f'[metric][batch={batch}]: ', f'{name}: {format_log_data_value(value)} \n')
+        elif kind == 'hparams':
+            for name, value in data.items():
+                self.write('[hyperparameter]: ', f'{name}: {format_log_data_value(value)} \n')
+        elif kind == 'trace':
+            for name, value in data.items():
+                self.write(f'[trace]: {name}:', format_log_data_value(value) + '\n')
+        else:  # tables and images: '[table]: name: {json}', '[images]: name: where they went'
+            self.write(f'[{kind}]: ', f"{extra['name']}: {format_log_data_value(data)}\n")
+
+    def write(self, prefix: str, s: str) -> None:
+        """Write text to the log, starting each new line with ``prefix`` (as Composer's ``FileLogger.write``).
+
+        A line left unfinished by one call is continued by the next without a prefix; an
+        empty line gets none. Text written before the Logger opens the file is kept and
+        written first. Thread-safe.
+
+        Raises:
+            RuntimeError: the FileLogger is closed.
+        """
+        with self._write_lock:
+            if self._closed:
+                raise RuntimeError(f'FileLogger({self.filename_template!r}) is closed')
+            pieces = []
+            for line in s.splitlines(True):
+                pieces.append(prefix + line if self._at_line_start and line != '\n' else line)
+                self._at_line_start = line.endswith('\n')
+            text = ''.join(pieces)
+            if self._file is None:
+                self._early_text.append(text)
             else:
-                self._file.write(f'[{kind}]{where}: {format_log_data_value(data)}\n')
-        self._dirty = True
+                self._file.write(text)
+                self._dirty = True
 
     def _step(self, step: Optional[int]) -> int:
         if step is not None:
@@ -241,7 +297,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 record.update({column: jsonable(value) for column, value in zip(columns, row)})
                 handle.write(json.dumps(record, allow_nan=False, default=format_log_data_value) + '\n')
         self._dirty_artifacts[rel] = True
-        self._write('table', f'{len(rows)} row(s) -> {path}', step, name=name, file=path, rows=len(rows))
+        if self.format == 'text':  # Composer's line: the table itself, as JSON
+            self.write('[table]: ', f'{name}: {table_json(columns, rows)}\n')
+        else:
+            self._write('table', f'{len(rows)} row(s) -> {path}', step, name=name, file=path, rows=len(rows))
 
     def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,

@@ -23,15 +23,61 @@ def _read_png(data: bytes) -> np.ndarray:
     return (matplotlib.image.imread(io.BytesIO(data), format='png') * 255 + 0.5).astype(np.uint8)
 
 
-def test_text_log(tmp_path):
-    destination = FileLogger(str(tmp_path / '{run_name}' / 'log-rank{rank}.txt'))
+def test_text_log_in_composers_line_format(tmp_path):
+    destination = FileLogger(str(tmp_path / '{run_name}' / 'log-rank{rank}.txt'), buffer_size=1)
     with Logger(destination, run_name='t') as logger:
-        logger.log_hyperparameters({'lr': 0.1})
-        logger.log_metrics({'loss': 0.5}, step=3)
+        logger.log_hyperparameters({'foo': 3})
+        logger.log_metrics({'loss': 2}, step=1)
+        logger.log_table(columns=['prompt', 'generation'], rows=[['p0', 'g0'], ['p1', 'g1']], name='test_table')
         logger.log_traces({'note': 'hi'})
-    lines = (tmp_path / 't' / 'log-rank0.txt').read_text().splitlines()
-    assert lines == ['[hparams][epoch=0][batch=0]: lr: 0.1', '[metric][epoch=0][batch=3]: loss: 0.5',
-                     '[trace][epoch=0][batch=0]: note: hi']
+        logger.batch_end()
+        logger.log_metrics({'acc': 0.5, 'f1': 0.25})
+    with open(tmp_path / 't' / 'log-rank0.txt') as f:
+        assert f.readlines() == [
+            '[hyperparameter]: foo: 3 \n',
+            '[metric][batch=1]: loss: 2 \n',
+            '[table]: test_table: {"columns":["prompt","generation"],"data":[["p0","g0"],["p1","g1"]]}\n',
+            '[trace]: note:hi\n',
+            '[metric][batch=1]: acc: 0.5 \n',  # step=None: the batch count
+            '[metric][batch=1]: f1: 0.25 \n',
+        ]
+
+
+def test_buffer_size_one_writes_each_line_at_once(tmp_path):
+    path = tmp_path / 'log.txt'
+    logger = Logger(FileLogger(str(path), buffer_size=1, flush_interval=1000), run_name='b')
+    logger.log_metrics({'loss': 1.5}, step=4)
+    assert path.read_text() == '[metric][batch=4]: loss: 1.5 \n'  # no flush needed
+    logger.close()
+
+
+@pytest.mark.parametrize('size', [0, -2, 1.5, True, '1'])
+def test_bad_buffer_size(tmp_path, size):
+    with pytest.raises(ValueError, match='buffer_size'):
+        FileLogger(str(tmp_path / 'log.txt'), buffer_size=size)
+
+
+def test_write_prefixes_each_new_line_and_keeps_text_written_before_open(tmp_path):
+    destination = FileLogger(str(tmp_path / 'log.txt'))
+    destination.write('[stdout]: ', 'early\n')
+    logger = Logger(destination, run_name='w')
+    destination.write('[stdout]: ', 'Hello\nExtra')
+    destination.write('[stdout]: ', ' line\n\nlast\n')
+    logger.log_traces({'multi': 'a\nb'})
+    logger.close()
+    assert (tmp_path / 'log.txt').read_text().splitlines() == [
+        '[stdout]: early', '[stdout]: Hello', '[stdout]: Extra line', '', '[stdout]: last',
+        '[trace]: multi:a', '[trace]: multi:b']
+    with pytest.raises(RuntimeError, match='closed'):
+        destination.write('[stdout]: ', 'late\n')
+
+
+def test_overwrite_truncates_and_default_appends(tmp_path):
+    path = tmp_path / 'log.txt'
+    for overwrite, expected in ((False, 1), (False, 2), (True, 1)):
+        with Logger(FileLogger(str(path), overwrite=overwrite), run_name='o') as logger:
+            logger.log_metrics({'loss': 1.0}, step=1)
+        assert path.read_text().count('loss') == expected
 
 
 def test_jsonl_log(tmp_path):

@@ -33,7 +33,7 @@ def check(outputs, world_size, local_world_size):
         assert log_file.parent.name == out['run_name']
         text = log_file.read_text()
         assert f'loss: {float(2 + 10 * rank)}' in text
-        assert ('password: ***' in text) == (rank == 0) and ('[hparams]' in text) == (rank == 0)
+        assert ('password: ***' in text) == (rank == 0) and ('[hyperparameter]' in text) == (rank == 0)
     files = {o['log_file'] for o in outputs.values()}
     assert len(files) == world_size
 
