@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
+
 from dist_logging.destination import LoggerDestination
+from dist_logging.state import Timestamp
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -23,6 +27,9 @@ class InMemoryLogger(LoggerDestination):
             the batch count at the time of the call. Gathered metrics appear as one
             series per rank (``'loss/rank0'``, ``'loss/rank1'``, ...).
         most_recent_values: metric name -> latest value.
+        most_recent_timestamps: metric name -> the :class:`~dist_logging.Timestamp` of its latest
+            call (``None`` when the destination was used without a Logger).
+        state: the run :class:`~dist_logging.State` (set when the Logger opens it; ``None`` before).
         traces: trace name -> list of values, in call order.
         tables: table name -> list of ``(step, columns, rows)``.
         images: image name -> list of ``(step, images, masks)``.
@@ -37,17 +44,19 @@ class InMemoryLogger(LoggerDestination):
         self.hyperparameters: dict[str, Any] = {}
         self.data: dict[str, list[tuple[Optional[int], Any]]] = {}
         self.most_recent_values: dict[str, Any] = {}
+        self.most_recent_timestamps: dict[str, Optional[Timestamp]] = {}
+        self.state: Optional['State'] = None
+        self._timestamps: dict[str, list[Optional[Timestamp]]] = {}
         self.traces: dict[str, list[Any]] = {}
         self.tables: dict[str, list[tuple[Optional[int], list[str], list[list[Any]]]]] = {}
         self.images: dict[str, list[tuple[Optional[int], Any, Any]]] = {}
-        self._state: Optional['State'] = None
 
     def init(self, state: 'State', logger: 'Logger') -> None:
-        self._state = state
+        self.state = state
 
     def _step(self, step: Optional[int]) -> Optional[int]:
-        if step is None and self._state is not None:
-            return self._state.timestamp.batch
+        if step is None and self.state is not None:
+            return self.state.timestamp.batch
         return step
 
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
@@ -55,9 +64,36 @@ class InMemoryLogger(LoggerDestination):
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         step = self._step(step)
+        timestamp = self.state.timestamp if self.state is not None else None  # immutable: safe to keep
         for name, value in metrics.items():
             self.data.setdefault(name, []).append((step, value))
+            self._timestamps.setdefault(name, []).append(timestamp)
             self.most_recent_values[name] = value
+            self.most_recent_timestamps[name] = timestamp
+
+    def get_timeseries(self, metric: str) -> dict[str, np.ndarray]:
+        """One metric over time, as arrays of equal length (for plotting).
+
+        Returns:
+            ``{metric: values, 'step': steps, 'epoch': ..., 'batch': ..., 'batch_in_epoch': ...,
+            'sample': ..., 'sample_in_epoch': ..., 'token': ..., 'token_in_epoch': ...,
+            'total_wct': ..., 'epoch_wct': ..., 'batch_wct': ...}``: the values, the step of
+            each, and every :class:`~dist_logging.Timestamp` field at the time of each call
+            (NaN where the call had no run state).
+
+        Raises:
+            ValueError: ``metric`` was never logged (names it and the logged ones).
+        """
+        if metric not in self.data:
+            raise ValueError(f'get_timeseries: metric {metric!r} was never logged; logged metrics: '
+                             f'{sorted(self.data)}')
+        points = self.data[metric]
+        series: dict[str, np.ndarray] = {metric: np.array([value for _, value in points])}
+        series['step'] = np.array([np.nan if step is None else step for step, _ in points])
+        timestamps = self._timestamps[metric]
+        for field in dataclasses.fields(Timestamp):
+            series[field.name] = np.array([np.nan if t is None else getattr(t, field.name) for t in timestamps])
+        return series
 
     def log_traces(self, traces: dict[str, Any]) -> None:
         for name, value in traces.items():

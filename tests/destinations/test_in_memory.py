@@ -30,3 +30,35 @@ def test_stored_hparams_are_copies():
     Logger([mem], run_name='r').log_hyperparameters(hparams)
     hparams['opt']['lr'] = 99
     assert mem.hyperparameters['opt']['lr'] == 0.1
+
+
+def test_most_recent_timestamps_and_state():
+    mem = InMemoryLogger()
+    assert mem.state is None
+    logger = Logger([mem], run_name='r')
+    assert mem.state is logger.state
+    logger.log_metrics({'epoch': 2.2})
+    logger.batch_end(samples=1, tokens=1)
+    logger.log_metrics({'epoch': 3.3})
+    (first_step, first), (second_step, second) = mem.data['epoch']
+    assert (first_step, first, second_step, second) == (0, 2.2, 1, 3.3)
+    assert mem.most_recent_values['epoch'] == 3.3
+    timestamp = mem.most_recent_timestamps['epoch']
+    assert (timestamp.batch, timestamp.sample, timestamp.token) == (1, 1, 1)
+
+
+def test_get_timeseries():
+    from dist_logging.state import Timestamp
+
+    mem = InMemoryLogger()
+    Logger([mem], run_name='r')
+    for i in range(10):
+        mem.state.timestamp = Timestamp(batch=i, batch_in_epoch=i % 3)  # as a training loop moves it
+        mem.log_metrics({'accuracy/val': i / 3}, step=mem.state.timestamp.batch)
+    series = mem.get_timeseries('accuracy/val')
+    np.testing.assert_allclose(series['accuracy/val'], [i / 3 for i in range(10)])
+    assert series['batch'].tolist() == list(range(10)) == series['step'].tolist()
+    assert series['batch_in_epoch'].tolist() == [i % 3 for i in range(10)]
+    assert series['epoch'].tolist() == [0] * 10 and len(series['total_wct']) == 10
+    with np.testing.assert_raises_regex(ValueError, "'loss' was never logged.*accuracy/val"):
+        mem.get_timeseries('loss')
