@@ -133,7 +133,7 @@ _CREDENTIAL_FORMATS = re.compile(
     r'|(?P<scheme>\b[Bb]earer\s+|\bBasic\s+)(?P<credential>[A-Za-z0-9._~+/=\-]{16,})'
 )
 # Cheap pre-check: a string with none of these cannot match _CREDENTIAL_FORMATS.
-_FORMAT_MARKERS = ('://', 'AKIA', 'ASIA', 'hf_', 'sk-', 'gh', 'xox', 'PRIVATE KEY', 'AIza', 'eyJ', 'earer', 'Basic')
+_FORMAT_MARKERS = ('://', 'AKIA', 'ASIA', 'hf_', 'sk-', 'gh', 'github_pat_', 'xox', 'PRIVATE KEY', 'AIza', 'eyJ', 'earer', 'Basic')
 # ``sk-`` followed by lower-case words and hyphens only reads as prose (``sk-learn-compatible-...``).
 _WORDY = re.compile(r'[a-z]+(?:[-_][a-z]+)+')
 

@@ -21,7 +21,7 @@ import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging import dist
-from dist_logging._gather import REDUCTIONS, MetricGatherer
+from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
 from dist_logging._redact import RedactOption, build_redactor
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, post_close_caller, validate_ranks
@@ -105,7 +105,12 @@ class Logger:
         redact: secret redaction for hyperparameters, traces and table cells: True (the
             default key-name and value rules, see README "Secrets"), False (off), or extra
             regex pattern(s) searched in every key on top of the default rules.
-        auto_flush: whether :meth:`batch_end` and :meth:`epoch_end` call :meth:`flush`.
+        auto_flush: whether :meth:`batch_end` and :meth:`epoch_end` flush automatically.
+        flush_every: :meth:`batch_end` flushes when the batch count is divisible by this
+            (``flush_every=10``: at batches 10, 20, ...); batches in between issue no
+            collective. Automatic flushes are asynchronous (completed at the next flush or
+            at :meth:`close`); when one finds nothing buffered on any rank, the gap doubles
+            (up to 1,024 batches) until a flush finds data. See docs/gather.md.
 
     Raises:
         TypeError: a destination that is not a :class:`LoggerDestination`.
@@ -121,6 +126,7 @@ class Logger:
         log_run_info: bool = False,
         redact: RedactOption = True,
         auto_flush: bool = True,
+        flush_every: int = 1,
     ):
         if destinations is None:
             destinations = ()
@@ -135,6 +141,7 @@ class Logger:
         self._group = dist.LoggingGroup(sync_timeout)
         self._redact = build_redactor(redact)
         self.auto_flush = bool(auto_flush)
+        self._schedule = FlushSchedule(flush_every)  # raises ValueError naming a bad flush_every
         self.state = State(_resolve_run_name(run_name, self._group))
         self._closed = False
         self._closing = False
@@ -435,16 +442,38 @@ class Logger:
     def flush(self) -> None:
         """Combine the metrics buffered with ``reduce=`` across ranks and emit them on rank zero.
 
-        A collective: every rank must call it at the same point (``batch_end`` and
-        ``epoch_end`` do, unless ``auto_flush=False``). One collective in the steady
-        state, however many keys.
+        A collective: every rank must call it at the same point (``epoch_end`` does, and
+        ``batch_end`` every ``flush_every`` batches, unless ``auto_flush=False``). It
+        completes an automatic flush still in flight, then reduces what is buffered and
+        emits before returning. At most two all_reduces and a gather to rank zero in the
+        steady state, however many keys (see docs/gather.md).
 
         Raises:
-            DistributedLoggingError: some rank did not reach the flush within ``sync_timeout``.
+            DistributedLoggingError: some rank did not reach the flush within ``sync_timeout``,
+                or flushed at another point (names the ranks).
             RuntimeError: the Logger is closed.
         """
         self._check_open()
-        results = self._gatherer.flush(self.state.timestamp.batch)
+        gatherer = self._gatherer
+        if gatherer.in_flight:
+            self._emit_gathered(gatherer.complete())
+            self._schedule.record(gatherer.last_had_data, automatic=True)
+        self._emit_gathered(gatherer.flush(self.state.timestamp.batch))
+        self._schedule.record(gatherer.last_had_data, automatic=False)
+
+    def _scheduled_flush(self, batch: int) -> None:
+        """``batch_end``'s flush: complete the previous automatic flush, issue the next one if due."""
+        gatherer = self._gatherer
+        if gatherer.in_flight:
+            self._emit_gathered(gatherer.complete())
+            self._schedule.record(gatherer.last_had_data, automatic=True)
+        if not self._group.active:  # a world of one: a flush costs no collective, never back off
+            self._emit_gathered(gatherer.flush(batch))
+        elif self._schedule.due(batch):
+            self._schedule.issued(batch)
+            self._emit_gathered(gatherer.start(batch))
+
+    def _emit_gathered(self, results: list) -> None:
         if self._is_global_zero:
             for metrics, step, level in results:
                 self._dispatch(self._routes[level], 'log_metrics', metrics, step)
@@ -515,11 +544,13 @@ class Logger:
 
     def batch_end(self, samples: int = 0, tokens: int = 0) -> None:
         """A batch of ``samples`` samples and ``tokens`` tokens ended: advance the timestamp,
-        flush gathered metrics (a collective, unless ``auto_flush=False``) and notify destinations."""
+        flush gathered metrics when the schedule says so (see ``flush_every``) and notify destinations."""
         self._check_open()
         self.state.advance_batch(samples, tokens)
         if self.auto_flush:
-            self.flush()
+            batch = self.state.timestamp.batch
+            if batch % self._schedule.flush_every == 0:
+                self._scheduled_flush(batch)
         self.run_event(Event.BATCH_END)
 
     def epoch_end(self) -> None:
@@ -535,15 +566,28 @@ class Logger:
         self.run_event(Event.FIT_END)
 
     def close(self) -> None:
-        """Close every destination (waiting for their uploads); idempotent; issues no collective.
+        """Close every destination (waiting for their uploads); idempotent.
+
+        Completes an automatic flush still in flight and emits its values (waiting at most
+        until ``sync_timeout`` after it was issued; only when it brought new keys is agreeing
+        on them a collective), but starts no flush of its own: values buffered since the
+        last flush are reported in a warning.
 
         Raises:
+            DistributedLoggingError: the flush in flight could not complete (names the ranks),
+                raised after every destination was closed.
             The first exception a non-optional destination raised during the run or
             while closing (e.g. :class:`~dist_logging.UploadError`), with the others
             listed in its notes.
         """
         if self._closed:
             return
+        gather_error: Optional[BaseException] = None
+        if self._gatherer.in_flight:
+            try:
+                self._emit_gathered(self._gatherer.complete())
+            except Exception as exc:  # noqa: BLE001 - destinations still get closed, then it is raised
+                gather_error = exc
         pending = self._gatherer.pending_keys()
         if pending:
             warnings.warn(f'Logger.close(): metrics buffered with reduce= were never flushed: {sorted(pending)}; '
@@ -552,6 +596,8 @@ class Logger:
         self._routes = _ClosedRoutes()  # type: ignore[assignment]
         self._batch_routes = None
         errors = [exc for destination, exc in self._failures.values() if not destination.optional]
+        if gather_error is not None:
+            errors.insert(0, gather_error)
         # Destinations upload their last files (final log lines, event files) from their own
         # close(): close uploaders last, and accept those uploads until every close ran.
         ordered = [d for d in self._active if d not in self._uploaders] + list(self._uploaders)

@@ -9,6 +9,7 @@ never reach the upload journal either.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import io
 import json
@@ -16,6 +17,7 @@ import os
 import pathlib
 import uuid
 import warnings
+from typing import Optional
 
 import pytest
 
@@ -58,42 +60,90 @@ def _all_bytes(folder: pathlib.Path) -> bytes:
     return b'\n'.join(chunks)
 
 
-def _assert_no_secret(blob: bytes, where: str) -> None:
-    for name, value in SECRETS.items():
+def _assert_no_secret(blob: bytes, where: str, secrets: Optional[dict[str, str]] = None) -> None:
+    for name, value in (SECRETS if secrets is None else secrets).items():
         assert value.encode() not in blob, f'the {name} secret reached {where}'
 
 
+class Destinations:
+    """Every kind of destination a secret could reach, writing under one folder, plus what they printed.
+
+    ``run(log)`` builds a Logger over them (with ``redact=``), calls ``log(logger)``, closes it, and
+    keeps the console text, the warnings and stdout/stderr for :meth:`assert_nowhere`.
+    """
+
+    def __init__(self, tmp_path: pathlib.Path, capsys, *, upload: bool = False):
+        pytest.importorskip('tensorboard')
+        pytest.importorskip('mlflow')
+        from dist_logging.destinations import MLFlowLogger, TensorboardLogger
+
+        self.root, self.capsys = tmp_path, capsys
+        self.console = io.StringIO()
+        self.memory = InMemoryLogger()
+        self.tracking = f'sqlite:///{tmp_path}/mlflow.db'
+        self.destinations = [
+            self.memory,
+            ConsoleLogger(stream=self.console, log_traces=True),
+            ConsoleLogger(log_traces=True),  # the real stdout
+            FileLogger(str(tmp_path / 'logs' / 'log.txt'), log_traces=True),
+            FileLogger(str(tmp_path / 'logs' / 'log.jsonl'), format='jsonl', log_traces=True),
+            TensorboardLogger(log_dir=str(tmp_path / 'tb')),
+            MLFlowLogger(tracking_uri=self.tracking, experiment_name='redaction', log_traces=True, synchronous=True,
+                         artifact_location=(tmp_path / 'artifacts').as_uri()),
+        ]
+        if upload:  # the files above also go through upload staging (snapshots + journal) to a bucket
+            self.destinations.append(RemoteUploaderDownloader(
+                f'file://{tmp_path}/bucket', upload_staging_folder=str(tmp_path / 'staging')))
+        self.caught: list = []
+
+    def run(self, log, redact=True) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            with Logger(self.destinations, run_name='redact', redact=redact) as logger:
+                log(logger)
+        self.caught = list(caught)
+
+    def mlflow_params(self) -> dict:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=self.tracking)
+        run = client.search_runs([client.get_experiment_by_name('redaction').experiment_id])[0]
+        return run.data.params
+
+    def tensorboard_text(self) -> bytes:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(self.root / 'tb'), size_guidance={'tensors': 0})
+        acc.Reload()
+        return b''.join(event.tensor_proto.SerializeToString() for tag in acc.Tags()['tensors']
+                        for event in acc.Tensors(tag))
+
+    def assert_nowhere(self, secrets: dict[str, str]) -> None:
+        """No secret in MLflow's params, TensorBoard's text, any file written, the console, stdout/stderr, warnings."""
+        for value in self.mlflow_params().values():
+            _assert_no_secret(value.encode(), 'MLflow params', secrets)
+        _assert_no_secret(self.tensorboard_text(), 'TensorBoard text', secrets)
+        _assert_no_secret(_all_bytes(self.root), f'a file under {self.root}', secrets)
+        _assert_no_secret(self.console.getvalue().encode(), 'the console', secrets)
+        out = self.capsys.readouterr()
+        _assert_no_secret((out.out + out.err).encode(), 'stdout/stderr', secrets)
+        _assert_no_secret(' '.join(str(w.message) for w in self.caught).encode(), 'warnings', secrets)
+
+
 def test_nested_credentials_never_reach_any_destination(tmp_path, capsys):
-    pytest.importorskip('tensorboard')
-    pytest.importorskip('mlflow')
-    from mlflow.tracking import MlflowClient
+    where = Destinations(tmp_path, capsys)
 
-    from dist_logging.destinations import MLFlowLogger, TensorboardLogger
+    def log(logger):
+        logger.log_hyperparameters(nested_config())
+        logger.log_hyperparameters(nested_config(), check_consistency=True)
+        logger.log_traces({'startup': {'config': nested_config()}, 'api_token': SECRETS['token']})
+        logger.log_metrics({'loss': 0.5}, step=1)
+        logger.batch_end()
 
-    console = io.StringIO()
-    memory = InMemoryLogger()
-    tracking = f'sqlite:///{tmp_path}/mlflow.db'
-    destinations = [
-        memory,
-        ConsoleLogger(stream=console, log_traces=True),
-        ConsoleLogger(log_traces=True),  # the real stdout
-        FileLogger(str(tmp_path / 'logs' / 'log.txt'), log_traces=True),
-        FileLogger(str(tmp_path / 'logs' / 'log.jsonl'), format='jsonl', log_traces=True),
-        TensorboardLogger(log_dir=str(tmp_path / 'tb')),
-        MLFlowLogger(tracking_uri=tracking, experiment_name='redaction', log_traces=True, synchronous=True,
-                     artifact_location=(tmp_path / 'artifacts').as_uri()),
-    ]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
-        with Logger(destinations, run_name='redact', redact=r'^wandb_') as logger:
-            logger.log_hyperparameters(nested_config())
-            logger.log_hyperparameters(nested_config(), check_consistency=True)
-            logger.log_traces({'startup': {'config': nested_config()}, 'api_token': SECRETS['token']})
-            logger.log_metrics({'loss': 0.5}, step=1)
-            logger.batch_end()
+    where.run(log, redact=r'^wandb_')
 
     # what the destinations got: every secret replaced by '***', the rest intact
-    got = memory.hyperparameters
+    got = where.memory.hyperparameters
     assert got['db'] == {'host': 'h', 'Password': '***', 'replica': {'PASSWD': '***'}}
     assert got['aws'] == {'AWS_SECRET_ACCESS_KEY': '***', 'region': 'us-east-1'}
     assert got['hub'] == [{'name': 'hf', 'HF_TOKEN': '***'}, {'name': 'wandb', 'WANDB_API_KEY': '***'}]
@@ -102,31 +152,12 @@ def test_nested_credentials_never_reach_any_destination(tmp_path, capsys):
     assert got['s3'] == {'access_key_id': '***'} and got['gcp'] == {'credentials': '***'}
     assert got['wandb_entity'] == '***' and got['lr'] == 3e-4
 
-    # MLflow, read back from its store
-    client = MlflowClient(tracking_uri=tracking)
-    run = client.search_runs([client.get_experiment_by_name('redaction').experiment_id])[0]
-    params = run.data.params
+    params = where.mlflow_params()  # MLflow, read back from its store
     assert params['db/Password'] == '***' and params['database/password'] == '***' and params['lr'] == '0.0003'
-    for value in params.values():
-        _assert_no_secret(value.encode(), 'MLflow params')
-
-    # TensorBoard, read back from its event files
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tmp_path / 'tb'), size_guidance={'tensors': 0})
-    acc.Reload()
-    texts = b''.join(event.tensor_proto.SerializeToString() for tag in acc.Tags()['tensors']
-                     for event in acc.Tensors(tag))
-    assert b'***' in texts
-    _assert_no_secret(texts, 'TensorBoard text')
-
+    assert b'***' in where.tensorboard_text()  # TensorBoard, read back from its event files
     # and nowhere at all: every file written (logs, event files, the sqlite store, artifacts), the console
-    _assert_no_secret(_all_bytes(tmp_path), f'a file under {tmp_path}')
-    _assert_no_secret(console.getvalue().encode(), 'the console')
-    out = capsys.readouterr()
-    _assert_no_secret((out.out + out.err).encode(), 'stdout/stderr')
-    _assert_no_secret(' '.join(str(w.message) for w in caught).encode(), 'warnings')
-    assert '***' in console.getvalue() and b'***' in (tmp_path / 'logs' / 'log.jsonl').read_bytes()
+    where.assert_nowhere(SECRETS)
+    assert '***' in where.console.getvalue() and b'***' in (tmp_path / 'logs' / 'log.jsonl').read_bytes()
 
 
 def test_redaction_can_be_turned_off(tmp_path):
@@ -155,3 +186,172 @@ def test_backend_credentials_never_reach_the_staging_journal(tmp_path):
     blob = _all_bytes(tmp_path / 'staging')
     for value in (secret, session, 'AKIDEXAMPLE'):
         assert value.encode() not in blob
+
+
+# --------------------------------------------------------------------------- real configs, real credentials
+
+CORPUS = pathlib.Path(__file__).resolve().parent.parent / 'data' / 'redaction_configs'
+
+#: The only leaves of the corpus that may change, per file: credential-named keys with a value.
+#: (``use_auth_token: true``, ``hf_use_auth_token: true`` and ``access_token: null`` are credential-named
+#: too, but a boolean or None holds no secret and arrives unchanged.)
+CREDENTIAL_LEAVES = {
+    'hf_training_arguments_wandb_config.json': {'hub_token.value', 'push_to_hub_token.value'},
+    'launch_environment.yaml': {'env.HF_TOKEN', 'env.WANDB_API_KEY'},
+}
+
+
+def _load(path: pathlib.Path) -> dict:
+    import tomllib
+
+    import yaml
+
+    if path.suffix == '.json':
+        return json.loads(path.read_text())
+    if path.suffix == '.toml':
+        return tomllib.loads(path.read_text())
+    return yaml.safe_load(path.read_text())
+
+
+def _leaves(data, prefix: str = '') -> dict:
+    """Dotted path -> leaf, through mappings, lists and tuples."""
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, (list, tuple)):
+        items = enumerate(data)
+    else:
+        return {prefix: data}
+    out = {}
+    for key, value in items:
+        out.update(_leaves(value, f'{prefix}.{key}' if prefix else str(key)))
+    return out or {prefix: data}
+
+
+CORPUS_FILES = sorted(p for p in CORPUS.iterdir() if p.suffix in ('.json', '.yaml', '.toml'))
+
+
+def test_corpus_is_large_enough():
+    assert len(CORPUS_FILES) >= 20 and set(CREDENTIAL_LEAVES) <= {p.name for p in CORPUS_FILES}
+    assert sum(len(_leaves(_load(p))) for p in CORPUS_FILES) > 1500
+
+
+@pytest.mark.parametrize('path', CORPUS_FILES, ids=lambda p: p.name)
+def test_real_configs_arrive_unchanged_but_for_their_credentials(path):
+    config = _load(path)
+    memory = InMemoryLogger()
+    with Logger(memory, run_name='corpus') as logger:
+        logger.log_hyperparameters(config)
+        logger.log_traces({'config': config})
+    sent, got = _leaves(config), _leaves(memory.hyperparameters)
+    assert set(got) == set(sent)
+    changed = {key for key in sent if got[key] != sent[key] or type(got[key]) is not type(sent[key])}
+    assert changed == CREDENTIAL_LEAVES.get(path.name, set())
+    assert all(got[key] == '***' for key in changed)
+    assert _leaves(memory.traces['config'][0]) == got  # traces take the same rule
+    assert _load(path) == config  # the caller's config is untouched
+
+
+def _token(prefix: str, length: int, alphabet: str = 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789') -> str:
+    import random
+
+    rng = random.Random(uuid.uuid4().int)
+    return prefix + ''.join(rng.choice(alphabet) for _ in range(length))
+
+
+def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
+    """An LLM training config with credentials planted under obvious and under innocent names.
+
+    Returns:
+        (config, secrets by name, the leaves that must change -> what they must become).
+    """
+    s = {
+        'password': f'pw-{uuid.uuid4().hex}', 'client_secret': f'cs-{uuid.uuid4().hex}',
+        'aws_secret': _token('', 40), 'hf_token_named': _token('hf_', 34), 'github_named': _token('ghp_', 36),
+        'private_key_named': _token('MIIEpAIBAAKCAQEA', 48),
+        # credentials whose key names say nothing
+        'db_url_password': f'dbpw{uuid.uuid4().hex[:12]}', 'repo_ghp': _token('ghp_', 36),
+        'index_password': f'ix{uuid.uuid4().hex[:10]}', 'aws_key_id': _token('AKIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'),
+        'aws_temp_key_id': _token('ASIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'), 'hub_hf': _token('hf_', 34),
+        'openai_sk': _token('sk-', 48), 'openai_project': _token('sk-proj-', 60) + '_' + _token('', 20),
+        'github_pat': _token('github_pat_', 22) + '_' + _token('', 59), 'ghs': _token('ghs_', 36),
+        'slack': 'xoxb-' + _token('', 12, '0123456789') + '-' + _token('', 13, '0123456789') + '-' + _token('', 24),
+        'pem_body': _token('MIIEvQIBADANBgkqhkiG9w0BAQEFAASC', 64),
+        'query_api_key': _token('', 32), 'conn_password': f'Cn{uuid.uuid4().hex[:14]}',
+    }
+    pem = f'-----BEGIN PRIVATE KEY-----\n{s["pem_body"]}\n-----END PRIVATE KEY-----\n'
+    config = {
+        # ordinary LLM hyperparameters, token-named and otherwise
+        'model': {'name': 'meta-llama/Llama-2-7b-hf', 'revision': '01c7f73d771dfac7d292323805ebc428287df4f9',
+                  'pad_token_id': 0, 'bos_token_id': 1, 'eos_token_id': 2, 'vocab_size': 32000},
+        'tokenizer': {'name': 'meta-llama/Llama-2-7b-hf', 'pad_token': '<unk>', 'eos_token': '</s>',
+                      'add_bos_token': True, 'added_tokens_decoder': {'0': {'content': '<unk>', 'special': True}}},
+        'generation': {'max_new_tokens': 256, 'suppress_tokens': [1, 2, 7], 'top_p': 0.9, 'temperature': 0.6},
+        'train': {'max_tokens': 2_000_000_000, 'tokens_per_batch': 524288, 'num_memory_tokens': 0,
+                  'include_tokens_per_second': True, 'lr': 3e-4, 'betas': [0.9, 0.95],
+                  'run_id': '9b2f6c1e-4a7d-4e3b-8c5a-1f0e2d3c4b5a'},
+        'env': {'TOKENIZERS_PARALLELISM': 'false', 'NCCL_DEBUG': 'WARN', 'HF_HOME': '/data/hf'},
+        'save_folder': 's3://bucket/checkpoints/{run_name}',
+        'repo_url_public': 'https://github.com/org/repo.git', 'ssh_remote': 'git@github.com:org/repo.git',
+        'wandb_host': 'https://bob@wandb.internal',
+        # credentials under obvious names
+        'db': {'host': 'db.internal', 'password': s['password']},
+        'identity_provider': {'client_id': 'my-app', 'client_secret': s['client_secret']},
+        'aws': {'region': 'us-east-1', 'aws_secret_access_key': s['aws_secret'],
+                'key_id': s['aws_key_id']},  # innocent name, AKIA format
+        'HF_TOKEN': s['hf_token_named'], 'GITHUB_TOKEN': s['github_named'], 'private_key': s['private_key_named'],
+        # credentials under innocent names
+        'db_url': f'postgres://alice:{s["db_url_password"]}@db:5432/x',
+        'repo': f'https://user:{s["repo_ghp"]}@github.com/o/r.git',
+        'pip': {'index_urls': ['https://pypi.org/simple', f'https://build:{s["index_password"]}@pypi.internal/simple']},
+        'sts': {'id': s['aws_temp_key_id']},
+        'hub': {'repo_id': 'org/model', 'id': s['hub_hf']},
+        'openai': {'model': 'gpt-4o', 'value': s['openai_sk'], 'fallback': [s['openai_project']]},
+        'ci': {'github': s['github_pat'], 'app': (s['ghs'], 'installation-42')},
+        'notify': {'slack': s['slack']},
+        'deploy': {'pem': pem},
+        'endpoint': f'https://api.example.com/v1/complete?model=x&api_key={s["query_api_key"]}',
+        'mssql': f'Server=tcp:db,1433;Database=runs;User Id=sa;Password={s["conn_password"]};Encrypt=true',
+    }
+    changes = {
+        'db.password': '***', 'identity_provider.client_secret': '***', 'aws.aws_secret_access_key': '***',
+        'aws.key_id': '***', 'HF_TOKEN': '***', 'GITHUB_TOKEN': '***', 'private_key': '***',
+        'db_url': 'postgres://alice:***@db:5432/x', 'repo': 'https://user:***@github.com/o/r.git',
+        'pip.index_urls.1': 'https://build:***@pypi.internal/simple', 'sts.id': '***', 'hub.id': '***',
+        'openai.value': '***', 'openai.fallback.0': '***', 'ci.github': '***', 'ci.app.0': '***',
+        'notify.slack': '***', 'deploy.pem': '-----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----\n',
+        'endpoint': 'https://api.example.com/v1/complete?model=x&api_key=***',
+        'mssql': 'Server=tcp:db,1433;Database=runs;User Id=sa;Password=***;Encrypt=true',
+    }
+    return config, s, changes
+
+
+def test_planted_credentials_reach_no_destination_and_everything_else_arrives(tmp_path, capsys):
+    config, secrets, changes = planted_config()
+    before = copy.deepcopy(config)
+    where = Destinations(tmp_path, capsys, upload=True)
+    cells = [['db_url', config['db_url']], ['hub', config['hub']['id']], ['pem', config['deploy']['pem']],
+             ['notes', 'lr=3e-4 max_new_tokens=256']]
+
+    def log(logger):
+        logger.log_hyperparameters(config)
+        logger.log_traces({'planted': config, 'message': f'connecting to {config["db_url"]} as {secrets["openai_sk"]}'})
+        logger.log_table(['name', 'value'], cells, name='settings')
+        logger.log_table(['user', 'api_key'], [['alice', secrets['password']]], name='keys')
+        logger.log_metrics({'loss': 0.5}, step=1)
+        logger.batch_end()
+
+    where.run(log)
+
+    sent, got = _leaves(config), _leaves(where.memory.hyperparameters)
+    assert set(got) == set(sent)
+    for key, value in sent.items():  # every non-secret leaf arrives unchanged, every secret leaf as expected
+        assert got[key] == changes.get(key, value), key
+    assert _leaves(where.memory.traces['planted'][0]) == got
+    assert where.memory.traces['message'][0] == 'connecting to postgres://alice:***@db:5432/x as ***'
+    assert where.memory.tables['settings'][0][2] == [
+        ['db_url', 'postgres://alice:***@db:5432/x'], ['hub', '***'], ['pem', changes['deploy.pem']],
+        ['notes', 'lr=3e-4 max_new_tokens=256']]
+    assert where.memory.tables['keys'][0][2] == [['alice', '***']]  # a credential-named column
+    assert config == before  # the caller's objects are never modified
+    where.assert_nowhere(secrets)
+    assert any((tmp_path / 'bucket').rglob('log.txt'))  # the logs went through upload staging too

@@ -1,0 +1,253 @@
+"""The redaction rules on their own: the key splitter and classifier, the value formats (with
+near-misses that must be kept), and the Redactor's handling of nested data and tables."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+
+import pytest
+
+from dist_logging._redact import REDACTED, build_redactor, is_secret_key, key_words, redact_text
+
+# Real-looking credential shapes built at run time (never a real credential; nothing here is
+# valid anywhere), so that secret scanners do not flag this file either.
+ALNUM = 'aB3dE5gH7jK9mN2pQ4sT6vW8yZ1cF0xL'
+AWS_ID = 'AKIA' + 'Q3EXAMPLE7KD2MZP'
+AWS_TEMP_ID = 'ASIA' + 'Y7EXAMPLE4FJ9RXT'
+HF = 'hf_' + ALNUM + 'Zq'
+OPENAI = 'sk-' + ALNUM + 'T3BlbkFJ' + ALNUM[:12]
+OPENAI_PROJECT = 'sk-proj-' + ALNUM + '_' + ALNUM[::-1] + '-x9'
+GITHUB = {prefix: prefix + ALNUM + 'abcd' for prefix in ('ghp_', 'gho_', 'ghs_', 'ghu_', 'ghr_')}
+GITHUB_PAT = 'github_pat_11ABCDEFG0' + ALNUM[:12] + '_' + ALNUM + ALNUM[:10]
+SLACK = 'xoxb-' + '2417365' + '0912' + '-' + '4827361' + '09187-' + ALNUM[:24]
+PEM = ('-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA' + ALNUM + '\n' + ALNUM[::-1] + '==\n'
+       '-----END RSA PRIVATE KEY-----')
+GIT_SHA = '01c7f73d771dfac7d292323805ebc428287df4f9'
+UUID = '9b2f6c1e-4a7d-4e3b-8c5a-1f0e2d3c4b5a'
+
+
+# --------------------------------------------------------------------------- splitting keys
+
+@pytest.mark.parametrize('key, words', [
+    ('AWS_SECRET_ACCESS_KEY', ('aws', 'secret', 'access', 'key')),
+    ('hfToken2', ('hf', 'token', '2')),
+    ('APIKey', ('api', 'key')),
+    ('OAuthToken', ('o', 'auth', 'token')),
+    ('max-new-tokens', ('max', 'new', 'tokens')),
+    ('model.tokenizer.name', ('model', 'tokenizer', 'name')),
+    ('db password', ('db', 'password')),
+    ('fp16_opt_level', ('fp', '16', 'opt', 'level')),
+    ('', ()),
+])
+def test_key_words(key, words):
+    assert key_words(key) == words
+
+
+# --------------------------------------------------------------------------- classifying keys
+
+CREDENTIAL_KEYS = [
+    # passwords and secrets
+    'password', 'Password', 'PASSWD', 'db_password', 'dbPassword', 'mysql_passwd', 'pwd', 'DB_PWD', 'passphrase',
+    'ssh_key_passphrase', 'secret', 'secrets', 'client_secret', 'clientSecret', 'aws_secret_access_key',
+    'AWS_SECRET_ACCESS_KEY', 'secret_key', 'jwt_secret', 'secret_sauce_ratio', 'webhook_secret',
+    # credentials, auth, cookies
+    'credential', 'credentials', 'gcp_credentials', 'GOOGLE_APPLICATION_CREDENTIALS', 'creds', 'auth', 'basic_auth',
+    'oauth', 'proxy_authorization', 'Authorization', 'session_cookie', 'cookies',
+    # keys
+    'api_key', 'apiKey', 'APIKey', 'apikey', 'WANDB_API_KEY', 'OPENAI_API_KEY', 'api_keys', 'access_key',
+    'access_key_id', 'aws_access_key_id', 'accessKey', 'private_key', 'privateKey', 'ssh_private_key',
+    'session_key', 'encryption_key', 'signing_key', 'license_key', 'account_key', 'AccountKey',
+    'subscription_key', 'master_key',
+    # token as a credential
+    'token', 'Token', 'TOKEN', 'token2', 'hf_token', 'HF_TOKEN', 'hub_token', 'hubToken', 'auth_token',
+    'authToken', 'authtoken', 'access_token', 'accessToken', 'api_token', 'bearer_token', 'refresh_token',
+    'session_token', 'aws_session_token', 'AWS_SESSION_TOKEN', 'GITHUB_TOKEN', 'github_token', 'GH_TOKEN',
+    'wandb_token', 'slack_token', 'slack_bot_token', 'discord_bot_token', 'HUGGING_FACE_HUB_TOKEN',
+    'HUGGINGFACE_TOKEN', 'push_to_hub_token', 'id_token', 'csrf_token', 'security_token', 'sas_token',
+    'personal_access_token', 'client_token', 'hf_token_value', 'use_auth_token', 'hf_use_auth_token',
+]
+
+ORDINARY_KEYS = [
+    # vocabulary tokens and their ids
+    'pad_token', 'bos_token', 'eos_token', 'unk_token', 'sep_token', 'cls_token', 'mask_token', 'image_token',
+    'pad_token_id', 'bos_token_id', 'eos_token_id', 'decoder_start_token_id', 'forced_bos_token_id',
+    'no_timestamps_token_id', 'prev_sot_token_id', 'additional_special_tokens', 'added_tokens_decoder',
+    'added_tokens_overrides', 'special_tokens', 'add_bos_token', 'add_eos_token', 'use_cls_token',
+    'spaces_between_special_tokens', 'token_type_ids', 'token_id', 'tokens',
+    # counted tokens
+    'max_tokens', 'max_new_tokens', 'min_new_tokens', 'num_tokens', 'num_memory_tokens', 'tokens_per_batch',
+    'tokens_per_second', 'include_tokens_per_second', 'include_num_input_tokens_seen', 'suppress_tokens',
+    'begin_suppress_tokens', 'accumulate_train_batch_on_tokens', 'n_expert_per_token', 'eval_max_new_tokens',
+    'no_seqlen_plus_one_input_tokens',
+    # tokenizers
+    'tokenizer', 'tokenizer_name', 'tokenizer_class', 'tokenizer_path', 'tokenizer_type', 'tokenizer_config',
+    'tokenizer_use_fast', 'TOKENIZERS_PARALLELISM', 'clean_up_tokenization_spaces', 'tokenize_chinese_chars',
+    # ordinary keys that contain credential-ish letters
+    'author', 'authors', 'keyword', 'key', 'keys', 'image_key', 'text_key', 'lora_key', 'num_key_value_heads',
+    'apply_query_key_layer_scaling', 'memory_keys', 'load_ignore_keys', 'hub_private_repo', 'passes',
+    'num_passes', 'bypass', 'compass', 'd_kv', 'keep_latest_k',
+    'session_id', 'wandb_project', 'wandb_entity', 'hub_model_id', 'hub_strategy', 'access_log',
+    'private_repo', 'token_dropout', 'hf_token_path', 'tokenizer_file',
+]
+
+
+@pytest.mark.parametrize('key', CREDENTIAL_KEYS)
+def test_credential_keys(key):
+    assert is_secret_key(key), key
+
+
+@pytest.mark.parametrize('key', ORDINARY_KEYS)
+def test_ordinary_keys(key):
+    assert not is_secret_key(key), key
+
+
+def test_extra_pattern_extends_the_word_rule():
+    redactor = build_redactor(r'^wandb_')
+    assert redactor.is_secret_key('wandb_entity') and redactor.is_secret_key('WANDB_ENTITY')
+    assert redactor.is_secret_key('hf_token') and not redactor.is_secret_key('pad_token')
+    both = build_redactor([r'^wandb_', re.compile(r'entity$')])
+    assert both.is_secret_key('team_entity') and both.is_secret_key('wandb_x') and not both.is_secret_key('team')
+    # the old substring rule can be asked for explicitly
+    assert build_redactor('token').is_secret_key('pad_token')
+
+
+@pytest.mark.parametrize('bad, error', [('(unclosed', ValueError), (3, TypeError), ([b'x'], TypeError)])
+def test_bad_redact_option_is_named(bad, error):
+    with pytest.raises(error, match=re.escape(repr(bad if not isinstance(bad, list) else bad[0]))):
+        build_redactor(bad)
+
+
+# --------------------------------------------------------------------------- the value rule
+
+REPLACED = [
+    # URL user-info passwords: the password goes, the rest of the URL stays
+    ('postgres://alice:s3cr3t@db:5432/x', 'postgres://alice:***@db:5432/x'),
+    ('mysql+pymysql://svc:p%40ss@10.0.0.3/db?charset=utf8', 'mysql+pymysql://svc:***@10.0.0.3/db?charset=utf8'),
+    ('redis://:only-a-password@cache:6379/0', 'redis://:***@cache:6379/0'),
+    ('amqp://u:unencoded@sign@mq/vhost', 'amqp://u:***@mq/vhost'),
+    (f'https://user:{GITHUB["ghp_"]}@github.com/o/r.git', 'https://user:***@github.com/o/r.git'),
+    ('pip install --index-url https://__token__:pypi-AgEIcHlwaS5vcmc@pypi.example.com/simple pkg',
+     'pip install --index-url https://__token__:***@pypi.example.com/simple pkg'),
+    ('mongodb://admin:pw1@h1:27017,h2:27017/db', 'mongodb://admin:***@h1:27017,h2:27017/db'),
+    # token formats, whole or inside text
+    (AWS_ID, REDACTED), (AWS_TEMP_ID, REDACTED), (f'key id {AWS_ID} in us-east-1', 'key id *** in us-east-1'),
+    (HF, REDACTED), (f'HF_TOKEN={HF}', 'HF_TOKEN=***'), (OPENAI, REDACTED), (OPENAI_PROJECT, REDACTED),
+    *[(token, REDACTED) for token in GITHUB.values()], (GITHUB_PAT, REDACTED),
+    (f'https://{GITHUB["ghp_"]}@github.com/o/r.git', 'https://***@github.com/o/r.git'),
+    (SLACK, REDACTED), ('xoxp-' + ALNUM, REDACTED),
+    (PEM, '-----BEGIN RSA PRIVATE KEY-----***-----END RSA PRIVATE KEY-----'),
+    ('-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA', '-----BEGIN OPENSSH PRIVATE KEY-----***'),
+    ('AIza' + ALNUM + 'aaa', REDACTED),
+    ('eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U', REDACTED),
+    ('Authorization: Bearer ' + ALNUM, 'Authorization: Bearer ***'),
+    # name=value and 'name': 'value' pairs whose name is a credential
+    ('https://api.example.com/v1/x?api_key=abc123&page=2', 'https://api.example.com/v1/x?api_key=***&page=2'),
+    ('Server=tcp:db;User Id=sa;Password=Pa55w0rd;Encrypt=true', 'Server=tcp:db;User Id=sa;Password=***;Encrypt=true'),
+    ('DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=bXlrZXk=;EndpointSuffix=core.windows.net',
+     'DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=***;EndpointSuffix=core.windows.net'),
+    ("train(lr=0.1, password='hunter2')", "train(lr=0.1, password='***')"),
+    ("config {'hf_token': 'abc', 'lr': 0.1}", "config {'hf_token': '***', 'lr': 0.1}"),
+    ('{"client_secret": "abc", "max_new_tokens": 5}', '{"client_secret": "***", "max_new_tokens": 5}'),
+    ('--hub_token=abc --max_steps=10', '--hub_token=*** --max_steps=10'),
+]
+
+KEPT = [
+    'https://bob@host/path', 'git@github.com:org/repo.git', 'ssh://git@github.com/org/repo.git',
+    'https://host:8080/path?email=a@b.com', 'https://huggingface.co/meta-llama/Llama-2-7b-hf',
+    's3://my-bucket/checkpoints/{run_name}', 'alice@example.com', '/Users/alice@example.com/llama2-sft',
+    GIT_SHA, GIT_SHA.upper(), UUID, UUID.replace('-', ''),
+    'AKIA' + 'SHORT12', 'AKIA' + 'Q3EXAMPLE7KD2MZP' + 'X', 'aAKIA' + 'Q3EXAMPLE7KD2MZP',  # wrong length / glued
+    'hf_transfer', 'hf_' + 'a' * 20, 'sk-' + 'a1B2' * 4, 'sk-learn-compatible-estimator-pipeline',
+    'risk-' + ALNUM, 'task-' + ALNUM, 'ghp_short', 'xoxb-123', 'xoxz-' + ALNUM,
+    '-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA\n-----END PUBLIC KEY-----',
+    '-----BEGIN CERTIFICATE-----\nMIIDdzCCAl+gAwIBAgIE\n-----END CERTIFICATE-----',
+    'max_new_tokens=128 pad_token=<pad>', 'tokenizer=EleutherAI/gpt-neox-20b', 'password=', "password=''",
+    'expandable_segments:True', 'torchrun --nnodes=2 --rdzv-endpoint=10.0.0.12:29500 train.py',
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% endif %}",
+    'Bearer', 'the bearer of bad news', 'Basic block', '', 'plain text without anything',
+]
+
+
+@pytest.mark.parametrize('text, expected', REPLACED)
+def test_value_formats_are_replaced(text, expected):
+    assert redact_text(text) == expected
+
+
+@pytest.mark.parametrize('text', KEPT)
+def test_near_misses_are_kept_as_the_same_object(text):
+    assert redact_text(text) is text
+
+
+def test_redacting_twice_changes_nothing_more():
+    for text, _ in REPLACED:
+        once = redact_text(text)
+        assert redact_text(once) == once
+
+
+# --------------------------------------------------------------------------- the Redactor on data
+
+
+@dataclasses.dataclass
+class Hub:
+    repo: str = 'org/model'
+    token: str = HF
+
+
+def test_nested_data_keys_and_values():
+    redactor = build_redactor(True)
+    data = {
+        'tokenizer': {'name': 'EleutherAI/gpt-neox-20b', 'pad_token': '<|pad|>', 'kwargs': {'model_max_length': 2048}},
+        'max_new_tokens': 128, 'hub_token': HF, 'hub': Hub(), 'args': argparse.Namespace(api_key='k', lr=0.1),
+        'ns': types.SimpleNamespace(client_secret={'a': 1}),
+        'index_urls': ['https://pypi.org/simple', 'https://u:pw123@pypi.internal/simple'],
+        'pair': ('postgres://a:b@h/db', 3), 'tags': {'x', AWS_ID},
+        'credentials': {'key_id': 'AKIDX', 'nested': [1, 'two', None, True], 'empty': ''},
+        'use_auth_token': True, 'access_token': None, 'revision': GIT_SHA, 'run_id': UUID,
+        'https://u:pw@h': 'url as a key',
+    }
+    before = repr(data)
+    got = redactor(data)
+    assert repr(data) == before  # the caller's objects are untouched
+    assert got['tokenizer'] == data['tokenizer'] and got['max_new_tokens'] == 128
+    assert got['hub_token'] == REDACTED and got['hub'] == {'repo': 'org/model', 'token': REDACTED}
+    assert got['args'] == {'api_key': REDACTED, 'lr': 0.1} and got['ns'] == {'client_secret': {'a': REDACTED}}
+    assert got['index_urls'] == ['https://pypi.org/simple', 'https://u:***@pypi.internal/simple']
+    assert got['pair'] == ('postgres://a:***@h/db', 3) and got['tags'] == {'x', REDACTED}
+    # a credential-named mapping keeps its shape; None, booleans and '' hold no secret and stay
+    assert got['credentials'] == {'key_id': REDACTED, 'nested': [REDACTED, REDACTED, None, True], 'empty': ''}
+    assert got['use_auth_token'] is True and got['access_token'] is None
+    assert got['revision'] == GIT_SHA and got['run_id'] == UUID
+    assert got['https://u:***@h'] == 'url as a key'
+
+
+def test_unchanged_strings_are_the_callers_objects():
+    text = 'a long ordinary value ' * 10
+    assert build_redactor(True)({'x': text})['x'] is text
+
+
+def test_extra_pattern_also_names_pairs_inside_strings():
+    redactor = build_redactor(r'^wandb_')
+    assert redactor({'cmd': 'run --wandb_entity=team --lr=1'}) == {'cmd': 'run --wandb_entity=*** --lr=1'}
+    assert redact_text('run --wandb_entity=team') == 'run --wandb_entity=team'
+
+
+def test_tables():
+    redactor = build_redactor(True)
+    rows = [['gpt2', 'hf_token_here', f'https://x:{HF}@h/p', 1.5], ['bert', 'other', 'plain', None]]
+    got = redactor.table(['model', 'api_key', 'url', 'loss'], rows)
+    assert got == [['gpt2', REDACTED, 'https://x:***@h/p', 1.5], ['bert', REDACTED, 'plain', None]]
+    assert rows[0][1] == 'hf_token_here'  # untouched
+    off = build_redactor(False)
+    assert off.table(['api_key'], [['v']]) == [['v']] and off({'password': HF}) == {'password': HF}
+    assert off.text(HF) == HF
+
+
+def test_key_classification_is_cached():
+    redactor = build_redactor(r'^x_')
+    config = {f'layer_{i}': {'pad_token_id': 0, 'hf_token': 't'} for i in range(200)}
+    got = redactor(config)
+    assert got['layer_7'] == {'pad_token_id': 0, 'hf_token': REDACTED}
+    assert len(redactor._cache) < 210  # one entry per distinct key, not per occurrence
