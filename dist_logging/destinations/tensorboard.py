@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dist_logging._artifacts import flatten, markdown_table
 from dist_logging._values import format_log_data_value
-from dist_logging.destination import LoggerDestination
+from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
                                  validate_object_name, validate_template)
@@ -52,24 +52,36 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
     ``<remote_dir>/<path inside log_dir>``.
 
     Args:
-        log_dir: template for the run folder (``{run_name}``, ``{rank}``, ...).
+        log_dir: template for the run folder (``{run_name}``, ``{rank}``, ...). Default
+            ``'{run_name}/tensorboard'``, with ``/rank{rank}`` (or ``/node{node_rank}``) appended
+            when more than rank zero writes.
         flush_interval: flush (and upload) every this many batches (>= 1).
         remote_dir: template for the uploaded folder; ``''`` or ``None`` disables uploading.
         max_queue: events the writer may queue before a log call waits for its thread.
         ranks: rank policy (default ``'zero'``). With ``'all'``/``'local_zero'`` the templates
             must tell ranks apart (e.g. ``{run_name}/tensorboard/rank{rank}``).
+        rank_zero_only: Composer's spelling of the policy: True means ``ranks='zero'``, False
+            ``ranks='all'``.
         log_level: highest :class:`~dist_logging.LogLevel` taken (default: all).
         optional: when True, this destination's errors are reported but never re-raised.
 
     Raises:
         ImportError: tensorboard is not installed (with the extra to install).
-        ValueError: a bad template or interval, or templates that cannot tell ranks apart.
+        ValueError: a bad template or interval, templates that cannot tell ranks apart, or
+            ``rank_zero_only`` contradicting ``ranks``.
     """
 
-    def __init__(self, log_dir: str = '{run_name}/tensorboard', flush_interval: int = 100,
+    def __init__(self, log_dir: Optional[str] = None, flush_interval: int = 100,
                  remote_dir: Optional[str] = '{run_name}/tensorboard', max_queue: int = 1000,
-                 ranks: str = 'zero', log_level: Any = None, optional: Optional[bool] = None):
+                 ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None,
+                 rank_zero_only: Optional[bool] = None):
+        ranks = ranks_from_rank_zero_only(ranks, rank_zero_only, 'zero', 'TensorboardLogger')
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
+        per_rank = {'zero': '', 'all': '/rank{rank}', 'local_zero': '/node{node_rank}'}[self.ranks]
+        if log_dir is None:
+            log_dir = '{run_name}/tensorboard' + per_rank
+        if remote_dir == '{run_name}/tensorboard':  # the default: one folder per writing rank, like log_dir
+            remote_dir += per_rank
         _check_installed()
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f'TensorboardLogger: max_queue must be an int >= 1, got {max_queue!r}')

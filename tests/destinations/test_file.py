@@ -264,3 +264,11 @@ def test_png_encoder_round_trip():
         assert np.array_equal(_read_png(encode_png(image)).reshape(image.shape), image)
     with pytest.raises(ValueError, match='HWC uint8'):
         encode_png(np.zeros((4, 4, 2), np.uint8))
+
+
+def test_bfloat16_images_written_as_png(tmp_path):
+    destination = FileLogger(str(tmp_path / 'log.txt'))
+    with Logger(destination, run_name='bf') as logger:
+        logger.log_images(torch.ones(1, 3, 2, 2, dtype=torch.bfloat16), name='white', step=1)
+    (png,) = (tmp_path / 'log' / 'images' / 'white').glob('*.png')
+    assert (_read_png(png.read_bytes()) == 255).all()

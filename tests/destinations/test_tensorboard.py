@@ -110,3 +110,46 @@ def test_bad_images_raise_at_the_call(tmp_path):
             logger.log_images(np.zeros((2, 5, 8, 8)))
         with pytest.raises(ValueError, match='dtype'):
             logger.log_images(np.zeros((3, 8, 8), dtype=np.int32))
+
+
+def test_image_variants_incl_bfloat16_and_float16(tmp_path):
+    import torch
+
+    tb = TensorboardLogger(log_dir=str(tmp_path / 'tb'))
+    variants = [  # (images, channels_last): the layouts Composer's TensorBoard logger takes
+        (torch.rand(4, 4), False),
+        (torch.rand(2, 3, 4, 4), False),
+        (torch.rand(2, 3, 4, 4, dtype=torch.bfloat16), False),
+        (torch.rand(2, 3, 4, 4, dtype=torch.float16), False),
+        (torch.rand(3, 4, 4), False),
+        ([torch.rand(4, 4, 3)], True),
+        (torch.rand(2, 4, 4, 3, dtype=torch.bfloat16), True),
+        ([torch.rand(4, 4, 3, dtype=torch.bfloat16), torch.rand(4, 4, 3, dtype=torch.bfloat16)], True),
+    ]
+    with Logger(tb, run_name='r4') as logger:
+        for index, (images, channels_last) in enumerate(variants):
+            logger.log_images(images, name=f'tensor{index}', channels_last=channels_last)
+            as_numpy = ([i.float().numpy() for i in images] if isinstance(images, list)
+                        else images.float().numpy())
+            logger.log_images(as_numpy, name=f'np{index}', channels_last=channels_last)
+    acc = _accumulator(tmp_path / 'tb')
+    for index, (images, _) in enumerate(variants):
+        count = len(images) if isinstance(images, list) else (images.shape[0] if images.dim() == 4 else 1)
+        for prefix in ('tensor', 'np'):
+            # add_images writes the batch as one grid of 4x4 images
+            (event,) = acc.Images(f'{prefix}{index}')
+            assert event.width * event.height >= count * 16 and event.encoded_image_string.startswith(b'\x89PNG')
+
+
+def test_rank_zero_only_maps_onto_ranks(fake_rank):
+    assert TensorboardLogger(rank_zero_only=True).ranks == 'zero'
+    everywhere = TensorboardLogger(rank_zero_only=False)
+    assert everywhere.ranks == 'all' and everywhere.log_dir_template == '{run_name}/tensorboard/rank{rank}'
+    assert everywhere.remote_dir_template == '{run_name}/tensorboard/rank{rank}'
+    assert TensorboardLogger(rank_zero_only=False, ranks='all').ranks == 'all'
+    with pytest.raises(ValueError, match="rank_zero_only=True means ranks='zero'.*ranks='all'"):
+        TensorboardLogger(rank_zero_only=True, ranks='all')
+    with pytest.raises(TypeError, match='rank_zero_only must be a bool'):
+        TensorboardLogger(rank_zero_only='yes')
+    fake_rank(rank=1, world_size=2)
+    TensorboardLogger(rank_zero_only=False)  # the per-rank default folders tell ranks apart
