@@ -42,6 +42,11 @@ def _size(num: float) -> str:
     return f'{num:.1f} TiB'
 
 
+def _progress(bar: Any) -> Any:
+    """A store callback (``callback(transferred_so_far, total)``) that moves ``bar``."""
+    return lambda done, total: bar.update(done - bar.n)
+
+
 def _bar(total: Optional[int], description: str, enabled: bool) -> Any:
     import tqdm
 
@@ -153,7 +158,7 @@ def _cmd_upload(args: argparse.Namespace) -> int:
         for path, name in zip(args.files, names):
             bar = _bar(os.path.getsize(path), name, not args.no_progress)
             try:
-                store.upload_object(name, path, callback=bar.update, overwrite=args.overwrite)
+                store.upload_object(name, path, callback=_progress(bar), overwrite=args.overwrite)
             except FileExistsError:
                 failed += 1
                 print(f'failed: {name}: already exists in {args.bucket_uri} (use --overwrite)', file=sys.stderr)
@@ -193,7 +198,7 @@ def _cmd_download(args: argparse.Namespace) -> int:
             raise CommandError(f'no object {args.name!r} in {args.bucket_uri}') from None
         bar = _bar(size, args.name, not args.no_progress)
         try:
-            store.download_object(args.name, dest, overwrite=args.overwrite, callback=bar.update)
+            store.download_object(args.name, dest, overwrite=args.overwrite, callback=_progress(bar))
         finally:
             bar.close()
     except CommandError:

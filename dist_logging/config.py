@@ -296,7 +296,9 @@ def _remote_packages(path: str, kwargs: Mapping[str, Any]) -> tuple[tuple[str, s
         scheme, _ = split_bucket_uri(uri)
     except (ValueError, TypeError) as exc:
         raise ValueError(f'{_join(path, "bucket_uri")}: {exc}') from None
-    return (('boto3', 's3'),) if scheme == 's3' else ()
+    if scheme == 's3':
+        return (('boto3', 's3'),)
+    return () if scheme == 'file' else (('fsspec', 'fsspec'),)  # any other scheme: FsspecObjectStore
 
 
 def _read(source: ConfigSource) -> tuple[Any, str]:

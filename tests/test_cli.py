@@ -157,12 +157,12 @@ def test_upload_and_download_with_s3(tmp_path, capsys, monkeypatch, s3_server):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['upload', 'gs://bucket/p', '{file}'], "unsupported scheme 'gs'"),
+    (['upload', 'magic://bucket/p', '{file}'], "unsupported scheme 'magic'"),
     (['upload', '{bucket}', '{missing}'], 'does not exist'),
     (['upload', '{bucket}', '{file}', '{file}'], 'the same name'),
     (['upload', '{bucket}', '{file}', '--name', '../{filename}'], '".." component'),
     (['upload', '{bucket}', '{file}', '--name', '{nope}'], 'placeholders'),
-    (['download', 'ftp://x/y', 'a', '{dest}'], "unsupported scheme 'ftp'"),
+    (['download', 'nosuchproto://x/y', 'a', '{dest}'], "unsupported scheme 'nosuchproto'"),
     (['download', '{bucket}', '/abs', '{dest}'], 'absolute'),
 ])
 def test_bad_input_exits_2(tmp_path, capsys, argv, message):

@@ -36,7 +36,7 @@ def _has_remote() -> bool:
     ({'destinations': [{'log_interval': 3}]}, r"^destinations\[0\]: missing key 'type'"),
     ({'destinations': [42]}, r"^destinations\[0\]: expected a mapping with a 'type' key"),
     ({'destinations': [{'type': 'console', 'ranks': 'everyone'}]}, r"destinations\[0\]\.ranks: unknown ranks policy"),
-    ({'upload': {'bucket_uri': 'gs://b/p'}}, r"^upload\.bucket_uri: .*unsupported scheme 'gs'"),
+    ({'upload': {'bucket_uri': 'magic://b/p'}}, r"^upload\.bucket_uri: .*unsupported scheme 'magic'"),
     ({'upload': {'bucket_uri': 'buckets/x', 'num_atempts': 3}}, r"^upload\.num_atempts: unknown key; did you mean 'num_attempts'"),
     ({'destinations': [{'type': 'file', 'filename': '${NOT_SET_ANYWHERE_XYZ}/log.txt'}]},
      r'^destinations\[0\]\.filename: environment variable NOT_SET_ANYWHERE_XYZ is not set'),

@@ -61,6 +61,18 @@ def _check_private_base(base: str) -> None:
                               f'{os.getuid()}); pass upload_staging_folder= to choose a safe place')
 
 
+def _remove_empty_default_folders(staging_root: str) -> None:
+    """After the last rank folder of a default staging folder went: ``.../<run>/staging`` and ``.../<run>``
+    if empty (another rank or run may still be using them: rmdir removes only empty folders). The
+    per-user base stays: it is checked to be private when created, and must not be re-created
+    with the default permissions by a racing job."""
+    for folder in (staging_root, os.path.dirname(staging_root)):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+
+
 def _store_record(store: ObjectStore, backend_kwargs: Optional[Mapping[str, Any]]) -> StoreRecord:
     uri = getattr(store, 'bucket_uri', None)
     custom = None
@@ -181,6 +193,7 @@ class RemoteUploaderDownloader(LoggerDestination):
         self._run_name: Optional[str] = None
         self._closed = False
         self._queued_names: set[str] = set()
+        self._leftover_names: set[str] = set()  # queued by an earlier process, not yet superseded by a call
         self._failed: dict[str, tuple[UploadTask, BaseException]] = {}  # name -> newest failure
         self._unraised: dict[str, BaseException] = {}
         self._fail_lock = threading.Lock()
@@ -250,6 +263,7 @@ class RemoteUploaderDownloader(LoggerDestination):
                 staging.journal.append_queued(record.id, record.name, record.size, record.overwrite,
                                               self._store_record.sid, record.src)
             self._queued_names.add(record.name)
+            self._leftover_names.add(record.name)
             self._scheduler.submit(UploadTask(record.id, record.name, staging.path_of(record), record.size,  # type: ignore[union-attr]
                                               record.overwrite, resumed=True))
 
@@ -288,8 +302,12 @@ class RemoteUploaderDownloader(LoggerDestination):
             left = staging.close()
             if left.pending:
                 log.warning('%s keeps %d upload(s) that did not land', staging.dir, len(left.pending))
+            elif staging.removed and self.upload_staging_folder is None:
+                _remove_empty_default_folders(staging.root)
         try:
-            self.object_store.close()
+            close = getattr(self.object_store, 'close', None)  # optional for a Composer-written store
+            if close is not None:
+                close()
         except Exception as exc:  # noqa: BLE001
             log.warning('closing %r failed: %s', self.object_store, exc)
         self._raise_failures(final=True)
@@ -386,7 +404,9 @@ class RemoteUploaderDownloader(LoggerDestination):
                 promises not to modify or delete it; across filesystems the original is used in place).
 
         Raises:
-            FileExistsError: ``overwrite=False`` and this uploader already queued the name.
+            FileExistsError: ``overwrite=False`` and this uploader already queued the name (a name
+                queued by an earlier process, found in staging on resume, is superseded instead,
+                with a ``RuntimeWarning``: see ``docs/uploads.md``).
             FileNotFoundError: the file does not exist.
             UploadError: earlier uploads failed (this call's file was still queued).
             RuntimeError: the uploader is closed.
@@ -398,7 +418,9 @@ class RemoteUploaderDownloader(LoggerDestination):
         if self._closed:
             raise RuntimeError('this RemoteUploaderDownloader is closed')
         name = self._object_name(remote_file_name, self._run_name)
-        if not overwrite and name in self._queued_names:
+        if name in self._leftover_names:
+            self._supersede_leftover(name, staging)
+        elif not overwrite and name in self._queued_names:
             raise FileExistsError(f'upload_file({name!r}, overwrite=False): this rank already queued that name')
         path = os.fspath(file_path)
         if copy and self.max_staged_bytes is not None:
@@ -438,6 +460,23 @@ class RemoteUploaderDownloader(LoggerDestination):
         scheduler.submit(UploadTask(upload_id, name, snapshot, size, overwrite))  # type: ignore[union-attr]
         if self._unraised:
             self._raise_failures()
+
+    def _supersede_leftover(self, name: str, staging: RankStaging) -> None:
+        # A restarted job is never refused by its own leftovers: the scheduler drops or replaces the
+        # earlier process's upload of this name (UploadScheduler.submit); a failure of it not yet
+        # reported is dropped too, since this call's file replaces it.
+        self._leftover_names.discard(name)
+        with self._fail_lock:
+            earlier = self._failed.get(name)
+            if earlier is not None and earlier[0].resumed:
+                del self._failed[name]
+                self._unraised.pop(name, None)
+            else:
+                earlier = None
+        if earlier is not None:
+            staging.finish(earlier[0].id, earlier[0].path)
+        warnings.warn(f'upload_file({name!r}) supersedes the upload of that name that an earlier process left '
+                      f'queued in {staging.dir}: the new file wins', RuntimeWarning, stacklevel=4)
 
     def _wait_for_space(self, size: int) -> None:
         limit = self.max_staged_bytes
@@ -487,11 +526,14 @@ class RemoteUploaderDownloader(LoggerDestination):
 
                 bar = tqdm(total=size, unit='B', unit_scale=True, desc=f'downloading {name}', leave=False)
 
+            def progress(done: int, total: int) -> None:
+                bar.update(done - bar.n)  # type: ignore[union-attr]
+
             def attempt(_: int) -> None:
                 if bar is not None:
                     bar.reset()
                 self.object_store.download_object(name, destination, overwrite=True,
-                                                  callback=bar.update if bar is not None else None)
+                                                  callback=progress if bar is not None else None)
 
             try:
                 call_with_retries(attempt, self.retry_policy, store=self.object_store)

@@ -125,6 +125,14 @@ class LoggerHandle:
         overrides = {'run_name': self._run_name} if self._run_name is not None else {}
         return logger_from_config(self._config, **overrides)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawn-based launchers pickle the adapter into each process: a Logger this handle built
+        # stays behind (it owns threads and files); each process builds its own on first use.
+        state = self.__dict__.copy()
+        if self.built_here:
+            state['_logger'] = None
+        return state
+
     def close(self) -> None:
         """Close the Logger (waits for its uploads; no collective) and forget it, so a later
         :meth:`get` builds a new one from the factory or config (a given Logger cannot be reopened).

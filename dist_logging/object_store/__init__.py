@@ -21,12 +21,15 @@ import importlib
 import os
 import re
 import uuid
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 __all__ = [
     'ObjectStore',
+    'ObjectStoreTransientError',
     'LocalObjectStore',
     'S3ObjectStore',
+    'FsspecObjectStore',
+    'supports_overwrite',
     'SCHEMES',
     'get_store_class',
     'split_bucket_uri',
@@ -41,12 +44,36 @@ _REGISTRY: dict[str, tuple[str, str, Optional[str]]] = {
     's3': ('dist_logging.object_store.s3', 'S3ObjectStore', 's3'),
 }
 SCHEMES = tuple(_REGISTRY)
+_LAZY_EXTRA: dict[str, tuple[str, str, Optional[str]]] = {
+    'fsspec': ('dist_logging.object_store.fsspec_store', 'FsspecObjectStore', 'fsspec'),
+}
+# Any other scheme goes to FsspecObjectStore when fsspec knows it. Without fsspec installed these
+# common ones are still recognized, so the error is an install hint rather than "unknown scheme".
+_FSSPEC_COMMON = ('gs', 'gcs', 'az', 'abfs', 'abfss', 'adl', 'oci', 'sftp', 'ssh', 'hf', 'memory', 'hdfs',
+                  'webhdfs', 'ftp', 'dbfs', 'oss', 'r2', 'box', 'dropbox', 'gdrive', 'lakefs', 'wandb')
+_NATIVE_SCHEME_HINT = 's3://, file://, a local path, or a scheme fsspec implements (gs://, az://, sftp://, ...)'
 
 _SECRET_KEY = re.compile(r'secret|token|password|passwd|credential|access_key|session|key_id', re.IGNORECASE)
 
 
+class ObjectStoreTransientError(RuntimeError):
+    """A store's way to say "this failed, but trying again may work" (throttled, unavailable, reset).
+
+    Composer's name and meaning: a store (ours or one written for Composer) raises it, often
+    ``from`` the backend's own error, and the uploader retries the operation with backoff
+    (up to ``num_attempts``) instead of failing it. Any exception class of this name is
+    retried, so ``composer.utils.ObjectStoreTransientError`` works too.
+    """
+
+
 class ObjectStore:
     """The storage primitives every backend provides. Subclass it and override all five.
+
+    Compatible with Composer's ``ObjectStore``: the same method names, argument names and
+    callback contract, and a store is a context manager (``with store: ...`` closes it). A
+    store written for Composer, whose ``upload_object(object_name, filename, callback=None)``
+    has no ``overwrite`` keyword, can be passed as ``object_store=`` unchanged: the uploader
+    then enforces ``overwrite=False`` itself by check-then-put (see :func:`supports_overwrite`).
 
     An instance is used from several upload threads at once (``num_concurrent_uploads``),
     so methods must be thread-safe. With ``use_procs=True`` the instance is pickled
@@ -62,56 +89,67 @@ class ObjectStore:
 
     bucket_uri: Optional[str] = None
 
-    def upload_object(self, name: str, filename: str, callback: Optional[Callable[[int], None]] = None, *,
-                      overwrite: bool = True) -> None:
-        """Store the local file ``filename`` as the object ``name``.
+    def upload_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'],
+                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True) -> None:
+        """Store the local file ``filename`` as the object ``object_name``.
 
         The object appears whole or not at all (no reader ever sees a torn object).
 
         Args:
-            name: the object name, relative to the store's root/prefix, ``/``-separated.
+            object_name: the object name, relative to the store's root/prefix, ``/``-separated.
             filename: the local file to read.
-            callback: called with the number of bytes sent since the last call.
+            callback: called as ``callback(bytes_transferred_so_far, total_bytes)`` as the upload
+                progresses (Composer's contract), the last call with both equal.
             overwrite: when False, refuse to replace an existing object, atomically
                 where the backend allows it.
 
         Raises:
             FileExistsError: ``overwrite=False`` and the object exists.
             ValueError: a name that escapes the store's root.
-            Exception: backend errors (transient ones are retried by the uploader).
+            ObjectStoreTransientError: a failure worth retrying (the uploader retries it).
+            Exception: other backend errors (the uploader also retries those it recognizes as
+                transient: connection resets, timeouts, HTTP 5xx, throttling).
         """
-        raise NotImplementedError
+        raise NotImplementedError(f'{type(self).__name__}.upload_object is not implemented')
 
-    def download_object(self, name: str, filename: str, overwrite: bool = False,
-                        callback: Optional[Callable[[int], None]] = None) -> None:
-        """Fetch the object ``name`` into the local path ``filename``.
+    def download_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'], overwrite: bool = False,
+                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+        """Fetch the object ``object_name`` into the local path ``filename``.
 
         Args:
-            name: the object name.
+            object_name: the object name.
             filename: the local destination.
             overwrite: whether an existing local file may be replaced.
-            callback: called with the number of bytes received since the last call.
+            callback: called as ``callback(bytes_transferred_so_far, total_bytes)``.
 
         Raises:
             FileNotFoundError: no such object.
             FileExistsError: ``filename`` exists and ``overwrite`` is False.
+            ObjectStoreTransientError: a failure worth retrying.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f'{type(self).__name__}.download_object is not implemented')
 
-    def get_object_size(self, name: str) -> int:
-        """The size of the object ``name`` in bytes.
+    def get_object_size(self, object_name: str) -> int:
+        """The size of the object ``object_name`` in bytes.
 
         Raises:
             FileNotFoundError: no such object.
+            ObjectStoreTransientError: a failure worth retrying.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f'{type(self).__name__}.get_object_size is not implemented')
 
-    def get_uri(self, name: str) -> str:
+    def get_uri(self, object_name: str) -> str:
         """A URI that names the object (for messages and links), e.g. ``s3://bucket/prefix/name``."""
-        raise NotImplementedError
+        raise NotImplementedError(f'{type(self).__name__}.get_uri is not implemented')
 
     def close(self) -> None:
         """Release clients and connections. The default does nothing."""
+
+    def __enter__(self) -> 'ObjectStore':
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        self.close()
 
     def is_transient_error(self, exc: BaseException) -> Optional[bool]:
         """Classify a backend error for retries: True (retry), False (fail at once), None (use the default rules)."""
@@ -189,9 +227,12 @@ def split_bucket_uri(bucket_uri: str) -> tuple[str, str]:
         return 'file', os.path.abspath(os.path.expanduser(uri))
     scheme, rest = match.group(1).lower(), match.group(2)
     if scheme not in _REGISTRY:
-        raise ValueError(f'bucket_uri {uri!r}: unsupported scheme {scheme!r}; supported: '
-                         f'{", ".join(s + "://" for s in SCHEMES)} or a local path '
-                         '(or pass a custom object_store=)')
+        if not _fsspec_knows(scheme):
+            raise ValueError(f'bucket_uri {uri!r}: unsupported scheme {scheme!r}; supported: {_NATIVE_SCHEME_HINT} '
+                             '(or pass a custom object_store=)')
+        if not rest.strip('/') and scheme != 'memory':
+            raise ValueError(f'bucket_uri {uri!r}: missing a location after {scheme}://')
+        return scheme, rest
     if scheme == 'file':
         if rest.startswith('localhost/'):
             rest = rest[len('localhost'):]
@@ -203,27 +244,72 @@ def split_bucket_uri(bucket_uri: str) -> tuple[str, str]:
     return scheme, rest
 
 
+def _fsspec_knows(scheme: str) -> bool:
+    """Whether fsspec implements ``scheme`` (or, without fsspec installed, whether it is a well-known one)."""
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return scheme in _FSSPEC_COMMON
+    return scheme in known_implementations or scheme in registry
+
+
+def supports_overwrite(store: Any) -> bool:
+    """Whether ``store.upload_object`` takes an ``overwrite`` keyword (every dist_logging store does).
+
+    A store written for Composer (``upload_object(object_name, filename, callback=None, **kwargs)``)
+    does not: for it the uploader enforces ``overwrite=False`` itself, by asking
+    ``get_object_size`` first and uploading only on ``FileNotFoundError`` (check-then-put, so two
+    writers racing for one name may both write; the last one wins). A ``**kwargs`` catch-all
+    does not count: Composer's stores pass those to the backend call.
+    """
+    cls = type(store)
+    known = _OVERWRITE_SUPPORT.get(cls)
+    if known is None:
+        import inspect
+
+        try:
+            parameter = inspect.signature(store.upload_object).parameters.get('overwrite')
+            known = parameter is not None and parameter.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                                 inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        except (TypeError, ValueError):  # a builtin or C-implemented callable: assume our protocol
+            known = True
+        _OVERWRITE_SUPPORT[cls] = known
+    return known
+
+
+_OVERWRITE_SUPPORT: dict[type, bool] = {}
+
+
 def get_store_class(scheme: str) -> type:
-    """The :class:`ObjectStore` class registered for ``scheme``, imported on first use.
+    """The :class:`ObjectStore` class for ``scheme``, imported on first use.
+
+    ``file`` and ``s3`` have native stores; any other scheme fsspec implements gets
+    :class:`FsspecObjectStore`.
 
     Raises:
         ValueError: an unknown scheme.
         ImportError: the backend's optional dependency is missing (says what to install).
     """
+    if scheme not in _REGISTRY and _fsspec_knows(scheme):
+        scheme = 'fsspec'
     try:
-        module_name, class_name, extra = _REGISTRY[scheme]
+        module_name, class_name, extra = _REGISTRY.get(scheme) or _LAZY_EXTRA[scheme]
     except KeyError:
-        raise ValueError(f'unsupported object store scheme {scheme!r}; supported: {list(SCHEMES)}') from None
+        raise ValueError(f'unsupported object store scheme {scheme!r}; supported: {_NATIVE_SCHEME_HINT}') from None
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         hint = f'pip install "dist-logging[{extra}]"' if extra else 'reinstall dist-logging'
-        raise ImportError(f'the {scheme}:// object store needs {exc.name or "a missing package"}: {hint}') from exc
+        what = 'FsspecObjectStore' if scheme == 'fsspec' else f'the {scheme}:// object store'
+        raise ImportError(f'{what} needs {exc.name or "a missing package"}: {hint}', name=exc.name) from exc
     return getattr(module, class_name)
 
 
 def store_from_uri(bucket_uri: str, backend_kwargs: Optional[Mapping[str, Any]] = None) -> ObjectStore:
-    """Build the store for ``bucket_uri`` (``file://``, a local path, ``s3://``) with ``backend_kwargs``.
+    """Build the store for ``bucket_uri`` (``file://``, a local path, ``s3://``, or any scheme fsspec implements).
+
+    ``backend_kwargs`` go to the store's constructor (for fsspec schemes: the filesystem's
+    storage options).
 
     Raises:
         ValueError: a bad URI or scheme.
@@ -232,6 +318,8 @@ def store_from_uri(bucket_uri: str, backend_kwargs: Optional[Mapping[str, Any]] 
     """
     scheme, location = split_bucket_uri(bucket_uri)
     cls = get_store_class(scheme)
+    if scheme not in _REGISTRY:
+        return cls(f'{scheme}://{location}', **dict(backend_kwargs or {}))
     return cls.from_location(location, **dict(backend_kwargs or {}))
 
 
@@ -256,4 +344,6 @@ def __getattr__(name: str) -> Any:
         return get_store_class('file')
     if name == 'S3ObjectStore':
         return get_store_class('s3')
+    if name == 'FsspecObjectStore':
+        return get_store_class('fsspec')
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

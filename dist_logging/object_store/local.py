@@ -6,7 +6,7 @@ import hashlib
 import os
 import tempfile
 import uuid
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from dist_logging.object_store import ObjectStore, check_object_name, download_target
 from dist_logging.upload.snapshot import copy_file
@@ -57,8 +57,10 @@ class LocalObjectStore(ObjectStore):
                              f'{self.root!r} (through a symbolic link)')
         return path
 
-    def upload_object(self, name: str, filename: str, callback: Optional[Callable[[int], None]] = None, *,
-                      overwrite: bool = True) -> None:
+    def upload_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'],
+                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True) -> None:
+        name = object_name
+        filename = os.fspath(filename)
         path = self._path(name, write=True)
         if not overwrite and os.path.lexists(path):
             raise FileExistsError(f'{self.get_uri(name)} already exists')
@@ -75,7 +77,7 @@ class LocalObjectStore(ObjectStore):
             if os.path.lexists(tmp):
                 os.unlink(tmp)
         if callback is not None:
-            callback(size)
+            callback(size, size)
 
     def _publish_exclusive(self, tmp: str, path: str, name: str) -> None:
         try:
@@ -95,8 +97,10 @@ class LocalObjectStore(ObjectStore):
                 raise FileExistsError(f'{self.get_uri(name)} already exists')
             os.replace(tmp, path)
 
-    def download_object(self, name: str, filename: str, overwrite: bool = False,
-                        callback: Optional[Callable[[int], None]] = None) -> None:
+    def download_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'], overwrite: bool = False,
+                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+        name = object_name
+        filename = os.fspath(filename)
         path = self._path(name)
         if not os.path.isfile(path):
             raise FileNotFoundError(f'{self.get_uri(name)} does not exist')
@@ -105,17 +109,18 @@ class LocalObjectStore(ObjectStore):
         with download_target(filename, overwrite) as tmp:
             size, _ = copy_file(path, tmp, mode=0o666)  # the user's umask decides, like `cp`
         if callback is not None:
-            callback(size)
+            callback(size, size)
 
-    def get_object_size(self, name: str) -> int:
+    def get_object_size(self, object_name: str) -> int:
+        name = object_name
         path = self._path(name)
         try:
             return os.stat(path).st_size
         except (FileNotFoundError, NotADirectoryError):
             raise FileNotFoundError(f'{self.get_uri(name)} does not exist') from None
 
-    def get_uri(self, name: str) -> str:
-        return 'file://' + os.path.join(self.root, name)
+    def get_uri(self, object_name: str) -> str:
+        return 'file://' + os.path.join(self.root, object_name)
 
     def __reduce__(self):
         return (type(self), (self.root,))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 try:
     import boto3
-    from boto3.s3.transfer import TransferConfig
+    from boto3.s3.transfer import S3Transfer, TransferConfig
     from botocore.config import Config
     from botocore.exceptions import ClientError
 except ImportError as _exc:  # the registry turns this into an install hint
@@ -28,6 +28,42 @@ def _error_code(exc: ClientError) -> str:
     return str(exc.response.get('Error', {}).get('Code', ''))
 
 
+def _extra_args(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Composer's ``upload_object(..., ExtraArgs={...})`` plus the ``S3_CANNED_ACL`` default, validated."""
+    unknown = sorted(set(kwargs) - {'ExtraArgs'})
+    if unknown:
+        raise ValueError(f'S3ObjectStore.upload_object takes only ExtraArgs= as an extra keyword, got {unknown}')
+    extra = kwargs.get('ExtraArgs')
+    if extra is None:
+        extra = {}
+    elif not isinstance(extra, Mapping):
+        raise ValueError(f'S3ObjectStore.upload_object: ExtraArgs must be a dict, got {type(extra).__name__}')
+    extra = dict(extra)
+    bad = sorted(k for k in extra if k not in S3Transfer.ALLOWED_UPLOAD_ARGS)
+    if bad:
+        raise ValueError(f'S3ObjectStore.upload_object: {", ".join(map(repr, bad))} not allowed in ExtraArgs '
+                         f'(allowed: boto3 S3Transfer.ALLOWED_UPLOAD_ARGS)')
+    acl = os.environ.get('S3_CANNED_ACL')
+    if acl and 'ACL' not in extra:
+        extra['ACL'] = acl
+    return extra
+
+
+class _Progress:
+    """Turns boto3's "bytes since the last call" (from several threads) into ``callback(done, total)``."""
+
+    def __init__(self, callback: Optional[Callable[[int, int], None]], total: int):
+        self.callback, self.total, self.done = callback, total, 0
+        self._lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        if self.callback is None:
+            return
+        with self._lock:
+            self.done += count
+            self.callback(self.done, self.total)
+
+
 class S3ObjectStore(ObjectStore):
     """Objects in an S3 bucket under an optional prefix.
 
@@ -44,7 +80,8 @@ class S3ObjectStore(ObjectStore):
     Args:
         bucket: the bucket name.
         prefix: a key prefix (``'runs/exp1'``); object names are joined under it.
-        endpoint_url: the S3 endpoint (default: ``AWS_ENDPOINT_URL`` from the environment, else AWS).
+        endpoint_url: the S3 endpoint (default: ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL`` or Composer's
+            ``S3_ENDPOINT_URL`` from the environment, else AWS).
         region_name: the region (default: from the environment/config).
         aws_access_key_id, aws_secret_access_key, aws_session_token: explicit
             credentials (default: boto3's usual chain). Never written to staging journals.
@@ -72,7 +109,8 @@ class S3ObjectStore(ObjectStore):
         self.bucket = bucket
         self.prefix = prefix.strip('/')
         self.bucket_uri = f's3://{bucket}/{self.prefix}' if self.prefix else f's3://{bucket}'
-        self.endpoint_url = endpoint_url or os.environ.get('AWS_ENDPOINT_URL_S3') or os.environ.get('AWS_ENDPOINT_URL')
+        self.endpoint_url = (endpoint_url or os.environ.get('AWS_ENDPOINT_URL_S3') or os.environ.get('AWS_ENDPOINT_URL')
+                             or os.environ.get('S3_ENDPOINT_URL'))
         self.region_name = region_name
         self._credentials = (aws_access_key_id, aws_secret_access_key, aws_session_token)
         self.multipart_threshold = multipart_threshold
@@ -125,8 +163,8 @@ class S3ObjectStore(ObjectStore):
         check_object_name(name)
         return f'{self.prefix}/{name}' if self.prefix else name
 
-    def get_uri(self, name: str) -> str:
-        return f's3://{self.bucket}/{self._key(name)}'
+    def get_uri(self, object_name: str) -> str:
+        return f's3://{self.bucket}/{self._key(object_name)}'
 
     def _exists(self, key: str) -> bool:
         try:
@@ -138,36 +176,54 @@ class S3ObjectStore(ObjectStore):
             raise
 
     # ------------------------------------------------------------------ primitives
-    def upload_object(self, name: str, filename: str, callback: Optional[Callable[[int], None]] = None, *,
-                      overwrite: bool = True) -> None:
+    def upload_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'],
+                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True,
+                      **kwargs: Any) -> None:
+        """Upload ``filename`` as ``object_name`` (see :meth:`ObjectStore.upload_object`).
+
+        Like Composer's: one more keyword, ``ExtraArgs``, a dict of S3 upload arguments (``ACL``,
+        ``Metadata``, ``ContentType``, ... any of boto3's ``S3Transfer.ALLOWED_UPLOAD_ARGS``); the
+        environment variable ``S3_CANNED_ACL`` supplies the ``ACL`` when ``ExtraArgs`` has none.
+
+        Raises:
+            ValueError: another keyword, or an ``ExtraArgs`` key boto3 does not allow.
+        """
+        name = object_name
+        filename = os.fspath(filename)
+        extra = _extra_args(kwargs)
         key = self._key(name)
+        size = os.path.getsize(filename)
+        progress = _Progress(callback, size)
         if overwrite:
-            self.client.upload_file(filename, self.bucket, key, Callback=callback, Config=self._transfer_config())
+            extra_kw = {'ExtraArgs': extra} if extra else {}
+            self.client.upload_file(Bucket=self.bucket, Key=key, Filename=filename,
+                                    Callback=progress.add if callback else None, Config=self._transfer_config(),
+                                    **extra_kw)
+            if size == 0:
+                progress.add(0)
             return
         if self._exists(key):
             raise FileExistsError(f'{self.get_uri(name)} already exists')
         try:
-            size = os.path.getsize(filename)
             if size <= self.multipart_threshold:
                 with open(filename, 'rb') as body:
-                    self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch='*')
-                if callback is not None:
-                    callback(size)
+                    self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch='*', **extra)
+                progress.add(size)
             else:
-                self._multipart_if_absent(key, filename, size, callback)
+                self._multipart_if_absent(key, filename, size, progress.add, extra)
         except ClientError as exc:
             status = exc.response.get('ResponseMetadata', {}).get('HTTPStatusCode')
             if _error_code(exc) in _EXISTS_CODES or status == 412:
                 raise FileExistsError(f'{self.get_uri(name)} already exists') from exc
             raise
 
-    def _multipart_if_absent(self, key: str, filename: str, size: int,
-                             callback: Optional[Callable[[int], None]]) -> None:
+    def _multipart_if_absent(self, key: str, filename: str, size: int, callback: Optional[Callable[[int], None]],
+                             extra: dict[str, Any]) -> None:
         # boto3's managed transfer cannot send If-None-Match on CompleteMultipartUpload, so this
         # is a small multipart loop of its own: each part is read from disk only when its thread
         # sends it, bounding memory by max_concurrency * multipart_chunksize.
         client = self.client
-        upload_id = client.create_multipart_upload(Bucket=self.bucket, Key=key)['UploadId']
+        upload_id = client.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)['UploadId']
         chunk = self.multipart_chunksize
 
         def send(number: int) -> dict[str, Any]:
@@ -193,21 +249,28 @@ class S3ObjectStore(ObjectStore):
                 pass
             raise
 
-    def download_object(self, name: str, filename: str, overwrite: bool = False,
-                        callback: Optional[Callable[[int], None]] = None) -> None:
+    def download_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'], overwrite: bool = False,
+                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+        name = object_name
+        filename = os.fspath(filename)
         key = self._key(name)
         if not overwrite and os.path.lexists(filename):
             raise FileExistsError(f'{filename} exists; pass overwrite=True to replace it')
-        self.get_object_size(name)  # FileNotFoundError before any local file is created
+        size = self.get_object_size(name)  # FileNotFoundError before any local file is created
+        progress = _Progress(callback, size)
         try:
             with download_target(filename, overwrite) as tmp:
-                self.client.download_file(self.bucket, key, tmp, Callback=callback, Config=self._transfer_config())
+                self.client.download_file(self.bucket, key, tmp, Callback=progress.add if callback else None,
+                                          Config=self._transfer_config())
+                if size == 0:
+                    progress.add(0)
         except ClientError as exc:
             if _error_code(exc) in _MISSING_CODES:
                 raise FileNotFoundError(f'{self.get_uri(name)} does not exist') from exc
             raise
 
-    def get_object_size(self, name: str) -> int:
+    def get_object_size(self, object_name: str) -> int:
+        name = object_name
         try:
             return int(self.client.head_object(Bucket=self.bucket, Key=self._key(name))['ContentLength'])
         except ClientError as exc:

@@ -83,6 +83,8 @@ class RetryPolicy:
 
 def _classify_one(exc: BaseException) -> Optional[bool]:
     name = type(exc).__name__
+    if name == 'ObjectStoreTransientError':  # ours or Composer's: the store says "retry me"
+        return True
     # botocore raises subclasses of ClientError named after the error code (NoSuchBucket, ...).
     if hasattr(exc, 'response') and any(cls.__name__ == 'ClientError' for cls in type(exc).__mro__):
         response: Any = getattr(exc, 'response', {}) or {}
@@ -107,7 +109,8 @@ def _classify_one(exc: BaseException) -> Optional[bool]:
 def is_transient(exc: BaseException, store: Any = None) -> bool:
     """Whether retrying the operation that raised ``exc`` may succeed.
 
-    Transient: connection refused/reset/aborted, timeouts, HTTP 5xx, throttling
+    Transient: :class:`~dist_logging.object_store.ObjectStoreTransientError` (ours or
+    Composer's), connection refused/reset/aborted, timeouts, HTTP 5xx, throttling
     (429, ``SlowDown``, ``Throttling``...). Permanent: access denied, no such bucket,
     other HTTP 4xx, missing credentials, ``FileExistsError``/``FileNotFoundError``/
     ``PermissionError``/``ValueError``. Wrapped errors (``__cause__``/``__context__``,
@@ -115,8 +118,9 @@ def is_transient(exc: BaseException, store: Any = None) -> bool:
     :meth:`~dist_logging.object_store.ObjectStore.is_transient_error` has the first say;
     anything unrecognized is treated as transient (retried up to ``num_attempts``).
     """
-    if store is not None:
-        verdict = store.is_transient_error(exc)
+    classify = getattr(store, 'is_transient_error', None)  # a Composer-written store has none
+    if classify is not None:
+        verdict = classify(exc)
         if verdict is not None:
             return bool(verdict)
     seen: set[int] = set()

@@ -9,7 +9,7 @@ Layout::
 Opening a :class:`RankStaging` takes the lock (failing at once if another live
 process holds it), reads the journal, deletes snapshots no pending record refers
 to (left by a process killed between snapshot and record, or after an upload
-finished), and compacts the journal.
+finished), and compacts the journal. Closing it with nothing pending deletes the rank's folder.
 """
 
 from __future__ import annotations
@@ -43,6 +43,19 @@ def rank_dirs(staging_folder: str) -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
+def _holds_current_lock(lock: object, path: str) -> bool:
+    """Whether the locked file descriptor is still the file at ``path`` (not a deleted one)."""
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fd = getattr(getattr(lock, '_context', None), 'lock_file_fd', None)
+    if fd is None:  # another filelock layout: the path exists, which is the best we can check
+        return True
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
+
+
 class RankStaging:
     """Owns ``<root>/rank{rank}`` while open.
 
@@ -65,14 +78,28 @@ class RankStaging:
         self.dir = os.path.join(self.root, f'rank{rank}')
         self.files_dir = os.path.join(self.dir, 'files')
         self.journal_path = os.path.join(self.dir, JOURNAL_NAME)
-        os.makedirs(self.files_dir, mode=0o700, exist_ok=True)
+        self._lock_path = os.path.join(self.dir, '.lock')
+        # A closing owner with nothing pending deletes the folder, lock file included (see close):
+        # a lock taken on a lock file that was deleted meanwhile, or a folder that vanished under
+        # makedirs, means "start again".
+        for _ in range(10):
+            try:
+                os.makedirs(self.files_dir, mode=0o700, exist_ok=True)
+            except FileNotFoundError:
+                continue
+            self._lock = filelock.FileLock(self._lock_path, thread_local=False)
+            try:
+                self._lock.acquire(timeout=lock_timeout)
+            except filelock.Timeout:
+                raise StagingBusyError(f'staging folder {self.dir} is in use by another live process (an uploader '
+                                       'or a drain); use a different upload_staging_folder or wait for it to '
+                                       'finish') from None
+            if _holds_current_lock(self._lock, self._lock_path) and os.path.isdir(self.files_dir):
+                break
+            self._lock.release()
+        else:
+            raise StagingBusyError(f'staging folder {self.dir} keeps being removed while it is opened')
         self.dev = os.stat(self.files_dir).st_dev
-        self._lock = filelock.FileLock(os.path.join(self.dir, '.lock'), thread_local=False)
-        try:
-            self._lock.acquire(timeout=lock_timeout)
-        except filelock.Timeout:
-            raise StagingBusyError(f'staging folder {self.dir} is in use by another live process (an uploader or '
-                                   'a drain); use a different upload_staging_folder or wait for it to finish') from None
         try:
             state = read_journal(self.journal_path)
             if state.torn_lines:
@@ -87,6 +114,7 @@ class RankStaging:
             raise
         self._ids = itertools.count(state.max_id + 1)
         self._closed = False
+        self.removed = False
 
     def _remove_orphans(self, state: JournalState) -> None:
         wanted = {str(record.id) for record in state.pending.values() if record.src is None}
@@ -127,7 +155,11 @@ class RankStaging:
         return read_journal(self.journal_path)
 
     def close(self) -> JournalState:
-        """Close the journal, compact it to what is still pending, release the lock; returns what is pending."""
+        """Close the journal, compact it to what is still pending, release the lock; returns what is pending.
+
+        With nothing pending the rank's folder is deleted (:attr:`removed` tells), so a run
+        whose uploads all landed leaves no staging behind. A file in it that is not ours keeps it.
+        """
         if self._closed:
             return read_journal(self.journal_path)
         self._closed = True
@@ -136,9 +168,23 @@ class RankStaging:
             state = read_journal(self.journal_path)
             self._remove_orphans(state)
             compact(self.journal_path, state, fsync=self.fsync)
+            if not state.pending:
+                self.removed = self._remove_folder()
             return state
         finally:
             self._lock.release()
+
+    def _remove_folder(self) -> bool:
+        # Under the lock, lock file last but one: whoever opened the old lock file and gets it after
+        # us sees it is gone (_holds_current_lock) and starts again. rmdir removes only empty folders.
+        try:
+            os.rmdir(self.files_dir)
+            os.unlink(self._lock_path)
+            os.rmdir(self.dir)
+        except OSError as exc:
+            log.debug('%s stays: %s', self.dir, exc)
+            return False
+        return True
 
     def __repr__(self) -> str:
         return f'RankStaging({self.dir!r})'

@@ -31,6 +31,7 @@ import threading
 from multiprocessing.connection import Connection, wait as wait_connections
 from typing import Any, Callable, NamedTuple, Optional
 
+from dist_logging.object_store import supports_overwrite
 from dist_logging.upload.node_slots import node_slots_from_env
 from dist_logging.upload.retry import Interrupted, RetryPolicy, call_with_retries
 
@@ -75,21 +76,51 @@ def _already_landed(store: Any, task: UploadTask) -> bool:
         return False
 
 
+def _check_then_put(store: Any, task: UploadTask, put_started: list[bool]) -> None:
+    """One attempt through a store whose ``upload_object`` has no ``overwrite`` keyword (Composer's protocol).
+
+    ``overwrite=False`` is enforced here: the object must be missing (``get_object_size`` raises
+    ``FileNotFoundError``) before the first put. Once a put was started, later attempts skip the
+    check: what is there may be that attempt's partial object, which the retry replaces.
+    """
+    if not task.overwrite and not put_started:
+        try:
+            store.get_object_size(task.name)
+        except FileNotFoundError:
+            pass
+        else:
+            raise FileExistsError(f'{store.get_uri(task.name)} already exists and overwrite=False (checked before '
+                                  'the upload: this store has no atomic overwrite=False)')
+    put_started.append(True)
+    store.upload_object(task.name, task.path)
+
+
 def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional[threading.Event] = None) -> None:
     """Upload ``task`` to ``store`` with retries. Runs on a worker.
 
     With ``overwrite=False``, a ``FileExistsError`` on a retry or on a resumed task
     whose object already has the snapshot's size is taken as "an earlier attempt
-    landed before its confirmation was lost", not as a collision.
+    landed before its confirmation was lost", not as a collision. A store without an
+    ``overwrite`` keyword (written for Composer) gets check-then-put (:func:`_check_then_put`).
 
     Raises:
         The upload's last error, or :class:`~dist_logging.upload.retry.Interrupted`.
     """
 
     slots = node_slots_from_env()
+    native = supports_overwrite(store)
+    put_started: list[bool] = []
 
     def attempt(number: int) -> None:
         with slots.hold(stop) if slots is not None else contextlib.nullcontext():
+            if not native:
+                try:
+                    _check_then_put(store, task, put_started)
+                except FileExistsError:
+                    if task.resumed and _already_landed(store, task):
+                        return
+                    raise
+                return
             try:
                 store.upload_object(task.name, task.path, overwrite=task.overwrite)
             except FileExistsError:
@@ -389,20 +420,37 @@ class UploadScheduler:
         self.policy = policy
         self._on_done, self._on_failed, self._on_superseded = on_done, on_failed, on_superseded
         self._cond = threading.Condition(threading.Lock())
-        self._inflight: dict[str, int] = {}
+        self._inflight: dict[str, UploadTask] = {}
         self._waiting: dict[str, UploadTask] = {}
+        # Leftovers of an earlier process that a newer upload of their name superseded while they ran
+        # (ids), and names whose leftover landed in this process: see `submit`.
+        self._stale: set[int] = set()
+        self._landed_leftovers: set[str] = set()
         self.outstanding = 0
         executor_cls = ProcessExecutor if use_procs else ThreadExecutor
         self.executor = executor_cls(store, policy, num_workers, self._result, name)
 
     def submit(self, task: UploadTask) -> None:
-        """Queue ``task``; returns at once."""
+        """Queue ``task``; returns at once.
+
+        A new (not ``resumed``) task supersedes its name's upload queued by an earlier process
+        (a restarted job's own leftover): if that one is waiting it is dropped; if it is running
+        and fails, its failure is dropped (warned); if it landed, in this process, before or after
+        this call, the new task replaces it even with ``overwrite=False``: last wins.
+        """
         superseded = None
         with self._cond:
             self.outstanding += 1
-            start = task.name not in self._inflight
+            current = self._inflight.get(task.name)
+            if not task.resumed:
+                if current is not None and current.resumed:
+                    self._stale.add(current.id)
+                if task.name in self._landed_leftovers:
+                    self._landed_leftovers.discard(task.name)
+                    task = task._replace(overwrite=True)
+            start = current is None
             if start:
-                self._inflight[task.name] = task.id
+                self._inflight[task.name] = task
             else:
                 superseded = self._waiting.get(task.name)
                 self._waiting[task.name] = task
@@ -419,16 +467,28 @@ class UploadScheduler:
             log.warning('upload of %r: %s; retrying it on another worker', task.name, error)
             self.executor.dispatch(task._replace(deaths=task.deaths + 1))
             return
+        with self._cond:
+            stale = task.id in self._stale
+            self._stale.discard(task.id)
         if error is None:
             self._safe(self._on_done, task)
+        elif stale:
+            log.warning('upload of %r left by an earlier process failed (%s: %s); a newer upload of that name '
+                        'replaces it', task.name, type(error).__name__, error)
+            self._safe(self._on_superseded, task)
         else:
             self._safe(self._on_failed, task, error)
         with self._cond:
             following = self._waiting.pop(task.name, None)
+            if error is None and task.resumed:
+                if following is not None and not following.resumed:
+                    following = following._replace(overwrite=True)  # it replaces its own leftover's bytes
+                elif following is None:
+                    self._landed_leftovers.add(task.name)
             if following is None:
                 self._inflight.pop(task.name, None)
             else:
-                self._inflight[task.name] = following.id
+                self._inflight[task.name] = following
             self.outstanding -= 1
             self._cond.notify_all()
         if following is not None:

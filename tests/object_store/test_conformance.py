@@ -1,4 +1,8 @@
-"""The ObjectStore conformance suite: every backend opts in through the ``store`` fixture below."""
+"""The ObjectStore conformance suite: every backend opts in through the ``store`` fixture below.
+
+Backends: LocalObjectStore, S3ObjectStore (moto server), and FsspecObjectStore over ``memory://``
+and over s3fs (the same moto server).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import threading
 
 import pytest
 
-from dist_logging.object_store import LocalObjectStore, ObjectStore, S3ObjectStore
+from dist_logging.object_store import FsspecObjectStore, LocalObjectStore, ObjectStore, S3ObjectStore
 from s3_server import aws_credentials, s3_bucket, _moto_session  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(60)
@@ -16,16 +20,39 @@ pytestmark = pytest.mark.timeout(60)
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=['local', 's3'])
+@pytest.fixture(params=['local', 's3', 'fsspec-memory', 'fsspec-s3fs'])
 def store(request, tmp_path) -> ObjectStore:
     if request.param == 'local':
         backend = LocalObjectStore(str(tmp_path / 'bucket'))
+    elif request.param == 'fsspec-memory':
+        backend = FsspecObjectStore(f'memory://conformance/{tmp_path.name}')
     else:
         endpoint, bucket = request.getfixturevalue('s3_bucket')
-        backend = S3ObjectStore(bucket, 'some/prefix', endpoint_url=endpoint, multipart_threshold=5 * MiB,
-                                multipart_chunksize=5 * MiB, client_config={'retries': {'total_max_attempts': 1}})
-    yield backend
-    backend.close()
+        if request.param == 's3':
+            backend = S3ObjectStore(bucket, 'some/prefix', endpoint_url=endpoint, multipart_threshold=5 * MiB,
+                                    multipart_chunksize=5 * MiB, client_config={'retries': {'total_max_attempts': 1}})
+        else:
+            backend = FsspecObjectStore(f's3://{bucket}/some/prefix', endpoint_url=endpoint,
+                                        skip_instance_cache=True)
+    with backend:  # a store is a context manager that closes it
+        yield backend
+
+
+class Progress:
+    """A ``callback(transferred_so_far, total)`` that checks Composer's contract as it is called."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.calls = total, 0, 0
+        self.lock = threading.Lock()
+
+    def __call__(self, transferred: int, total: int) -> None:
+        with self.lock:
+            assert total == self.total
+            assert transferred >= self.done, 'progress must not go backwards'
+            self.done, self.calls = transferred, self.calls + 1
+
+    def finished(self) -> bool:
+        return self.calls >= 1 and self.done == self.total
 
 
 def _file(tmp_path, name: str, data: bytes) -> str:
@@ -36,21 +63,33 @@ def _file(tmp_path, name: str, data: bytes) -> str:
 
 def test_roundtrip_size_uri(store, tmp_path):
     src = _file(tmp_path, 'a.bin', b'hello world')
-    seen = []
-    store.upload_object('dir/sub/a.bin', src, callback=seen.append)
-    assert sum(seen) == 11
+    seen = Progress(11)
+    store.upload_object('dir/sub/a.bin', src, callback=seen)
+    assert seen.finished()
     assert store.get_object_size('dir/sub/a.bin') == 11
     assert 'dir/sub/a.bin' in store.get_uri('dir/sub/a.bin')
     out = tmp_path / 'out' / 'a.bin'
-    got = []
-    store.download_object('dir/sub/a.bin', str(out), callback=got.append)
+    got = Progress(11)
+    store.download_object('dir/sub/a.bin', out, callback=got)  # a pathlib.Path is fine
     assert out.read_bytes() == b'hello world'
-    assert sum(got) == 11
+    assert got.finished()
+
+
+def test_composer_keyword_names(store, tmp_path):
+    # Composer calls these with keywords: object_name=, filename=.
+    src = tmp_path / 'kw.bin'
+    src.write_bytes(b'kw')
+    store.upload_object(object_name='kw', filename=src)
+    assert store.get_object_size(object_name='kw') == 2
+    store.download_object(object_name='kw', filename=tmp_path / 'kw.out')
+    assert (tmp_path / 'kw.out').read_bytes() == b'kw'
 
 
 def test_empty_file(store, tmp_path):
-    store.upload_object('empty', _file(tmp_path, 'e', b''))
+    seen = Progress(0)
+    store.upload_object('empty', _file(tmp_path, 'e', b''), callback=seen)
     assert store.get_object_size('empty') == 0
+    assert seen.finished()
 
 
 def test_overwrite_semantics(store, tmp_path):
@@ -123,9 +162,9 @@ def test_overwrite_false_race_has_one_winner(store, tmp_path):
 def test_multipart_sized_file(store, tmp_path, overwrite):
     data = os.urandom(11 * MiB + 123)
     src = _file(tmp_path, 'big', data)
-    seen = []
-    store.upload_object('big/object', src, callback=seen.append, overwrite=overwrite)
-    assert sum(seen) == len(data)
+    seen = Progress(len(data))
+    store.upload_object('big/object', src, callback=seen, overwrite=overwrite)
+    assert seen.finished()
     assert store.get_object_size('big/object') == len(data)
     out = tmp_path / 'big.out'
     store.download_object('big/object', str(out))

@@ -19,8 +19,9 @@ def test_split_bucket_uri(tmp_path):
     assert split_bucket_uri('s3://bucket/a/b') == ('s3', 'bucket/a/b')
     assert split_bucket_uri('file:///abs/dir') == ('file', '/abs/dir')
     assert split_bucket_uri('relative/dir') == ('file', os.path.abspath('relative/dir'))
-    with pytest.raises(ValueError, match="'gs'"):
-        split_bucket_uri('gs://bucket')
+    with pytest.raises(ValueError, match="'magic'"):
+        split_bucket_uri('magic://bucket')
+    assert split_bucket_uri('gs://bucket/p') == ('gs', 'bucket/p')  # FsspecObjectStore's
     with pytest.raises(ValueError, match='absolute'):
         split_bucket_uri('file://relative')
     with pytest.raises(ValueError, match='bucket'):

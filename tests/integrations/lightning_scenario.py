@@ -1,0 +1,79 @@
+"""A 2-process Lightning DDP fit (20 steps) with DistLoggingLogger and ModelCheckpoint.
+
+``python lightning_scenario.py launcher``: Lightning's own launcher starts rank 1 (no RANK variable).
+``torchrun --nproc_per_node=2 lightning_scenario.py torchrun``: torchrun starts both ranks.
+The first mode builds the Logger from a factory, the second from a config dict. Lightning's
+CSVLogger runs alongside as the reference for the metrics and steps Lightning hands to loggers.
+Each rank writes ``$OUT_DIR/rank{r}.json``.
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from lightning.pytorch import LightningModule, Trainer  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from _helpers import RecordingLocalStore  # noqa: E402
+from dist_logging import Logger, dist  # noqa: E402
+from dist_logging.destinations.file import FileLogger  # noqa: E402
+from dist_logging.destinations.remote import RemoteUploaderDownloader  # noqa: E402
+from dist_logging.integrations.lightning import DistLoggingLogger  # noqa: E402
+
+OUT = pathlib.Path(os.environ['OUT_DIR'])
+FILE_TEMPLATE = 'runs/{run_name}/rank{rank}.jsonl'
+
+
+class TinyRegression(LightningModule):
+    def __init__(self, lr: float = 0.05, hidden: int = 8):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log('train_loss', loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def build_logger():
+    return Logger([FileLogger(FILE_TEMPLATE, format='jsonl'),
+                   RemoteUploaderDownloader(object_store=RecordingLocalStore(str(OUT / 'bucket')),
+                                            upload_staging_folder=str(OUT / 'staging'))])
+
+
+def main(mode: str) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(80, 4)
+    data = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=2, num_workers=0)
+    if mode == 'launcher':
+        adapter = DistLoggingLogger(build_logger)
+    else:
+        adapter = DistLoggingLogger(config={
+            'destinations': [{'type': 'file', 'filename': FILE_TEMPLATE, 'format': 'jsonl', 'ranks': 'all'}],
+            'upload': {'bucket_uri': str(OUT / 'bucket'), 'upload_staging_folder': str(OUT / 'staging')},
+        })
+    checkpoint = ModelCheckpoint(every_n_train_steps=5, save_top_k=-1, save_last=True)
+    trainer = Trainer(strategy='ddp', accelerator='cpu', devices=2, max_steps=20, log_every_n_steps=5,
+                      logger=[adapter, CSVLogger(str(OUT / 'csv'), name='ref', version='')],
+                      callbacks=[checkpoint], default_root_dir=str(OUT), limit_val_batches=0,
+                      num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(TinyRegression(), data)
+    rank = dist.get_global_rank() if dist.is_initialized() else int(os.environ.get('LOCAL_RANK', '0'))
+    output = {'rank': rank, 'run_name': adapter.version, 'checkpoint_dir': checkpoint.dirpath,
+              'env_rank': os.environ.get('RANK'), 'mode': mode}
+    (OUT / f'rank{rank}.json').write_text(json.dumps(output))
+
+
+if __name__ == '__main__':
+    main(sys.argv[1])

@@ -1,0 +1,176 @@
+"""DistLoggingLogger: real 2-process Lightning DDP fits (Lightning's own launcher, and torchrun)."""
+
+from __future__ import annotations
+
+import csv
+import pathlib
+import sys
+
+import pytest
+
+from _helpers import read_jsonl, upload_records
+from torchrun_helper import _run, base_env, read_rank_outputs, run_torchrun
+
+HERE = pathlib.Path(__file__).resolve().parent
+SCENARIO = HERE / 'lightning_scenario.py'
+CHECKPOINTS = ['epoch=0-step=5.ckpt', 'epoch=0-step=10.ckpt', 'epoch=0-step=15.ckpt', 'epoch=0-step=20.ckpt',
+               'last.ckpt']
+QUIET = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'WANDB_DISABLED': 'true'}
+
+
+def check_fit(out: pathlib.Path, *, recorded_uploads: bool) -> None:
+    outputs = read_rank_outputs(out)
+    assert set(outputs) == {0, 1}
+    run_name = outputs[0]['run_name']
+    assert outputs[1]['run_name'] == run_name  # one run name on both ranks, agreed without RANK
+    checkpoint_dir = pathlib.Path(outputs[0]['checkpoint_dir'])
+    assert checkpoint_dir == out / 'dist_logging' / run_name / 'checkpoints'
+
+    # Hyperparameters: once, from global rank zero only.
+    logs = {rank: read_jsonl(out / 'runs' / run_name / f'rank{rank}.jsonl') for rank in (0, 1)}
+    hparams = [r['data'] for r in logs[0] if r['kind'] == 'hparams']
+    assert hparams == [{'lr': 0.05, 'hidden': 8}]
+    assert not [r for r in logs[1] if r['kind'] == 'hparams']
+
+    # Metrics with Lightning's own steps: what its CSVLogger (on rank zero) recorded.
+    with open(out / 'csv' / 'ref' / 'metrics.csv') as handle:
+        reference = [(int(row['step']), float(row['train_loss'])) for row in csv.DictReader(handle)]
+    assert [step for step, _ in reference] == [4, 9, 14, 19]
+    ours = [(r['step'], r['data']['train_loss']) for r in logs[0] if r['kind'] == 'metric']
+    assert [step for step, _ in ours] == [step for step, _ in reference]
+    assert [value for _, value in ours] == pytest.approx([value for _, value in reference])
+    # Rank 1's own values reached its own (per-rank) file, at the same steps.
+    assert [r['step'] for r in logs[1] if r['kind'] == 'metric'] == [4, 9, 14, 19]
+
+    # Every checkpoint in the bucket, byte-identical to what Lightning wrote (last.ckpt: the last one).
+    assert sorted(p.name for p in checkpoint_dir.iterdir()) == sorted(CHECKPOINTS)
+    for name in CHECKPOINTS:
+        stored = out / 'bucket' / run_name / 'checkpoints' / name
+        assert stored.read_bytes() == (checkpoint_dir / name).read_bytes(), name
+    # Each rank's log was uploaded too, byte-identical.
+    for rank in (0, 1):
+        log_name = f'runs/{run_name}/rank{rank}.jsonl'
+        assert (out / 'bucket' / log_name).read_bytes() == (out / log_name).read_bytes()
+
+    if recorded_uploads:
+        records = upload_records(out)
+        checkpoint_uploads = [r for r in records if '/checkpoints/' in r['name']]
+        assert {r['rank'] for r in checkpoint_uploads} == {0}  # after_save_checkpoint runs on rank zero
+        names = [r['name'].rsplit('/', 1)[1] for r in checkpoint_uploads]
+        for name in CHECKPOINTS[:-1]:
+            assert names.count(name) == 1, (name, names)  # each top-k file once
+        assert 1 <= names.count('last.ckpt') <= 4  # once per save, or superseded by a newer one: last wins
+
+
+@pytest.mark.serial
+def test_fit_with_lightnings_own_launcher(tmp_path):
+    """``Trainer(strategy='ddp', devices=2)`` started as one process: Lightning starts rank 1 (no RANK set)."""
+    env = base_env(tmp_path, QUIET)
+    _run([sys.executable, str(SCENARIO), 'launcher'], env, 150, True, tmp_path)
+    outputs = read_rank_outputs(tmp_path)
+    assert outputs[0]['env_rank'] is None and outputs[1]['env_rank'] is None
+    check_fit(tmp_path, recorded_uploads=True)
+
+
+@pytest.mark.serial
+def test_fit_under_torchrun_with_a_config(tmp_path):
+    run_torchrun(SCENARIO, 2, tmp_path, args=['torchrun'], env=QUIET, timeout=150)
+    check_fit(tmp_path, recorded_uploads=False)
+
+
+# ---------------------------------------------------------------------- in-process checks (fast)
+
+def test_logger_validates_its_arguments(monkeypatch):
+    from dist_logging.integrations.lightning import DistLoggingLogger
+
+    monkeypatch.delenv('DIST_LOGGING_CONFIG', raising=False)
+    config = {'destinations': [{'type': 'in_memory'}]}
+    with pytest.raises(ValueError, match="unknown reduce 'avg'"):
+        DistLoggingLogger(config=config, reduce='avg')
+    with pytest.raises(ValueError, match=r'must contain \{name\}'):
+        DistLoggingLogger(config=config, checkpoint_name='{run_name}/ckpt')
+    with pytest.raises(ValueError, match=r'unknown placeholder'):
+        DistLoggingLogger(config=config, checkpoint_name='{run_name}/{nme}')
+    with pytest.raises(TypeError, match='upload_checkpoints'):
+        DistLoggingLogger(config=config, upload_checkpoints='yes')
+    with pytest.raises(ValueError, match='DIST_LOGGING_CONFIG'):
+        DistLoggingLogger()
+
+
+def test_logger_maps_calls_in_one_process(tmp_path):
+    import argparse
+
+    from dist_logging import Logger
+    from dist_logging.destinations.in_memory import InMemoryLogger
+    from dist_logging.integrations.lightning import DistLoggingLogger
+    from recording_uploader import RecordingUploader
+
+    memory, uploads = InMemoryLogger(), RecordingUploader()
+    adapter = DistLoggingLogger(lambda: Logger([memory, uploads], run_name='unit'))
+    assert adapter.name == 'dist_logging' and adapter.version == 'unit' and adapter.save_dir is None
+    adapter.log_hyperparams(argparse.Namespace(lr=0.1, password='hunter2'))
+    adapter.log_metrics({'loss': 0.5, 'epoch': 0}, step=7)
+    assert memory.hyperparameters['lr'] == 0.1 and memory.hyperparameters['password'] != 'hunter2'
+    assert memory.data['loss'] == [(7, 0.5)]
+
+    class FakeCheckpoint:  # the attributes Lightning's ModelCheckpoint exposes
+        best_k_models: dict = {}
+        best_model_path = ''
+        last_model_path = ''
+        _last_checkpoint_saved = ''
+
+    callback = FakeCheckpoint()
+    first = tmp_path / 'epoch=0-step=5.ckpt'
+    first.write_bytes(b'one')
+    callback.best_model_path = callback._last_checkpoint_saved = str(first)
+    adapter.after_save_checkpoint(callback)
+    last = tmp_path / 'last.ckpt'
+    last.write_bytes(b'last-1')
+    callback.last_model_path = callback._last_checkpoint_saved = str(last)
+    adapter.after_save_checkpoint(callback)
+    last.write_bytes(b'last-2')  # rewritten in place, same name
+    adapter.after_save_checkpoint(callback)
+    assert uploads.uploads == [('unit/checkpoints/epoch=0-step=5.ckpt', b'one', True),
+                               ('unit/checkpoints/last.ckpt', b'last-1', True),
+                               ('unit/checkpoints/last.ckpt', b'last-2', True)]
+    built = adapter.experiment
+    adapter.finalize('success')
+    with pytest.raises(RuntimeError, match='closed'):
+        built.log_metrics({'loss': 1.0})
+
+
+def test_finalize_raises_upload_error_naming_the_checkpoint(tmp_path):
+    from dist_logging import Logger, UploadError
+    from dist_logging.destinations.remote import RemoteUploaderDownloader
+    from dist_logging.integrations.lightning import DistLoggingLogger
+    from dist_logging.object_store.local import LocalObjectStore
+
+    class RefusingStore(LocalObjectStore):
+        def upload_object(self, object_name, filename, callback=None, **kwargs):
+            raise PermissionError(f'refused {object_name}')
+
+    uploader = RemoteUploaderDownloader(object_store=RefusingStore(str(tmp_path / 'bucket')),
+                                        upload_staging_folder=str(tmp_path / 'staging'), num_attempts=1)
+    adapter = DistLoggingLogger(lambda: Logger([uploader], run_name='unit'))
+    checkpoint = tmp_path / 'epoch=0-step=5.ckpt'
+    checkpoint.write_bytes(b'weights')
+
+    class FakeCheckpoint:
+        best_k_models: dict = {}
+        best_model_path = _last_checkpoint_saved = str(checkpoint)
+        last_model_path = ''
+
+    adapter.after_save_checkpoint(FakeCheckpoint())
+    with pytest.raises(UploadError, match=r'unit/checkpoints/epoch=0-step=5\.ckpt'):
+        adapter.finalize('success')
+
+
+def test_reduce_combines_through_the_loggers_flush():
+    from dist_logging import Logger
+    from dist_logging.destinations.in_memory import InMemoryLogger
+    from dist_logging.integrations.lightning import DistLoggingLogger
+
+    memory = InMemoryLogger()
+    adapter = DistLoggingLogger(Logger([memory], run_name='unit'), reduce='mean')
+    adapter.log_metrics({'loss': 2.0}, step=3)
+    assert memory.data['loss'] == [(3, 2.0)]  # flushed at once (a world of one: no collective)
