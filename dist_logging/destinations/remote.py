@@ -21,6 +21,7 @@ from dist_logging.errors import UploadError
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_object_name, validate_template
 from dist_logging.object_store import ObjectStore, persistable_kwargs, split_bucket_uri, store_from_uri
 from dist_logging.upload.node_slots import node_slots_from_env
+from dist_logging.upload.priority import check_priority
 from dist_logging.upload.journal import StoreRecord
 from dist_logging.upload.retry import RetryPolicy, call_with_retries
 from dist_logging.upload.snapshot import copy_file, fsync_dir, link_file
@@ -117,6 +118,10 @@ class RemoteUploaderDownloader(LoggerDestination):
         ranks: rank policy (default ``'all'``: every rank uploads its own files).
         max_staged_bytes: when set, ``upload_file(copy=True)`` waits (warning once) while the
             snapshots waiting to be uploaded would exceed this many bytes. Nothing is dropped.
+        upload_priority: ``'low'`` (default): workers run at the lowest CPU priority (nice 19)
+            and the lowest best-effort I/O priority, per worker thread on Linux, so uploads yield
+            to the training step (see ``docs/uploads.md`` for other platforms). ``'normal'``:
+            workers keep the priority of the process.
 
     Attributes:
         retry_policy: the :class:`~dist_logging.upload.retry.RetryPolicy` (may be replaced before
@@ -129,7 +134,8 @@ class RemoteUploaderDownloader(LoggerDestination):
     Raises:
         ValueError: no store or two stores, an unsupported URI scheme (named), a bad template,
             ``num_concurrent_uploads``/``num_attempts``/``max_staged_bytes`` out of range, an
-            unknown ``ranks``, or a custom store that ``use_procs=True`` cannot send to a process.
+            unknown ``ranks`` or ``upload_priority``, or a custom store that ``use_procs=True``
+            cannot send to a process.
         TypeError: ``object_store`` is not an ObjectStore-like object.
         ImportError: the store's optional dependency is missing (with an install hint).
     """
@@ -140,8 +146,12 @@ class RemoteUploaderDownloader(LoggerDestination):
                  backend_kwargs: Optional[dict[str, Any]] = None,
                  file_path_format_string: str = '{remote_file_name}', num_concurrent_uploads: int = 4,
                  upload_staging_folder: Optional[str] = None, num_attempts: int = 3, use_procs: bool = False,
-                 ranks: str = 'all', max_staged_bytes: Optional[int] = None):
+                 ranks: str = 'all', max_staged_bytes: Optional[int] = None, upload_priority: str = 'low'):
         super().__init__(ranks=ranks)
+        try:
+            self.upload_priority = check_priority(upload_priority)
+        except ValueError as exc:
+            raise ValueError(f'RemoteUploaderDownloader: {exc}') from None
         if (bucket_uri is None) == (object_store is None):
             raise ValueError('RemoteUploaderDownloader: pass exactly one of bucket_uri and object_store')
         if object_store is not None:
@@ -212,6 +222,42 @@ class RemoteUploaderDownloader(LoggerDestination):
         """This rank's staging folder (``<upload_staging_folder>/rank{rank}``), once started."""
         return self._staging.dir if self._staging is not None else None
 
+    # Composer's names for the store and its URI.
+    @property
+    def remote_backend(self) -> ObjectStore:
+        """The object store uploads go to (the same object as ``object_store``)."""
+        return self.object_store
+
+    def _uri_parts(self) -> Optional[tuple[str, str]]:
+        match = re.match(r'^([A-Za-z][A-Za-z0-9+.-]*)://([^/]*)', self.bucket_uri or '')
+        return (match.group(1).lower(), match.group(2)) if match else None
+
+    @property
+    def remote_backend_name(self) -> Optional[str]:
+        """The store's URI scheme (``'s3'``, ``'file'``, ``'gs'``, ...); None for an ``object_store=``
+        that has no ``bucket_uri``."""
+        parts = self._uri_parts()
+        return parts[0] if parts else None
+
+    @property
+    def remote_bucket_name(self) -> Optional[str]:
+        """The bucket (``'my-bucket'`` for ``s3://my-bucket/runs``; ``''`` for a local folder); None for
+        an ``object_store=`` that has no ``bucket_uri``."""
+        parts = self._uri_parts()
+        return parts[1] if parts else None
+
+    def get_uri_for_file(self, remote_file_name: str) -> str:
+        """The URI of the object a file uploaded as ``remote_file_name`` is stored at.
+
+        The name goes through ``file_path_format_string`` as an upload's does (a leading ``/``
+        is dropped, as in Composer), then through the store's ``get_uri``.
+
+        Raises:
+            ValueError: a name that is no valid object name (``..``, empty, ...).
+        """
+        name = validate_object_name(remote_file_name.lstrip('/'))
+        return self.object_store.get_uri(self._object_name(name, self._run_name))
+
     def init(self, state: 'State', logger: 'Logger') -> None:
         self._start(state.run_name)
 
@@ -231,7 +277,7 @@ class RemoteUploaderDownloader(LoggerDestination):
                 scheduler = UploadScheduler(self.object_store, self.retry_policy, self.num_concurrent_uploads,
                                             use_procs=self.use_procs, on_done=self._on_done,
                                             on_failed=self._on_failed, on_superseded=self._on_superseded,
-                                            name=f'upload-rank{staging.rank}')
+                                            name=f'upload-rank{staging.rank}', priority=self.upload_priority)
             except BaseException:
                 staging.close()
                 raise
@@ -261,16 +307,17 @@ class RemoteUploaderDownloader(LoggerDestination):
             if record.sid != self._store_record.sid:
                 staging.journal.append_done(record.id)
                 staging.journal.append_queued(record.id, record.name, record.size, record.overwrite,
-                                              self._store_record.sid, record.src)
+                                              self._store_record.sid, record.src, record.owned)
             self._queued_names.add(record.name)
             self._leftover_names.add(record.name)
             self._scheduler.submit(UploadTask(record.id, record.name, staging.path_of(record), record.size,  # type: ignore[union-attr]
-                                              record.overwrite, resumed=True))
+                                              record.overwrite, resumed=True,
+                                              owned=record.owned and record.src is None))
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         """Nothing: uploads are awaited in :meth:`post_close`, after every destination's close had its say."""
 
-    def post_close(self, state: 'State', logger: 'Logger') -> None:
+    def post_close(self) -> None:
         """Wait for every pending upload (a progress bar after a couple of seconds), stop the workers.
 
         Issues no collective. Raises:
@@ -438,7 +485,8 @@ class RemoteUploaderDownloader(LoggerDestination):
                 size = os.stat(src).st_size
             if self.fsync:
                 fsync_dir(staging.files_dir)  # type: ignore[union-attr]
-            staging.journal.append_queued(upload_id, name, size, overwrite, self._store_record.sid, src)  # type: ignore[union-attr]
+            staging.journal.append_queued(upload_id, name, size, overwrite, self._store_record.sid, src,  # type: ignore[union-attr]
+                                          copy)
         except OSError as exc:
             # E.g. the staging disk is full: nothing may stay half-done (no snapshot without its
             # record, no half record), and the caller learns where and what, then may go on.
@@ -457,7 +505,7 @@ class RemoteUploaderDownloader(LoggerDestination):
             with self._budget:
                 self._staged_bytes += size
                 self._counted[upload_id] = size
-        scheduler.submit(UploadTask(upload_id, name, snapshot, size, overwrite))  # type: ignore[union-attr]
+        scheduler.submit(UploadTask(upload_id, name, snapshot, size, overwrite, owned=copy))  # type: ignore[union-attr]
         if self._unraised:
             self._raise_failures()
 

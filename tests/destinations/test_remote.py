@@ -346,3 +346,37 @@ def test_s3_server_down_then_back(tmp_path, s3_server):
     report = drain(str(tmp_path / 's2'), progress_bar=False)
     assert report.uploaded == ['drained.txt']
     assert s3_server.client().get_object(Bucket=bucket, Key='drained.txt')['Body'].read() == b'drained'
+
+
+def test_composer_names_for_the_store_and_uris(tmp_path, s3_bucket):
+    local = RemoteUploaderDownloader(str(tmp_path / 'bucket'), upload_staging_folder=str(tmp_path / 'staging'),
+                                     file_path_format_string='{run_name}/rank{rank}/{remote_file_name}')
+    try:
+        assert local.remote_backend is local.object_store
+        assert (local.remote_backend_name, local.remote_bucket_name) == ('file', '')
+        with Logger(local, run_name='names'):
+            uri = local.get_uri_for_file('/ckpt/ep1.pt')  # a leading '/' is dropped, as in Composer
+            assert uri == 'file://' + os.path.join(str(tmp_path / 'bucket'), 'names/rank0/ckpt/ep1.pt')
+            with pytest.raises(ValueError, match=r'\.\.'):
+                local.get_uri_for_file('../escape')
+    finally:
+        local.shutdown()
+    endpoint, bucket = s3_bucket
+    remote = RemoteUploaderDownloader(f's3://{bucket}/runs', backend_kwargs={'endpoint_url': endpoint},
+                                      upload_staging_folder=str(tmp_path / 'staging-s3'))
+    try:
+        assert (remote.remote_backend_name, remote.remote_bucket_name) == ('s3', bucket)
+        assert remote.get_uri_for_file('a/b.txt') == f's3://{bucket}/runs/a/b.txt'
+    finally:
+        remote.shutdown()
+
+
+def test_post_close_takes_no_arguments_as_in_composer(tmp_path):
+    uploader = RemoteUploaderDownloader(str(tmp_path / 'bucket'), upload_staging_folder=str(tmp_path / 'staging'))
+    logger = Logger(uploader, run_name='pc')
+    (tmp_path / 'f.txt').write_text('1')
+    logger.upload_file('f.txt', tmp_path / 'f.txt')
+    uploader.close(logger.state, logger)
+    uploader.post_close()  # waits for the upload, as Composer's does
+    assert (tmp_path / 'bucket' / 'f.txt').read_text() == '1'
+    logger.close()
