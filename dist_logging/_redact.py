@@ -132,8 +132,6 @@ _CREDENTIAL_FORMATS = re.compile(
     # HTTP Authorization values
     r'|(?P<scheme>\b[Bb]earer\s+|\bBasic\s+)(?P<credential>[A-Za-z0-9._~+/=\-]{16,})'
 )
-# Cheap pre-check: a string with none of these cannot match _CREDENTIAL_FORMATS.
-_FORMAT_MARKERS = ('://', 'AKIA', 'ASIA', 'hf_', 'sk-', 'gh', 'github_pat_', 'xox', 'PRIVATE KEY', 'AIza', 'eyJ', 'earer', 'Basic')
 # ``sk-`` followed by lower-case words and hyphens only reads as prose (``sk-learn-compatible-...``).
 _WORDY = re.compile(r'[a-z]+(?:[-_][a-z]+)+')
 
@@ -167,12 +165,54 @@ def _quoted_or_bare(value: str) -> str:
     return REDACTED
 
 
-def _redact_string(text: str, is_secret: Callable[[str], bool]) -> str:
+def _may_hold_format(text: str) -> bool:
+    """Cheap pre-check: False means no credential format can match (plain ``in`` tests, no regex)."""
+    return ('://' in text or 'AKIA' in text or 'ASIA' in text or 'AIza' in text or 'eyJ' in text
+            or 'earer' in text or 'Basic' in text
+            or ('_' in text and ('hf_' in text or 'gh' in text or 'github_pat_' in text))
+            or ('-' in text and ('sk-' in text or 'xox' in text or 'PRIVATE KEY' in text)))
+
+
+# Every key the default rule calls a credential contains one of these (lower-cased) fragments.
+_CREDENTIAL_FRAGMENTS = ('pass', 'pwd', 'secret', 'cred', 'auth', 'cookie', 'key', 'token')
+_NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-')
+
+
+def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool) -> bool:
+    """Cheap pre-check for a ``name=value`` / ``'name': 'value'`` pair whose name is a credential.
+
+    Without a user pattern only names around a credential fragment are looked at (no regex), so a
+    line like ``loss=1.2 tokens/s=5000`` costs a few string searches.
+    """
+    if not ('=' in text or '":' in text or "':" in text):
+        return False
+    if any_name:  # a user pattern may match any name
+        return True
+    lower = text.lower()
+    size = len(text)
+    for fragment in _CREDENTIAL_FRAGMENTS:
+        index = lower.find(fragment)
+        while index != -1:
+            start, end = index, index + len(fragment)
+            while start > 0 and text[start - 1] in _NAME_CHARS:
+                start -= 1
+            while end < size and text[end] in _NAME_CHARS:
+                end += 1
+            after = end + 1 if end < size and text[end] in '"\'' else end
+            while after < size and text[after] == ' ':
+                after += 1
+            if after < size and text[after] in '=:' and is_secret(text[start:end]):
+                return True
+            index = lower.find(fragment, end)
+    return False
+
+
+def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool = False) -> str:
     """``text`` with credentials replaced; the same object when nothing is found."""
     out = text
-    if any(marker in out for marker in _FORMAT_MARKERS):
+    if _may_hold_format(out):
         out = _CREDENTIAL_FORMATS.sub(_format_replacement, out)
-    if '=' in out or '":' in out or "':" in out:
+    if _may_hold_pair(out, is_secret, any_name):
         def assignment(match: re.Match) -> str:
             if match.group('name') is not None:
                 if not is_secret(match.group('name')) or match.group('value') in (REDACTED, '', '""', "''"):
@@ -226,6 +266,7 @@ class Redactor:
     def __init__(self, extra: Optional[Pattern[str]] = None, *, enabled: bool = True):
         self.extra = extra
         self.enabled = enabled
+        self._any_name = extra is not None
         self._cache: dict[str, bool] = {}
 
     @property
@@ -253,7 +294,7 @@ class Redactor:
         """The value rule on one string (with this redactor's key rule for ``name=value`` pairs)."""
         if not self.enabled:
             return text
-        return _redact_string(text, self.is_secret_key)
+        return _redact_string(text, self.is_secret_key, self._any_name)
 
     def table(self, columns: Sequence[str], rows: list[list[Any]]) -> list[list[Any]]:
         """Table rows with credential-named columns concealed and every cell through the value rule."""
@@ -264,7 +305,7 @@ class Redactor:
                 for row in rows]
 
     def _key(self, key: Any) -> Any:
-        return _redact_string(key, self.is_secret_key) if type(key) is str else key
+        return _redact_string(key, self.is_secret_key, self._any_name) if type(key) is str else key
 
     def _mapping(self, data: Mapping[Any, Any]) -> dict[Any, Any]:
         out = {}
@@ -288,13 +329,13 @@ class Redactor:
     def _value(self, value: Any) -> Any:
         kind = type(value)
         if kind is str:
-            return _redact_string(value, self.is_secret_key)
+            return _redact_string(value, self.is_secret_key, self._any_name)
         if kind in (int, float, bool) or value is None:
             return value
         if isinstance(value, Mapping):
             return self._mapping(value)
         if isinstance(value, str):
-            return _redact_string(value, self.is_secret_key)
+            return _redact_string(value, self.is_secret_key, self._any_name)
         fields = self._fields(value)
         if fields is not None:
             return self._mapping(fields)
