@@ -73,3 +73,20 @@ def upload_records(out_dir: pathlib.Path) -> list[dict]:
     for path in sorted(out_dir.glob('uploads-rank*.jsonl')):
         records += read_jsonl(path)
     return records
+
+
+def _recording_remote_class():
+    from dist_logging.destinations.remote import RemoteUploaderDownloader
+
+    class RecordingRemote(RemoteUploaderDownloader):
+        """A RemoteUploaderDownloader onto a :class:`RecordingLocalStore`, usable from a YAML config
+        as ``type: '_helpers:RecordingRemote'``."""
+
+        def __init__(self, bucket: str, upload_staging_folder: str = None, ranks: str = 'all'):
+            super().__init__(object_store=RecordingLocalStore(bucket), upload_staging_folder=upload_staging_folder,
+                             ranks=ranks)
+
+    return RecordingRemote
+
+
+RecordingRemote = _recording_remote_class()
