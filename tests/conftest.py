@@ -1,9 +1,41 @@
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """What defaults to the system temp folder (default staging folders, download locks, torchrun's
+    files, in this process and in the processes tests launch) goes to one folder, removed at the end:
+    the suite leaves nothing behind in the system temp folder. pytest's own tmp_path folders stay where
+    pytest keeps them (fixed before the switch)."""
+    factory = getattr(config, '_tmp_path_factory', None)
+    if factory is not None:
+        factory.getbasetemp()
+    sandbox = tempfile.mkdtemp(prefix='dist_logging-tests-')
+    config.stash[_SANDBOX] = (sandbox, os.environ.get('TMPDIR'))
+    os.environ['TMPDIR'] = sandbox
+    tempfile.tempdir = None
+
+
+def pytest_unconfigure(config):
+    sandbox, previous = config.stash.get(_SANDBOX, (None, None))
+    if sandbox is None:
+        return
+    if previous is None:
+        os.environ.pop('TMPDIR', None)
+    else:
+        os.environ['TMPDIR'] = previous
+    tempfile.tempdir = None
+    shutil.rmtree(sandbox, ignore_errors=True)
+
+
+_SANDBOX = pytest.StashKey[tuple]()
 
 _RANK_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'NODE_RANK',
               'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'DIST_LOGGING_RUN_NAME')
