@@ -21,7 +21,10 @@ round; between segments the uploads are awaited (not timed) so each segment star
 
 Step time is the training step plus the ``upload_file`` call (the checkpoint write is timed
 separately: it is the same in every mode). Inflation = mean step time of a mode / mean step
-time of ``none`` - 1, both from the same run.
+time of ``none`` - 1, both from the same run. Upload CPU per GiB: CPU seconds of the rank
+process and its worker processes over a segment (its uploads awaited), minus the same for a
+``none`` segment, per GiB uploaded. With ``--store s3`` the moto server runs at the lowest CPU
+and I/O priority (it stands for a remote machine) unless ``--s3-server-priority normal``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ import torch  # noqa: E402
 
 NAME = 'training_stall'
 ALL_MODES = ('none', 'ours_nocopy', 'ours_procs_nocopy', 'ours_copy', 'ours_procs', 'sync_upload', 'composer_design')
+# Not in the default list: ours with upload_priority='normal' (workers not lowered), for comparison.
+EXTRA_MODES = ('ours_nocopy_prio_normal', 'ours_copy_prio_normal')
 
 
 def build_model(width: int, depth: int, device: torch.device) -> torch.nn.Module:
@@ -66,6 +71,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--workers', type=int, default=4, help='num_concurrent_uploads for ours')
     parser.add_argument('--composer-workers', type=int, default=1)
     parser.add_argument('--workdir', default=None)
+    parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
+                        help='CPU/I/O priority of the moto S3 server (low: it stands for a remote machine)')
     args = parser.parse_args(argv)
     if args.quick:
         args.ckpt_size, args.every, args.checkpoints, args.rounds = '1MiB', 3, 1, 1
@@ -109,7 +116,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     moto_proc = None
     endpoint = None
     if args.store == 's3':
-        endpoint, moto_proc = C.start_moto(d)
+        endpoint, moto_proc = C.start_moto(d, args.s3_server_priority)
         uri, backend_kwargs = f's3://{C.MOTO_BUCKET}', {'endpoint_url': endpoint}
         spec = {'kind': 's3', 'bucket': C.MOTO_BUCKET, 'endpoint': endpoint}
     else:
@@ -129,13 +136,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         for m in wanted:
             if m.startswith('ours'):
                 skipped[m] = f'RemoteUploaderDownloader not importable: {exc}'
-    for use_procs in (False, True):
-        names = ('ours_procs_nocopy', 'ours_procs') if use_procs else ('ours_nocopy', 'ours_copy')
+    for use_procs, priority in ((False, 'low'), (True, 'low'), (False, 'normal')):
+        names = (('ours_procs_nocopy', 'ours_procs') if use_procs else ('ours_nocopy', 'ours_copy')
+                 if priority == 'low' else EXTRA_MODES)
         if RemoteUploaderDownloader is None or not any(n in wanted for n in names):
             continue
         dest = RemoteUploaderDownloader(uri, backend_kwargs=backend_kwargs, num_concurrent_uploads=args.workers,
-                                        use_procs=use_procs,
-                                        upload_staging_folder=str(work / f'staging-{"procs" if use_procs else "threads"}'))
+                                        use_procs=use_procs, upload_priority=priority,
+                                        upload_staging_folder=str(work / f'staging-{"procs" if use_procs else "threads"}-{priority}'))
         logger = Logger([dest], run_name='bench-stall')
         closers.append(logger.close)
 
@@ -170,6 +178,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ckpt_steps: dict[str, list[int]] = {m: [] for m in modes}   # the step right after a checkpoint
     upload_block: dict[str, list[int]] = {m: [] for m in modes}
     writes: list[int] = []
+    seg_cpu: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds per segment (uploads awaited)
+    exclude = (moto_proc.pid,) if moto_proc is not None else ()
     try:
         # Warm-up: a few steps and one checkpoint through every mode, untimed.
         for r, order in C.rotations(modes, args.rounds + 1):
@@ -177,6 +187,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 d.barrier()
                 names: list[str] = []
                 local_files: list[pathlib.Path] = []
+                cpu0 = C.cpu_seconds(exclude)
                 for step in range(args.every * args.checkpoints):
                     t_write = 0
                     if step % args.every == 0:
@@ -201,6 +212,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                             ckpt_steps[mode].append(dt)
                             writes.append(t_write)
                 waits[mode](names)  # not timed: the next segment starts clean
+                if r > 0:
+                    seg_cpu[mode].append(C.cpu_seconds(exclude) - cpu0)
                 for f in local_files:
                     f.unlink()
                 _delete_objects(args.store, spec, endpoint, names)
@@ -212,7 +225,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if d.local_rank == 0 and not args.workdir:
             shutil.rmtree(base, ignore_errors=True)
 
-    every = d.all_gather_object({'steps': steps, 'ckpt_steps': ckpt_steps, 'upload': upload_block, 'writes': writes})
+    every = d.all_gather_object({'steps': steps, 'ckpt_steps': ckpt_steps, 'upload': upload_block, 'writes': writes,
+                                 'cpu': seg_cpu})
     per_mode: dict[str, Any] = {}
     for mode in modes:
         # A step is as slow as its slowest rank (DDP all-reduces gradients every step).
@@ -224,6 +238,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                      for i in range(len(ckpt_steps[mode]))], 1e-6),
             'upload_call_ms': C.summarize([v for rank in every for v in rank['upload'][mode]], 1e-6),
         }
+    def mean_cpu(mode: str) -> float:  # per segment, summed over ranks
+        values = [sum(rank['cpu'][mode][i] for rank in every) for i in range(len(seg_cpu[mode]))]
+        return sum(values) / len(values) if values else float('nan')
+
+    gib_per_segment = ckpt_size * args.checkpoints * d.world_size / (1 << 30)
+    for mode in modes:
+        if mode != 'none':
+            per_mode[mode]['upload_cpu_s_per_gib'] = (mean_cpu(mode) - mean_cpu('none')) / gib_per_segment
     ref = per_mode['none']['step_ms']['mean']
     for mode in modes:
         per_mode[mode]['inflation_mean'] = C.ratio(per_mode[mode]['step_ms']['mean'], ref) - 1.0
@@ -236,6 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'checkpoints_per_segment': args.checkpoints,
         'rounds': args.rounds,
         'store': args.store,
+        's3_server_priority': args.s3_server_priority if args.store == 's3' else None,
         'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'device': str(d.device),
                   'ddp': d.world_size > 1},
         'checkpoint_write_ms': C.summarize([v for rank in every for v in rank['writes']], 1e-6),

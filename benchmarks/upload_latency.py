@@ -12,13 +12,19 @@ then wait until their objects landed. Recorded per mode:
 * blocking time of each call on the calling thread (median, p95, p99, max; all ranks pooled,
   and the worst rank's median); also, separately, the first call of each burst (nothing of
   this mode in flight: the cost of a call itself, without contention from its own uploads);
-* end to end: from the first call of the burst to the last object landed, the slowest rank.
+* end to end: from the first call of the burst to the last object landed, the slowest rank;
+* CPU seconds per GiB uploaded: the CPU the rank process (all threads, the calls included) and
+  its worker processes spent from the first call to the last object landed, per GiB; the moto
+  server is not counted (it stands for a remote machine, and runs at the lowest CPU and I/O
+  priority unless ``--s3-server-priority normal``).
 
 Modes:
 
 * ``ours_copy``, ``ours_nocopy``: ``Logger.upload_file(copy=True/False)`` with a
   ``RemoteUploaderDownloader`` (worker threads; ``--workers`` of them);
 * ``ours_procs``: the same with ``use_procs=True`` and ``copy=True``;
+* ``ours_copy_prio_normal``, ``ours_nocopy_prio_normal`` (not in the default list): the same as
+  ``ours_copy``/``ours_nocopy`` with ``upload_priority='normal'`` (workers not lowered);
 * ``floor_cfr``, ``floor_copy2``, ``floor_link``: a bare ``os.copy_file_range`` (in-kernel
   copy), ``shutil.copy2``, ``os.link`` of the same file -- what a snapshot cannot beat;
 * ``sync_upload``: the upload done on the training thread (boto3 ``upload_file`` / copy + rename);
@@ -50,8 +56,8 @@ import _common as C  # noqa: E402
 NAME = 'upload_latency'
 ALL_MODES = ('ours_copy', 'ours_nocopy', 'ours_procs', 'floor_cfr', 'floor_copy2', 'floor_link',
              'sync_upload', 'composer_design', 'composer_real')
-UPLOAD_MODES = ('ours_copy', 'ours_nocopy', 'ours_procs', 'ours_procs_nocopy', 'sync_upload',
-                'composer_design', 'composer_real')
+UPLOAD_MODES = ('ours_copy', 'ours_nocopy', 'ours_procs', 'ours_procs_nocopy', 'ours_copy_prio_normal',
+                'ours_nocopy_prio_normal', 'sync_upload', 'composer_design', 'composer_real')
 FLOORS = ('floor_cfr', 'floor_copy2', 'floor_link')
 
 
@@ -129,7 +135,7 @@ class Modes:
         floor_dir.mkdir(parents=True, exist_ok=True)
         self.floor_dir = floor_dir
 
-        def ours(use_procs: bool) -> Optional[Any]:
+        def ours(use_procs: bool, priority: str = 'low') -> Optional[Any]:
             try:
                 from dist_logging.destinations import RemoteUploaderDownloader
             except ImportError as exc:
@@ -139,7 +145,8 @@ class Modes:
                 return None
             dest = RemoteUploaderDownloader(target.uri, backend_kwargs=target.backend_kwargs,
                                             num_concurrent_uploads=workers, use_procs=use_procs,
-                                            upload_staging_folder=str(work / f'staging-{target.kind}-{"procs" if use_procs else "threads"}'))
+                                            upload_priority=priority,
+                                            upload_staging_folder=str(work / f'staging-{target.kind}-{"procs" if use_procs else "threads"}-{priority}'))
             logger = Logger([dest], run_name='bench-upload')
             self._closers.append(logger.close)
             return logger, dest
@@ -154,6 +161,14 @@ class Modes:
                 if 'ours_nocopy' in wanted:
                     self.call['ours_nocopy'] = lambda name, path, lg=logger: lg.upload_file(name, path, copy=False)
                     self.wait['ours_nocopy'] = self._ours_wait(dest)
+        if any(m in wanted for m in ('ours_copy_prio_normal', 'ours_nocopy_prio_normal')):
+            made = ours(False, 'normal')
+            if made:
+                logger, dest = made
+                for mode, copy in (('ours_copy_prio_normal', True), ('ours_nocopy_prio_normal', False)):
+                    if mode in wanted:
+                        self.call[mode] = lambda name, path, lg=logger, c=copy: lg.upload_file(name, path, copy=c)
+                        self.wait[mode] = self._ours_wait(dest)
         if any(m in wanted for m in ('ours_procs', 'ours_procs_nocopy')):
             made = ours(True)
             if made:
@@ -249,7 +264,7 @@ def _s3_exists(target: StoreTarget, name: str) -> bool:
 
 
 def run_target(d: C.Dist, target: StoreTarget, work: pathlib.Path, sizes: list[int], wanted: list[str],
-               args: Any, sources: dict[int, str]) -> tuple[dict, dict]:
+               args: Any, sources: dict[int, str], exclude_pids: tuple[int, ...] = ()) -> tuple[dict, dict]:
     skipped: dict[str, str] = {}
     modes = Modes(target, work, wanted, args.workers, args.composer_workers, skipped)
     active = [m for m in wanted if m in modes.call]
@@ -269,6 +284,8 @@ def run_target(d: C.Dist, target: StoreTarget, work: pathlib.Path, sizes: list[i
             first_block: dict[str, list[int]] = {m: [] for m in active}  # first call of a burst: nothing in flight
             e2e: dict[str, list[int]] = {m: [] for m in active if m in UPLOAD_MODES}
             bad: dict[str, int] = {m: 0 for m in e2e}
+            cpu: dict[str, float] = {m: 0.0 for m in e2e}  # CPU seconds from the first call to landed
+            uploaded: dict[str, int] = {m: 0 for m in e2e}
             for r, order in C.rotations(active, rounds + 1):
                 warmup = r == 0  # round 0 warms caches and fresh memory; not recorded
                 for mode in order:
@@ -276,6 +293,7 @@ def run_target(d: C.Dist, target: StoreTarget, work: pathlib.Path, sizes: list[i
                     call = modes.call[mode]
                     d.barrier()
                     samples = []
+                    cpu0 = C.cpu_seconds(exclude_pids) if mode in e2e else 0.0
                     first = C.now_ns()
                     for name in names:
                         t0 = C.now_ns()
@@ -284,15 +302,19 @@ def run_target(d: C.Dist, target: StoreTarget, work: pathlib.Path, sizes: list[i
                     if mode in e2e:
                         modes.wait[mode](names)
                         landed = C.now_ns()
+                        spent = C.cpu_seconds(exclude_pids) - cpu0
                         bad[mode] += target.check_and_delete(names, size)
                         if not warmup:
                             e2e[mode].append(landed - first)
+                            cpu[mode] += spent
+                            uploaded[mode] += size * len(names)
                     else:
                         modes.clean_floor()
                     if not warmup:
                         block[mode].extend(samples)
                         first_block[mode].append(samples[0])
-            every = d.all_gather_object({'block': block, 'first': first_block, 'e2e': e2e, 'bad': bad})
+            every = d.all_gather_object({'block': block, 'first': first_block, 'e2e': e2e, 'bad': bad, 'cpu': cpu,
+                                         'uploaded': uploaded})
             entry: dict[str, Any] = {'size_bytes': size, 'rounds': rounds, 'calls_per_round': burst, 'modes': {}}
             for mode in active:
                 pooled = [v for rank in every for v in rank['block'][mode]]
@@ -305,6 +327,8 @@ def run_target(d: C.Dist, target: StoreTarget, work: pathlib.Path, sizes: list[i
                     per_round = [max(rank['e2e'][mode][i] for rank in every) for i in range(len(e2e[mode]))]
                     m['end_to_end_ms'] = C.summarize(per_round, 1e-6)
                     m['bad_objects'] = sum(rank['bad'][mode] for rank in every)
+                    gib = sum(rank['uploaded'][mode] for rank in every) / (1 << 30)
+                    m['cpu_s_per_gib'] = sum(rank['cpu'][mode] for rank in every) / gib if gib else None
                 entry['modes'][mode] = m
             results[label] = entry
     finally:
@@ -323,7 +347,9 @@ def evaluate(results: dict[str, Any], world: int) -> dict[str, Any]:
         for label, entry in by_size.items():
             med = {m: v['blocking_us']['median'] for m, v in entry['modes'].items()}
             e2e = {m: v['end_to_end_ms']['median'] for m, v in entry['modes'].items() if 'end_to_end_ms' in v}
-            row: dict[str, Any] = {'median_blocking_us': med, 'median_end_to_end_ms': e2e}
+            row: dict[str, Any] = {'median_blocking_us': med, 'median_end_to_end_ms': e2e,
+                                   'cpu_s_per_gib': {m: v.get('cpu_s_per_gib') for m, v in entry['modes'].items()
+                                                     if 'cpu_s_per_gib' in v}}
             cd = med.get('composer_design')
             if 'ours_nocopy' in med:
                 row['nocopy_le_50us'] = med['ours_nocopy'] <= 50
@@ -385,6 +411,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--rounds', type=int, default=0, help='override the rounds per size (0: by size)')
     parser.add_argument('--workdir', default=None,
                         help='scratch folder (sources, staging, local bucket); one filesystem so hard links work')
+    parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
+                        help='CPU/I/O priority of the moto S3 server (low: it stands for a remote machine)')
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes = '4KiB,1MiB' if args.sizes == parser.get_default('sizes') else args.sizes
@@ -412,13 +440,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         for store in stores:
             endpoint = None
             if store == 's3':
-                endpoint, moto_proc = C.start_moto(d)
+                endpoint, moto_proc = C.start_moto(d, args.s3_server_priority)
             target = StoreTarget(store, work, endpoint)
             store_sizes = [s for s in sizes if store != 's3' or s <= s3_max]
             if len(store_sizes) < len(sizes):
                 skipped[f'{store}:sizes'] = (f'sizes above {C.format_size(s3_max)} skipped on S3 '
                                             f'(--s3-max-size): {[C.format_size(s) for s in sizes if s > s3_max]}')
-            results[store], skipped_modes = run_target(d, target, work, store_sizes, wanted, args, sources)
+            exclude = (moto_proc.pid,) if moto_proc is not None else ()
+            results[store], skipped_modes = run_target(d, target, work, store_sizes, wanted, args, sources, exclude)
             for mode, reason in skipped_modes.items():
                 skipped[f'{store}:{mode}'] = reason
             if store == 's3':
@@ -437,6 +466,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'workers': args.workers,
         'composer_workers': args.composer_workers,
         'composer_version': C.composer_available(),
+        's3_server_priority': args.s3_server_priority,
         'skipped': skipped,
         'results': results,
         'evaluation': evaluate(results, d.world_size),
@@ -448,6 +478,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 STYLE = {
     'ours_copy': ('tab:blue', 'o', '-'), 'ours_nocopy': ('tab:green', 'o', '-'), 'ours_procs': ('tab:cyan', 'o', '-'),
     'ours_procs_nocopy': ('tab:olive', 'o', '-'),
+    'ours_copy_prio_normal': ('tab:purple', 'v', '-'), 'ours_nocopy_prio_normal': ('tab:pink', 'v', '-'),
     'floor_cfr': ('black', 'x', ':'), 'floor_copy2': ('gray', 'x', ':'), 'floor_link': ('silver', 'x', ':'),
     'sync_upload': ('tab:red', 's', '--'), 'composer_design': ('tab:orange', 's', '--'),
     'composer_real': ('tab:brown', 's', '--'),

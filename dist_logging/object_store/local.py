@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import tempfile
 import uuid
 from typing import Callable, Optional, Union
@@ -23,6 +25,14 @@ class LocalObjectStore(ObjectStore):
     existing name, so two processes racing for one name cannot both win). Where the
     filesystem has no hard links, ``overwrite=False`` falls back to
     check-then-replace under a ``filelock`` shared by the processes of the machine.
+
+    ``upload_object(..., owned=True)`` (used by the uploader for its own ``copy=True``
+    snapshots) places the file by hard link instead of copying its bytes again, when the file
+    is on the bucket's filesystem: the caller hands the file over and deletes its own name
+    afterwards, so the object ends as the inode's only name. The link gets the mode, owner
+    and group a fresh copy would get here (``0o666 & ~umask``, a setgid folder's group); where
+    that cannot be matched (a default ACL on the folder, another owner), or across
+    filesystems, the bytes are copied in the kernel as usual.
 
     Args:
         root: the directory (created if missing).
@@ -58,7 +68,16 @@ class LocalObjectStore(ObjectStore):
         return path
 
     def upload_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'],
-                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True) -> None:
+                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True,
+                      owned: bool = False) -> None:
+        """See :meth:`ObjectStore.upload_object`.
+
+        Args:
+            owned: the caller owns ``filename`` and gives it up: nobody writes to it any more and
+                the caller deletes it after this returns. The object may then share its inode
+                (a hard link, no bytes copied). Never pass it for a file someone else may still
+                modify or replace in place.
+        """
         name = object_name
         filename = os.fspath(filename)
         path = self._path(name, write=True)
@@ -67,7 +86,9 @@ class LocalObjectStore(ObjectStore):
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f'.{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp')
-        size, _ = copy_file(filename, tmp, mode=0o666)  # objects get the user's umask, like `cp`
+        size = _link_as_new_file(filename, tmp) if owned else None
+        if size is None:
+            size, _ = copy_file(filename, tmp, mode=0o666)  # objects get the user's umask, like `cp`
         try:
             if overwrite:
                 os.replace(tmp, path)
@@ -124,3 +145,53 @@ class LocalObjectStore(ObjectStore):
 
     def __reduce__(self):
         return (type(self), (self.root,))
+
+
+_LINK_FALLBACK = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP,
+                  getattr(errno, 'ENOTSUP', errno.EOPNOTSUPP)}
+
+
+def _link_as_new_file(src: str, tmp: str) -> Optional[int]:
+    """Hard-link ``src`` as ``tmp`` with the mode, owner and group a new file created at ``tmp`` gets.
+
+    A probe file is created next to ``tmp`` the way a copy would be (``0o666`` through the umask,
+    the folder's default ACL and setgid group), and the link is given the probe's attributes, so
+    an object placed by link cannot be told from a copied one. Returns the size, or None when a
+    link cannot stand for a copy here (another filesystem, links not allowed, a default ACL, a
+    different owner, a group that cannot be set): the caller copies then.
+    """
+    if not hasattr(os, 'link'):
+        return None
+    probe = tmp + '.probe'
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_CLOEXEC', 0), 0o666)
+    except OSError:
+        return None
+    try:
+        want = os.fstat(fd)
+        acl = False
+        if hasattr(os, 'listxattr'):
+            try:
+                acl = any(attr.startswith('system.posix_acl') for attr in os.listxattr(fd))
+            except OSError:
+                acl = False
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+    src_stat = os.stat(src)
+    if acl or src_stat.st_uid != want.st_uid:
+        return None
+    try:
+        os.link(src, tmp)
+    except OSError as exc:
+        if exc.errno in _LINK_FALLBACK:
+            return None
+        raise
+    try:
+        if src_stat.st_gid != want.st_gid:
+            os.chown(tmp, -1, want.st_gid)
+        os.chmod(tmp, stat.S_IMODE(want.st_mode))
+    except OSError:
+        os.unlink(tmp)
+        return None
+    return src_stat.st_size

@@ -36,10 +36,14 @@ def _portable(error: BaseException) -> BaseException:
         return RuntimeError(f'{type(error).__module__}.{type(error).__name__}: {error}')
 
 
-def serve(fd: int) -> None:
+def serve(fd: int, priority: str = 'normal') -> None:
     _die_with_parent()
     if os.getppid() == 1:  # the parent died before prctl took effect
         return
+    if priority == 'low':
+        from dist_logging.upload.priority import lower_current_thread
+
+        lower_current_thread(whole_process=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     conn = Connection(fd)
     sys.path[:] = list(dict.fromkeys(conn.recv() + sys.path))

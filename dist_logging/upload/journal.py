@@ -8,7 +8,9 @@ microseconds), not a new file per call. Lines:
   (``uri`` is null for a custom ``object_store=`` instance; ``custom`` names its class).
 * ``{"op":"q","id":7,"name":"run/ckpt.pt","size":123,"ow":0,"s":"<sid>","t":<unix time>}``:
   upload 7 is queued; its snapshot is ``files/7``, or ``"src"`` names the original
-  file when the hand-over could not hard-link it (across filesystems).
+  file when the hand-over could not hard-link it (across filesystems). ``"own":1`` marks a
+  snapshot the uploader owns (a ``copy=True`` copy, never written again), which a local store
+  may place by linking it; a hand-over's hard link (absent flag) is the caller's inode.
 * ``{"op":"d","id":7}``: upload 7 is finished (landed, or superseded by a newer upload of
   the same name); its snapshot is gone.
 
@@ -70,17 +72,19 @@ class QueuedRecord:
     sid: str
     src: Optional[str] = None  # the original file, when it is referenced in place instead of staged
     time: float = 0.0
+    owned: bool = False  # the snapshot is the uploader's own copy (copy=True), not the caller's inode
 
     def to_json(self) -> str:
-        return _queued_line(self.id, self.name, self.size, self.overwrite, self.sid, self.src, self.time)
+        return _queued_line(self.id, self.name, self.size, self.overwrite, self.sid, self.src, self.time, self.owned)
 
 
 def _queued_line(upload_id: int, name: str, size: int, overwrite: bool, sid: str, src: Optional[str],
-                 when: float) -> str:
+                 when: float, owned: bool = False) -> str:
     # Hand-built (one C-level string quote per field): json.dumps of a dict costs several microseconds.
     src_part = f',"src":{_quote(src)}' if src is not None else ''
+    own_part = ',"own":1' if owned else ''
     return (f'{{"op":"q","id":{upload_id},"name":{_quote(name)},"size":{size},"ow":{1 if overwrite else 0},'
-            f'"s":{_quote(sid)}{src_part},"t":{when:.3f}}}\n')
+            f'"s":{_quote(sid)}{src_part}{own_part},"t":{when:.3f}}}\n')
 
 
 @dataclass
@@ -146,9 +150,9 @@ class Journal:
         self._write(record.to_json())
 
     def append_queued(self, upload_id: int, name: str, size: int, overwrite: bool, sid: str,
-                      src: Optional[str] = None) -> None:
+                      src: Optional[str] = None, owned: bool = False) -> None:
         """Record that upload ``upload_id`` is queued (its snapshot is already complete)."""
-        self._write(_queued_line(upload_id, name, size, overwrite, sid, src, time.time()))
+        self._write(_queued_line(upload_id, name, size, overwrite, sid, src, time.time(), owned))
 
     def append_done(self, upload_id: int) -> None:
         """Record that upload ``upload_id`` needs nothing more."""
@@ -179,7 +183,7 @@ def read_journal(path: str) -> JournalState:
                 upload_id = int(record['id'])
                 state.pending[upload_id] = QueuedRecord(upload_id, str(record['name']), int(record['size']),
                                                         bool(record['ow']), str(record['s']), record.get('src'),
-                                                        float(record.get('t', 0.0)))
+                                                        float(record.get('t', 0.0)), bool(record.get('own', 0)))
                 state.max_id = max(state.max_id, upload_id)
             elif op == 'd':
                 state.pending.pop(int(record['id']), None)

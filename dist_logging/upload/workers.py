@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from dist_logging.object_store import supports_overwrite
 from dist_logging.upload.node_slots import node_slots_from_env
+from dist_logging.upload.priority import lower_current_thread
 from dist_logging.upload.retry import Interrupted, RetryPolicy, call_with_retries
 
 __all__ = ['UploadTask', 'WorkerDied', 'UploadScheduler', 'ThreadExecutor', 'ProcessExecutor', 'run_upload']
@@ -56,6 +57,8 @@ class UploadTask(NamedTuple):
         resumed: queued by an earlier process (it may already have landed).
         deaths: how many workers died running it so far.
         store: for thread executors only, a store overriding the executor's (used by ``drain``).
+        owned: ``path`` is a snapshot the uploader owns (a ``copy=True`` copy, deleted after the
+            upload, never written again): a store may place it by linking it instead of copying.
     """
 
     id: int
@@ -66,6 +69,7 @@ class UploadTask(NamedTuple):
     resumed: bool = False
     deaths: int = 0
     store: Any = None
+    owned: bool = False
 
 
 def _already_landed(store: Any, task: UploadTask) -> bool:
@@ -95,6 +99,40 @@ def _check_then_put(store: Any, task: UploadTask, put_started: list[bool]) -> No
     store.upload_object(task.name, task.path)
 
 
+_OWNED_SUPPORT: dict[type, bool] = {}
+
+
+def _accepts_owned(store: Any) -> bool:
+    """Whether ``store.upload_object`` takes ``owned=`` (LocalObjectStore does; most stores do not).
+
+    The first ``upload_object`` up the class's MRO with an explicit signature decides: a subclass
+    that wraps it with ``(*args, **kwargs)`` and calls ``super()`` inherits the answer, a store
+    written for Composer (no ``owned``) never gets the keyword. Cached per class.
+    """
+    cls = type(store)
+    known = _OWNED_SUPPORT.get(cls)
+    if known is None:
+        import inspect
+
+        known = False
+        for klass in cls.__mro__:
+            method = klass.__dict__.get('upload_object')
+            if method is None:
+                continue
+            try:
+                params = inspect.signature(method).parameters
+            except (TypeError, ValueError):
+                break
+            owned = params.get('owned')
+            if owned is not None:
+                known = owned.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                break
+            if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+                break
+        _OWNED_SUPPORT[cls] = known
+    return known
+
+
 def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional[threading.Event] = None) -> None:
     """Upload ``task`` to ``store`` with retries. Runs on a worker.
 
@@ -108,6 +146,7 @@ def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional
     """
 
     slots = node_slots_from_env()
+    owned = task.owned and _accepts_owned(store)
     native = supports_overwrite(store)
     put_started: list[bool] = []
 
@@ -122,7 +161,10 @@ def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional
                     raise
                 return
             try:
-                store.upload_object(task.name, task.path, overwrite=task.overwrite)
+                if owned:
+                    store.upload_object(task.name, task.path, overwrite=task.overwrite, owned=True)
+                else:
+                    store.upload_object(task.name, task.path, overwrite=task.overwrite)
             except FileExistsError:
                 if not task.overwrite and (number > 1 or task.resumed) and _already_landed(store, task):
                     return
@@ -135,11 +177,16 @@ ResultCallback = Callable[[UploadTask, Optional[BaseException]], None]
 
 
 class ThreadExecutor:
-    """Runs tasks on ``num_workers`` daemon threads; calls ``on_result(task, exc_or_None)`` on the worker."""
+    """Runs tasks on ``num_workers`` daemon threads; calls ``on_result(task, exc_or_None)`` on the worker.
+
+    With ``priority='low'`` each thread lowers its own CPU and I/O priority as it starts
+    (:mod:`dist_logging.upload.priority`).
+    """
 
     def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, on_result: ResultCallback,
-                 name: str = 'upload'):
+                 name: str = 'upload', priority: str = 'normal'):
         self._store, self._policy, self._on_result, self._name = store, policy, on_result, name
+        self._low = priority == 'low'
         self._queue: 'queue.SimpleQueue[Optional[UploadTask]]' = queue.SimpleQueue()
         self._stop = threading.Event()
         self._stopping = False
@@ -160,6 +207,8 @@ class ThreadExecutor:
 
     def _loop(self) -> None:
         task: Optional[UploadTask] = None
+        if self._low:
+            lower_current_thread()
         try:
             while True:
                 task = self._queue.get()
@@ -203,7 +252,7 @@ class ThreadExecutor:
 
 _BOOT = r'''
 import importlib.util, os, sys
-root, fd = sys.argv[1], int(sys.argv[2])
+root, fd, priority = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 # Import dist_logging's upload code without running the package __init__ (which imports torch):
 # the real __init__ runs only if something asks the package for a top-level name.
 pkg_dir = os.path.join(root, 'dist_logging')
@@ -217,7 +266,7 @@ def _load_real_package(name, _pkg=pkg, _spec=spec):
 pkg.__getattr__ = _load_real_package
 sys.modules['dist_logging'] = pkg
 from dist_logging.upload._child import serve
-serve(fd)
+serve(fd, priority)
 '''
 
 
@@ -235,11 +284,13 @@ class ProcessExecutor:
 
     The store and policy are pickled once here (so a store that cannot be pickled
     fails at construction) and unpickled in each child, which builds its own clients.
+    With ``priority='low'`` each child lowers its own CPU and I/O priority as it starts.
     """
 
     def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, on_result: ResultCallback,
-                 name: str = 'upload'):
+                 name: str = 'upload', priority: str = 'normal'):
         self._payload = pickle.dumps((store, policy))
+        self._priority = priority
         self._on_result = on_result
         self._slots = [_Slot() for _ in range(num_workers)]
         self._ready: collections.deque[UploadTask] = collections.deque()
@@ -259,7 +310,8 @@ class ProcessExecutor:
     def _spawn(self, slot: _Slot) -> None:
         parent_sock, child_sock = socket.socketpair()
         try:
-            slot.proc = subprocess.Popen([sys.executable, '-c', _BOOT, self._root, str(child_sock.fileno())],
+            slot.proc = subprocess.Popen([sys.executable, '-c', _BOOT, self._root, str(child_sock.fileno()),
+                                          self._priority],
                                          pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             child_sock.close()
@@ -412,11 +464,12 @@ class UploadScheduler:
         policy: the retry policy.
         num_workers: threads or processes.
         use_procs: processes instead of threads.
+        priority: ``'low'`` (workers lower their CPU and I/O priority) or ``'normal'``.
     """
 
     def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, *, use_procs: bool = False,
                  on_done: Callable[[UploadTask], None], on_failed: Callable[[UploadTask, BaseException], None],
-                 on_superseded: Callable[[UploadTask], None], name: str = 'upload'):
+                 on_superseded: Callable[[UploadTask], None], name: str = 'upload', priority: str = 'normal'):
         self.policy = policy
         self._on_done, self._on_failed, self._on_superseded = on_done, on_failed, on_superseded
         self._cond = threading.Condition(threading.Lock())
@@ -428,7 +481,7 @@ class UploadScheduler:
         self._landed_leftovers: set[str] = set()
         self.outstanding = 0
         executor_cls = ProcessExecutor if use_procs else ThreadExecutor
-        self.executor = executor_cls(store, policy, num_workers, self._result, name)
+        self.executor = executor_cls(store, policy, num_workers, self._result, name, priority)
 
     def submit(self, task: UploadTask) -> None:
         """Queue ``task``; returns at once.

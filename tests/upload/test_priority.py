@@ -1,0 +1,61 @@
+"""Upload workers run below the training loop: nice 19 and best-effort I/O level 7, per worker thread or process."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+import pytest
+
+from dist_logging.destinations import RemoteUploaderDownloader
+from dist_logging.upload.priority import IOPRIO_CLASS_BE, IOPRIO_LOWEST_LEVEL, WORKER_NICE, get_ioprio, thread_nice
+from upload._probes import PriorityProbeStore
+
+pytestmark = [pytest.mark.timeout(60),
+              pytest.mark.skipif(not sys.platform.startswith('linux'), reason='per-thread priorities are Linux-only')]
+
+
+def _upload_and_probe(tmp_path, **kwargs):
+    store = PriorityProbeStore(str(tmp_path / 'bucket'), str(tmp_path / 'probe'))
+    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'),
+                                   num_concurrent_uploads=2, **kwargs)
+    src = tmp_path / 'ckpt.bin'
+    src.write_bytes(b'weights')
+    rud.upload_file(None, 'ckpt.bin', str(src))
+    assert rud.wait_for_uploads(30)
+    rud.shutdown()
+    assert (tmp_path / 'bucket' / 'ckpt.bin').read_bytes() == b'weights'
+    return json.loads((tmp_path / 'probe' / 'ckpt.bin.json').read_text())
+
+
+def _main_thread():
+    return thread_nice(), get_ioprio()
+
+
+@pytest.mark.parametrize('use_procs', [False, True], ids=['threads', 'procs'])
+def test_workers_run_at_the_lowest_priority_by_default(tmp_path, use_procs):
+    before = _main_thread()
+    seen = _upload_and_probe(tmp_path, use_procs=use_procs)
+    assert (seen['pid'] != os.getpid()) == use_procs
+    assert seen['tid'] != threading.get_native_id()
+    assert seen['nice'] == WORKER_NICE
+    if seen['ioprio'] is not None:  # x86_64 / aarch64
+        assert tuple(seen['ioprio']) == (IOPRIO_CLASS_BE, IOPRIO_LOWEST_LEVEL)
+    # The training thread is untouched: nice and ioprio are per thread on Linux.
+    assert _main_thread() == before
+
+
+@pytest.mark.parametrize('use_procs', [False, True], ids=['threads', 'procs'])
+def test_normal_priority_leaves_workers_alone(tmp_path, use_procs):
+    nice, ioprio = _main_thread()
+    seen = _upload_and_probe(tmp_path, use_procs=use_procs, upload_priority='normal')
+    assert seen['nice'] == nice
+    assert (tuple(seen['ioprio']) if seen['ioprio'] is not None else None) == ioprio
+
+
+@pytest.mark.parametrize('bad', ['lowest', 'LOW', '', None, 19])
+def test_bad_priority_is_refused_at_construction(tmp_path, bad):
+    with pytest.raises(ValueError, match=repr(bad).replace('(', r'\(')):
+        RemoteUploaderDownloader(str(tmp_path / 'bucket'), upload_priority=bad)
