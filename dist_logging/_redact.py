@@ -135,14 +135,25 @@ _CREDENTIAL_FORMATS = re.compile(
 # ``sk-`` followed by lower-case words and hyphens only reads as prose (``sk-learn-compatible-...``).
 _WORDY = re.compile(r'[a-z]+(?:[-_][a-z]+)+')
 
-# ``name=value`` (query strings, connection strings, CLI flags, env assignments) and
-# ``'name': 'value'`` / ``"name": "value"`` (a dict's repr or JSON inside a string).
+# A credential-named pair inside a string; each alternative is ``head<N>`` (holding ``name<N>``) then ``value<N>``:
+# 1. ``name=value`` (query strings, connection strings, ``--flag=value``, env assignments, keyword arguments);
+# 2. ``'name': value`` / ``"name": value`` (a dict's repr or JSON inside a string);
+# 3. ``name: value`` (YAML or a log line), the value running to the end of the line or to ``, ; } ]``;
+# 4. ``--name value`` (a command line).
+_QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\''
 _ASSIGNMENT = re.compile(
-    r'(?<![A-Za-z0-9_.])(?P<name>[A-Za-z_][A-Za-z0-9_.\-]*)(?P<sep>\s*=\s*)'
-    r'(?P<value>"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|[^\s&;,\'")\]}]+)'
-    r'|(?P<quote>["\'])(?P<qname>[A-Za-z_][A-Za-z0-9_.\- ]*)(?P=quote)(?P<qsep>\s*:\s*)'
-    r'(?P<qvalue>"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')'
+    r'(?P<head1>(?<![A-Za-z0-9_.])(?P<name1>[A-Za-z_][A-Za-z0-9_.\-]*)\s*=(?!=)\s*)'
+    r'(?P<value1>' + _QUOTED + r'|[^\s&;,\'")\]}]+)'
+    r'|(?P<head2>(?P<q2>["\'])(?P<name2>[A-Za-z_][A-Za-z0-9_.\- ]*)(?P=q2)\s*:\s*)'
+    r'(?P<value2>' + _QUOTED + r'|[^\s,}\]]+)'
+    r'|(?P<head3>(?<![A-Za-z0-9_.\-"\'])(?P<name3>[A-Za-z_][A-Za-z0-9_.\-]*):[ \t]+)'
+    r'(?P<value3>' + _QUOTED + r'|[^\s,;}\]]+(?:[ \t]+[^\s,;}\]]+)*)'
+    r'|(?P<head4>(?<!\S)--?(?P<name4>[A-Za-z][A-Za-z0-9_.\-]*)[ \t]+)'
+    r'(?P<value4>' + _QUOTED + r'|(?!-)[^\s]+)'
 )
+# Values that hold no secret (JSON/YAML/Python literals, already redacted, empty).
+_NOT_SECRET_VALUES = frozenset({REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False',
+                                '~', '"***"', "'***'"})
 
 
 def _format_replacement(match: re.Match) -> str:
@@ -179,12 +190,12 @@ _NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 
 
 def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool) -> bool:
-    """Cheap pre-check for a ``name=value`` / ``'name': 'value'`` pair whose name is a credential.
+    """Cheap pre-check for a pair (``name=value``, ``name: value``, ``--name value``) with a credential name.
 
     Without a user pattern only names around a credential fragment are looked at (no regex), so a
     line like ``loss=1.2 tokens/s=5000`` costs a few string searches.
     """
-    if not ('=' in text or '":' in text or "':" in text):
+    if not ('=' in text or ':' in text or '-' in text):
         return False
     if any_name:  # a user pattern may match any name
         return True
@@ -199,9 +210,10 @@ def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool) 
             while end < size and text[end] in _NAME_CHARS:
                 end += 1
             after = end + 1 if end < size and text[end] in '"\'' else end
-            while after < size and text[after] == ' ':
+            while after < size and text[after] in ' \t':
                 after += 1
-            if after < size and text[after] in '=:' and is_secret(text[start:end]):
+            follows = text[after] if after < size else ''
+            if (follows in ('=', ':') or (text[start] == '-' and after > end)) and is_secret(text[start:end]):
                 return True
             index = lower.find(fragment, end)
     return False
@@ -214,14 +226,14 @@ def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool =
         out = _CREDENTIAL_FORMATS.sub(_format_replacement, out)
     if _may_hold_pair(out, is_secret, any_name):
         def assignment(match: re.Match) -> str:
-            if match.group('name') is not None:
-                if not is_secret(match.group('name')) or match.group('value') in (REDACTED, '', '""', "''"):
-                    return match.group(0)
-                return match.group('name') + match.group('sep') + _quoted_or_bare(match.group('value'))
-            if not is_secret(match.group('qname')):
-                return match.group(0)
-            quote = match.group('quote')
-            return quote + match.group('qname') + quote + match.group('qsep') + _quoted_or_bare(match.group('qvalue'))
+            for n in ('1', '2', '3', '4'):
+                name = match.group('name' + n)
+                if name is not None:
+                    value = match.group('value' + n)
+                    if value in _NOT_SECRET_VALUES or REDACTED in value or not is_secret(name):
+                        return match.group(0)  # nothing there, or the value rule already took the secret
+                    return match.group('head' + n) + _quoted_or_bare(value)
+            return match.group(0)
 
         out = _ASSIGNMENT.sub(assignment, out)
     return text if out == text else out
