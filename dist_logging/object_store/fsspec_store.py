@@ -103,6 +103,7 @@ class FsspecObjectStore(ObjectStore):
         self.protocol = match.group(1).lower()
         cls = filesystem_class(self.protocol)
         self.storage_options = dict(storage_options)
+        self.endpoint_url = self.storage_options.get('endpoint_url')  # recorded in staging journals for drain
         root = cls._strip_protocol(url)
         self.root = root.rstrip('/') if isinstance(root, str) else str(root)
         self.bucket_uri = f'{self.protocol}://{match.group(2).rstrip("/")}'

@@ -1,0 +1,73 @@
+"""S3ObjectStore in Composer's terms: ExtraArgs, S3_CANNED_ACL, S3_ENDPOINT_URL (against a moto server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_logging.object_store import S3ObjectStore
+from s3_server import _moto_session, aws_credentials, s3_bucket  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.timeout(60)
+
+MiB = 1024 * 1024
+ALL_USERS = 'http://acs.amazonaws.com/groups/global/AllUsers'
+
+
+@pytest.fixture
+def s3(s3_bucket, monkeypatch):
+    monkeypatch.delenv('S3_CANNED_ACL', raising=False)
+    endpoint, bucket = s3_bucket
+    store = S3ObjectStore(bucket, endpoint_url=endpoint, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+    yield store
+    store.close()
+
+
+def public_read(store, key) -> bool:
+    grants = store.client.get_object_acl(Bucket=store.bucket, Key=key)['Grants']
+    return any(g['Grantee'].get('URI') == ALL_USERS and g['Permission'] == 'READ' for g in grants)
+
+
+@pytest.mark.parametrize('overwrite', [True, False])
+@pytest.mark.parametrize('size', [10, 6 * MiB])  # a single put, and a multipart upload
+def test_extra_args(s3, tmp_path, overwrite, size):
+    src = tmp_path / 'f'
+    src.write_bytes(b'x' * size)
+    s3.upload_object(object_name='meta', filename=src, overwrite=overwrite,
+                     ExtraArgs={'Metadata': {'run': 'exp1'}, 'ContentType': 'text/plain'})
+    head = s3.client.head_object(Bucket=s3.bucket, Key='meta')
+    assert head['Metadata'] == {'run': 'exp1'} and head['ContentType'] == 'text/plain'
+    assert head['ContentLength'] == size
+
+
+@pytest.mark.parametrize('overwrite', [True, False])
+def test_canned_acl_from_the_environment(s3, tmp_path, monkeypatch, overwrite):
+    src = tmp_path / 'f'
+    src.write_bytes(b'acl')
+    s3.upload_object('private', str(src), overwrite=overwrite)
+    assert not public_read(s3, 'private')
+    monkeypatch.setenv('S3_CANNED_ACL', 'public-read')
+    s3.upload_object('public', str(src), overwrite=overwrite)
+    assert public_read(s3, 'public')
+    s3.upload_object('explicit', str(src), overwrite=overwrite, ExtraArgs={'ACL': 'private'})  # ExtraArgs wins
+    assert not public_read(s3, 'explicit')
+
+
+def test_bad_extra_arguments_are_refused(s3, tmp_path):
+    src = tmp_path / 'f'
+    src.write_bytes(b'x')
+    with pytest.raises(ValueError, match="'Bogus'"):
+        s3.upload_object('k', str(src), ExtraArgs={'Bogus': 1})
+    with pytest.raises(ValueError, match='ExtraArgs'):
+        s3.upload_object('k', str(src), Metadata={})
+    with pytest.raises(FileNotFoundError):
+        s3.get_object_size('k')  # nothing was sent
+
+
+def test_composer_endpoint_variable(s3_bucket, tmp_path, monkeypatch):
+    endpoint, bucket = s3_bucket
+    monkeypatch.setenv('S3_ENDPOINT_URL', endpoint)
+    src = tmp_path / 'f'
+    src.write_bytes(b'env')
+    with S3ObjectStore(bucket) as store:
+        store.upload_object('via-env', str(src))
+        assert store.get_object_size('via-env') == 3
