@@ -71,6 +71,7 @@ DESTINATION_TYPES: dict[str, _Entry] = {
     'in_memory': _Entry('dist_logging.destinations.in_memory:InMemoryLogger'),
     'tensorboard': _Entry('dist_logging.destinations.tensorboard:TensorboardLogger', (('tensorboard', 'tensorboard'),)),
     'mlflow': _Entry('dist_logging.destinations.mlflow:MLFlowLogger', (('mlflow', 'mlflow'),)),
+    'wandb': _Entry('dist_logging.destinations.wandb:WandBLogger', (('wandb', 'wandb'),)),
     # Starts upload workers when built, so `validate` only checks its keys and URI.
     'remote': _Entry('dist_logging.destinations.remote:RemoteUploaderDownloader', side_effect_free=False),
 }
@@ -350,6 +351,13 @@ def load_config(source: ConfigSource, *, environ: Optional[Mapping[str, str]] = 
         if key not in logger_keys:
             raise _unknown_key('', key, logger_keys + list(_SPECIAL_TOP_LEVEL))
         logger_kwargs[key] = value
+    if 'flush_every' in logger_kwargs:  # checked here so a bad schedule fails at load, with its key
+        from dist_logging._gather import FlushSchedule
+
+        try:
+            FlushSchedule(logger_kwargs['flush_every'])
+        except ValueError as exc:
+            raise ValueError(f'flush_every: {exc}') from None
     raw_destinations = data.get('destinations') or []
     if not isinstance(raw_destinations, list):
         raise ValueError(f'destinations: expected a list of destinations, got {type(raw_destinations).__name__}')

@@ -1,8 +1,8 @@
 """Logger destinations, one per module. Optional integrations import their library lazily.
 
-``TensorboardLogger``, ``MLFlowLogger`` and ``RemoteUploaderDownloader`` are imported on
-first access (module ``__getattr__``), so importing this package never imports
-tensorboard, mlflow or boto3.
+``TensorboardLogger``, ``MLFlowLogger``, ``RemoteUploaderDownloader`` and ``WandBLogger``
+are imported on first access (module ``__getattr__``), so importing this package never
+imports tensorboard, mlflow, boto3 or wandb.
 """
 
 from typing import Any
@@ -15,6 +15,7 @@ _LAZY = {
     'TensorboardLogger': 'dist_logging.destinations.tensorboard',
     'MLFlowLogger': 'dist_logging.destinations.mlflow',
     'RemoteUploaderDownloader': 'dist_logging.destinations.remote',
+    'WandBLogger': 'dist_logging.destinations.wandb',
 }
 
 __all__ = ['InMemoryLogger', 'ConsoleLogger', 'FileLogger', *_LAZY]

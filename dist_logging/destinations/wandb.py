@@ -1,0 +1,534 @@
+"""WandBLogger: a Weights & Biases run per job (or per rank): config, metrics, tables, images, traces, artifacts."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import posixpath
+import re
+import sys
+import tempfile
+import uuid
+import warnings
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+
+from dist_logging import dist
+from dist_logging._artifacts import jsonable
+from dist_logging._values import format_log_data_value
+from dist_logging.destination import LoggerDestination, validate_ranks
+from dist_logging.destinations._worker import SerialWorker
+from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
+
+if TYPE_CHECKING:
+    import pathlib
+
+    from dist_logging.logger import Logger
+    from dist_logging.state import State
+
+__all__ = ['WandBLogger', 'STEP_METRIC']
+
+INSTALL_HINT = 'WandBLogger needs the wandb package: pip install dist-logging[wandb]'
+
+STEP_METRIC = 'trainer/global_step'
+"""Every row this destination logs carries the training step under this key, and the run's
+charts use it as their x-axis (``define_metric``), so a step that goes backwards is still
+plotted where it belongs (see :class:`WandBLogger`)."""
+
+ARTIFACT_NAME_MAX = 128  # W&B's limit on artifact names
+_ARTIFACT_NAME_BAD = re.compile(r'[^A-Za-z0-9\-_.]')
+_MAX_MASK_CLASS = 255  # W&B stores masks as 8-bit PNGs
+
+
+def _check_installed() -> None:
+    # Cheap at construction (config load); the real import (about half a second) happens at init.
+    if importlib.util.find_spec('wandb') is None:
+        raise ImportError(INSTALL_HINT)
+
+
+def _import_wandb() -> Any:
+    try:
+        import wandb
+    except ImportError as exc:
+        raise ImportError(f'{INSTALL_HINT} ({exc})') from exc
+    return wandb
+
+
+def _ranks_from_rank_zero_only(owner: str, rank_zero_only: bool, ranks: Optional[str]) -> str:
+    """Composer's ``rank_zero_only`` as a rank policy; an explicit ``ranks`` wins over the default.
+
+    Raises:
+        ValueError: ``rank_zero_only=False`` together with a ``ranks`` policy that excludes
+            ranks (``'zero'``, ``'local_zero'``), or an unknown ``ranks``.
+    """
+    if not isinstance(rank_zero_only, bool):
+        raise TypeError(f'{owner}: rank_zero_only must be a bool, got {rank_zero_only!r}')
+    if ranks is None:
+        return 'zero' if rank_zero_only else 'all'
+    validate_ranks(ranks, owner)
+    if not rank_zero_only and ranks != 'all':
+        raise ValueError(f'{owner}: rank_zero_only=False (every rank logs) contradicts ranks={ranks!r}; '
+                         "give one of them (ranks='all' is rank_zero_only=False)")
+    return ranks
+
+
+def _optional_str(owner: str, name: str, value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f'{owner}: {name} must be a non-empty string or None, got {value!r}')
+    return value
+
+
+class WandBLogger(LoggerDestination):
+    """Logs to a `Weights & Biases <https://wandb.ai>`_ run (Composer's ``WandBLogger`` API).
+
+    The run is created when the Logger opens this destination (``wandb.init``) and finished
+    at ``close()``. By default one run per job, on global rank zero. With every rank
+    logging (``rank_zero_only=False`` or ``ranks='all'``) each rank has its own run named
+    ``{name}-rank{rank}``, all in one group (``group``, default: the run name) so the
+    ranks of a job show together; ``ranks='local_zero'`` gives one such run per node.
+
+    * hyperparameters -> the run config (``config.update``; already redacted by the Logger;
+      a later value for the same key replaces the earlier one);
+    * metrics -> history rows at their step (``step``, else the Logger's batch count);
+    * tables -> ``wandb.Table`` under the table's name;
+    * images -> ``wandb.Image`` (masks as W&B segmentation masks with ``mask_class_labels``);
+      with ``use_table`` one ``wandb.Table`` of them under ``'<name> Table'``, else a list
+      under ``<name>``;
+    * traces -> history values ``traces/<name>`` at the current batch;
+    * with ``log_artifacts=True``, files handed to ``Logger.upload_file`` -> one W&B artifact
+      each, named after the remote name (characters other than letters, digits, ``-_.``
+      become ``.``), typed by its extension (``.pt`` -> ``model``), with aliases ``latest``
+      and ``ep<epoch>-ba<batch>`` and the timestamp as metadata. ``overwrite`` does not
+      apply: logging a name again adds a version.
+
+    Nothing here waits for W&B on the training loop: every wandb call (``log``,
+    ``config.update``, building images, hashing artifact files, ``log_artifact``) runs in
+    order on one background thread, and wandb's own service process does the uploads. A
+    log call only validates and copies its data; ``upload_file`` snapshots the file into
+    wandb's artifact staging folder (a reflink or an in-kernel copy; a hard link with
+    ``copy=False``) so the caller may change it at once, and wandb removes the snapshot
+    once uploaded. Failures of background calls are raised (as ``RuntimeError`` with the
+    cause) at the next call or at close.
+
+    Steps: W&B keeps one monotonic row counter (``_step``). A row is logged at wandb step =
+    the training step while steps do not go back, so ``_step`` is the training step, as in
+    Composer. Every row also carries the training step as ``trainer/global_step``, the
+    charts' x-axis. When a step goes backwards (a job resumed from an earlier checkpoint
+    into the same W&B run, or data for an earlier step logged late), wandb would drop the
+    data; here it goes into a new row after the last one instead (one warning), so
+    nothing is lost and it is still plotted at its own step.
+
+    Args:
+        project: the W&B project.
+        group: the run group (a template: ``{run_name}``, ...).
+        name: the run name (a template; default: the Logger's run name).
+        entity: the W&B entity (user or team).
+        tags: tags for the run.
+        log_artifacts: upload files handed to ``upload_file`` as W&B artifacts.
+        rank_zero_only: log on global rank zero only (Composer's switch; ``ranks=`` wins).
+        init_kwargs: more ``wandb.init`` keyword arguments (``config``, ``mode``, ``dir``,
+            ``resume``, ``id``, ``settings``, ``reinit``, ...). If a run is already active
+            in the process, wandb's default returns it (and this destination finishes it at
+            close); pass ``{'reinit': 'create_new'}`` for a separate run.
+        ranks: rank policy (``'zero'``, ``'local_zero'``, ``'all'``); overrides ``rank_zero_only``.
+        log_level: highest :class:`~dist_logging.LogLevel` taken (default: all).
+        optional: when True, this destination's errors are reported but never re-raised.
+
+    Raises:
+        ImportError: wandb is not installed (with the extra to install).
+        ValueError: an empty project/entity, a bad name or group template, an ``init_kwargs``
+            value that contradicts an argument, or ``rank_zero_only=False`` with a rank-zero
+            ``ranks`` policy.
+        TypeError: ``tags`` not a sequence of strings, ``init_kwargs`` not a mapping.
+    """
+
+    def __init__(self, project: Optional[str] = None, group: Optional[str] = None, name: Optional[str] = None,
+                 entity: Optional[str] = None, tags: Optional[Sequence[str]] = None, log_artifacts: bool = False,
+                 rank_zero_only: bool = True, init_kwargs: Optional[Mapping[str, Any]] = None, *,
+                 ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None):
+        owner = type(self).__name__
+        super().__init__(ranks=_ranks_from_rank_zero_only(owner, rank_zero_only, ranks), log_level=log_level,
+                         optional=optional)
+        _check_installed()
+        project = _optional_str(owner, 'project', project)
+        entity = _optional_str(owner, 'entity', entity)
+        group = _optional_str(owner, 'group', group)
+        name = _optional_str(owner, 'name', name)
+        if init_kwargs is None:
+            init_kwargs = {}
+        if not isinstance(init_kwargs, Mapping) or not all(isinstance(k, str) for k in init_kwargs):
+            raise TypeError(f'{owner}: init_kwargs must be a mapping of wandb.init keyword arguments, '
+                            f'got {init_kwargs!r}')
+        if tags is not None:
+            if isinstance(tags, (str, bytes)) or not isinstance(tags, Sequence) or \
+                    not all(isinstance(t, str) and t for t in tags):
+                raise TypeError(f'{owner}: tags must be a list of non-empty strings, got {tags!r}')
+            tags = list(tags)
+        kwargs = dict(init_kwargs)
+        for key, value in (('project', project), ('group', group), ('name', name), ('entity', entity),
+                           ('tags', tags)):
+            if value is None:
+                continue
+            if kwargs.get(key) is not None and kwargs[key] != value:
+                raise ValueError(f'{owner}: {key}={value!r} contradicts init_kwargs[{key!r}]={kwargs[key]!r}')
+            kwargs[key] = value
+        self._name_uses_rank = False
+        for key in ('name', 'group'):
+            if kwargs.get(key) is not None:
+                if not isinstance(kwargs[key], str):
+                    raise TypeError(f'{owner}: {key} must be a string, got {kwargs[key]!r}')
+                used = validate_template(kwargs[key], DIST_PLACEHOLDERS)
+                if key == 'name':
+                    self._name_uses_rank = 'rank' in used
+        if log_artifacts and self.ranks == 'zero' and dist.get_world_size() > 1:
+            warnings.warn(f'{owner}(log_artifacts=True) logs on rank zero only: files that other ranks upload '
+                          "(e.g. their checkpoint shards) are not stored; pass ranks='all' (rank_zero_only=False) "
+                          'to give every rank its own run and artifacts', UserWarning, stacklevel=2)
+        self.log_artifacts = bool(log_artifacts)
+        self.rank_zero_only = self.ranks == 'zero'
+        self.init_kwargs = kwargs
+        # Set here so download_file works on ranks that never open a run; replaced by the run's own.
+        self.entity: Optional[str] = kwargs.get('entity')
+        self.project: Optional[str] = kwargs.get('project')
+        self.run: Any = None
+        self.run_dir: Optional[str] = None
+        self.run_url: Optional[str] = None
+        self._wandb: Any = None
+        self._worker: Optional[SerialWorker] = None
+        self._state: Optional['State'] = None
+        self._staging_dir: Optional[str] = None
+        self._last_wandb_step = -1
+        self._row_step: Optional[int] = None  # training step of the row at _last_wandb_step
+        self._warned: set[str] = set()
+        self._finished = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def run_name_and_group(self, run_name: str) -> tuple[str, Optional[str]]:
+        """The W&B run name and group this rank uses for the Logger run ``run_name``.
+
+        Raises:
+            ValueError: a template that cannot be filled.
+        """
+        name = format_name_with_dist(self.init_kwargs.get('name') or '{run_name}', run_name)
+        group = self.init_kwargs.get('group')
+        group = format_name_with_dist(group, run_name) if group else None
+        if self.ranks != 'zero':
+            if group is None:
+                group = name
+            if not self._name_uses_rank:
+                name = f'{name}-rank{dist.get_global_rank()}'
+        return name, group
+
+    def init(self, state: 'State', logger: 'Logger') -> None:
+        if self.run is not None:
+            return
+        wandb = _import_wandb()
+        from wandb.sdk.artifacts.staging import get_staging_dir
+
+        kwargs = dict(self.init_kwargs)
+        kwargs['name'], group = self.run_name_and_group(state.run_name)
+        if group is not None:
+            kwargs['group'] = group
+        run = wandb.init(**kwargs)
+        self._wandb, self._state, self.run = wandb, state, run
+        self.run_dir = getattr(run, 'dir', None)
+        self.entity = getattr(run, 'entity', None) or self.entity
+        self.project = getattr(run, 'project', None) or self.project
+        if not getattr(run, 'offline', False) and getattr(run, 'settings', None) is not None and \
+                run.settings.mode not in ('offline', 'disabled', 'dryrun'):
+            self.run_url = getattr(run, 'url', None)
+        # A resumed run continues at its next step: earlier steps would be refused by wandb.
+        self._last_wandb_step = int(getattr(run, 'step', 0) or 0) - 1
+        self._row_step = None
+        run.define_metric(STEP_METRIC)
+        run.define_metric('*', step_metric=STEP_METRIC, step_sync=True)
+        if self.log_artifacts:
+            self._staging_dir = get_staging_dir()
+        self._finished = False
+        self._worker = SerialWorker('WandBLogger')
+
+    def close(self, state: 'State', logger: 'Logger') -> None:
+        self._finish()
+
+    def post_close(self, state: Optional['State'] = None, logger: Optional['Logger'] = None) -> None:
+        """Finish the run if :meth:`close` did not (Composer finishes it here)."""
+        self._finish()
+
+    def _finish(self) -> None:
+        """Run what is queued, finish the run (exit code 1 while an exception propagates), stop the worker.
+
+        Raises:
+            RuntimeError: a background wandb call failed (its error is the cause).
+        """
+        worker, run = self._worker, self.run
+        if worker is None or self._finished:
+            return
+        self._finished = True
+        exit_code = 0 if sys.exc_info()[0] is None else 1
+
+        def finish() -> None:
+            run.finish(exit_code=exit_code)
+
+        worker.submit(finish)
+        worker.close()
+        worker.raise_errors()
+
+    # ------------------------------------------------------------------ helpers
+    def _submit(self, job: Any) -> None:
+        worker = self._worker
+        if worker is None or self._finished:
+            raise RuntimeError('WandBLogger is not open: it is opened by the Logger (init) and closed at close()')
+        worker.raise_errors()
+        worker.submit(job)
+
+    def _check_open(self) -> None:
+        worker = self._worker
+        if worker is None or self._finished:
+            raise RuntimeError('WandBLogger is not open: it is opened by the Logger (init) and closed at close()')
+        worker.raise_errors()
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    def _training_step(self, step: Optional[int]) -> int:
+        if step is not None:
+            return int(step)
+        return self._state.timestamp.batch if self._state is not None else 0
+
+    def _wandb_step(self, step: int) -> int:
+        """The wandb row for data of training step ``step`` (see the class docstring)."""
+        if step > self._last_wandb_step:
+            wandb_step = step
+        elif step == self._row_step:
+            wandb_step = self._last_wandb_step  # same step as the open row: add to it
+        else:
+            wandb_step = self._last_wandb_step + 1
+            self._warn_once('backwards', f'WandBLogger: step {step} is before the last step logged to W&B '
+                                         f'({self._row_step}); W&B steps only go forward, so this data is logged '
+                                         f'in a new row (wandb step {wandb_step}) and plotted at its own step by '
+                                         f'{STEP_METRIC!r} (warned once)')
+        self._last_wandb_step, self._row_step = wandb_step, step
+        return wandb_step
+
+    def _log_row(self, row: dict[str, Any], step: int) -> None:
+        row[STEP_METRIC] = step
+        wandb_step = self._wandb_step(step)
+        run = self.run
+        self._submit(lambda: run.log(row, step=wandb_step))
+
+    # ------------------------------------------------------------------ data hooks
+    def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        self._check_open()
+        config = jsonable(hyperparameters)  # a JSON-friendly copy the caller cannot change
+        run = self.run
+        self._submit(lambda: run.config.update(config, allow_val_change=True))
+
+    def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        self._check_open()
+        self._log_row(dict(metrics), self._training_step(step))
+
+    def log_traces(self, traces: dict[str, Any]) -> None:
+        self._check_open()
+        row = {}
+        for name, value in traces.items():
+            plain = isinstance(value, (bool, int, float, str)) or value is None
+            row[f'traces/{name}'] = value if plain else format_log_data_value(value)
+        self._log_row(row, self._training_step(None))
+
+    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
+                  step: Optional[int] = None) -> None:
+        self._check_open()
+        columns = [str(c) for c in columns]
+        data = jsonable([list(r) for r in rows])
+        wandb = self._wandb
+        step = self._training_step(step)
+        row: dict[str, Any] = {}
+        wandb_step = self._wandb_step(step)
+        run = self.run
+
+        def log() -> None:
+            row[name] = wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+            row[STEP_METRIC] = step
+            run.log(row, step=wandb_step)
+
+        self._submit(log)
+
+    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
+                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
+                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+        import numpy as np
+
+        from dist_logging._images import to_image_batch, to_uint8, validate_masks
+
+        self._check_open()
+        batch = np.array(to_uint8(to_image_batch(images, channels_last)))  # a copy: the caller may reuse its tensor
+        mask_batches = {}
+        for mask_name, mask in validate_masks(masks, batch).items():
+            if mask.size and int(mask.max()) > _MAX_MASK_CLASS:
+                raise ValueError(f'WandBLogger: mask {mask_name!r} has class id {int(mask.max())}; W&B masks take '
+                                 f'class ids 0-{_MAX_MASK_CLASS}')
+            mask_batches[mask_name] = mask.astype(np.uint8)
+        labels = None
+        if mask_class_labels is not None:
+            if not isinstance(mask_class_labels, Mapping) or not all(
+                    isinstance(k, int) and not isinstance(k, bool) and isinstance(v, str)
+                    for k, v in mask_class_labels.items()):
+                raise TypeError(f'WandBLogger: mask_class_labels must map int class ids to str labels, '
+                                f'got {mask_class_labels!r}')
+            labels = dict(mask_class_labels)
+        if batch.shape[-1] == 1:
+            batch = batch[..., 0]  # wandb takes grey images as HW
+        step = self._training_step(step)
+        wandb_step = self._wandb_step(step)
+        wandb, run = self._wandb, self.run
+
+        def log() -> None:
+            wandb_images = []
+            for index in range(batch.shape[0]):
+                image_masks = None
+                if mask_batches:
+                    image_masks = {}
+                    for mask_name, mask in mask_batches.items():
+                        entry: dict[str, Any] = {'mask_data': mask[index]}
+                        if labels is not None:
+                            entry['class_labels'] = labels
+                        image_masks[mask_name] = entry
+                wandb_images.append(wandb.Image(batch[index], masks=image_masks))
+            if use_table:
+                table = wandb.Table(columns=[name])
+                for wandb_image in wandb_images:
+                    table.add_data(wandb_image)
+                row = {f'{name} Table': table}
+            else:
+                row = {name: wandb_images}
+            row[STEP_METRIC] = step
+            run.log(row, step=wandb_step)
+
+        self._submit(log)
+
+    # ------------------------------------------------------------------ files
+    def can_upload_files(self) -> bool:
+        """True with ``log_artifacts=True``: files handed to the Logger become W&B artifacts."""
+        return self.log_artifacts
+
+    def upload_file(self, state: Optional['State'], remote_file_name: str, file_path: Union[str, 'pathlib.Path'], *,
+                    overwrite: bool = False, copy: bool = True) -> None:
+        """Snapshot ``file_path`` and log it as a W&B artifact in the background; returns at once.
+
+        A no-op unless ``log_artifacts=True``.
+
+        Args:
+            state: the run state (its timestamp gives the alias ``ep<epoch>-ba<batch>``).
+            remote_file_name: the artifact's name (unsupported characters become ``.``; a
+                warning says so) and, by its last component, the file's name inside it.
+            file_path: the file.
+            overwrite: ignored: W&B keeps every version of an artifact.
+            copy: True snapshots the file (reflink or in-kernel copy); False hard-links it
+                (the caller promises not to modify it; across filesystems the file is used in place).
+
+        Raises:
+            ValueError: the artifact name is longer than W&B's 128 characters.
+            FileNotFoundError: the file does not exist.
+            RuntimeError: this destination is not open, or an earlier wandb call failed.
+        """
+        del overwrite
+        if not self.log_artifacts:
+            return
+        from dist_logging.upload.snapshot import copy_file, link_file
+
+        self._check_open()
+        remote = os.fspath(remote_file_name)
+        name = _ARTIFACT_NAME_BAD.sub('.', remote)
+        if name != remote:
+            warnings.warn(f'WandBLogger: W&B artifact names take only letters, digits, "-", "_" and "."; '
+                          f'{remote!r} is stored as {name!r}', UserWarning, stacklevel=3)
+        if len(name) > ARTIFACT_NAME_MAX:
+            raise ValueError(f'WandBLogger: artifact name {name!r} is {len(name)} characters; '
+                             f'W&B allows {ARTIFACT_NAME_MAX}')
+        extension = name.rsplit('.', 1)[1] if '.' in name.strip('.') else ''
+        artifact_type = 'model' if extension == 'pt' else (extension or 'file')
+        file_name = posixpath.basename(remote.replace('\\', '/')) or name
+        timestamp = (state or self._state).timestamp if (state or self._state) is not None else None
+        aliases = ['latest']
+        metadata: dict[str, Any] = {}
+        if timestamp is not None:
+            aliases.append(f'ep{timestamp.epoch}-ba{timestamp.batch}')
+            metadata = {f'timestamp/{k}': v for k, v in dataclasses.asdict(timestamp).items()}
+
+        path = os.fspath(file_path)
+        snapshot = os.path.join(self._staging_dir or '', f'dist_logging-{uuid.uuid4().hex}')
+        owned = True
+        try:
+            if copy:
+                copy_file(path, snapshot, mode=0o400)  # read-only, as wandb's own staged copies
+            elif not link_file(path, snapshot):
+                snapshot, owned = os.path.abspath(path), False
+        except FileNotFoundError:
+            raise FileNotFoundError(f'WandBLogger.upload_file: {path!r} does not exist') from None
+        wandb, run = self._wandb, self.run
+
+        def log() -> None:
+            try:
+                artifact = wandb.Artifact(name, type=artifact_type, metadata=metadata)
+                # The snapshot is already private; wandb removes files in its staging folder once uploaded.
+                artifact.add_file(snapshot, name=file_name, policy='immutable')
+                run.log_artifact(artifact, aliases=aliases)
+            except BaseException:
+                if owned:
+                    try:
+                        os.unlink(snapshot)
+                    except OSError:
+                        pass
+                raise
+
+        try:
+            self._submit(log)
+        except BaseException:
+            if owned:
+                os.unlink(snapshot)
+            raise
+
+    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
+                      progress_bar: bool = True) -> None:
+        """Download the (single-file) artifact ``remote_file_name`` (``name`` or ``name:alias``) to ``destination``.
+
+        Uses the W&B API (online), so it works on every rank, also where no run was opened,
+        as long as ``entity`` and ``project`` are known (given, or from the run).
+
+        Raises:
+            ValueError: entity or project unknown.
+            FileNotFoundError: no such artifact.
+            FileExistsError: ``destination`` exists and ``overwrite`` is False.
+            RuntimeError: the artifact holds more than one file.
+        """
+        del progress_bar
+        wandb = _import_wandb()
+        if not self.entity or not self.project:
+            raise ValueError('WandBLogger.download_file needs entity and project (give them, or open the run first); '
+                             f'got entity={self.entity!r}, project={self.project!r}')
+        if not overwrite and os.path.lexists(destination):
+            raise FileExistsError(f'WandBLogger.download_file: {destination!r} exists (overwrite=False)')
+        name = remote_file_name if ':' in remote_file_name else f'{remote_file_name}:latest'
+        clean = _ARTIFACT_NAME_BAD.sub('.', name.split(':', 1)[0]) + ':' + name.split(':', 1)[1]
+        try:
+            artifact = wandb.Api().artifact(f'{self.entity}/{self.project}/{clean}')
+        except wandb.errors.CommError as exc:
+            raise FileNotFoundError(f'W&B artifact {clean!r} not found in {self.entity}/{self.project}: {exc}') from exc
+        folder = os.path.dirname(os.path.abspath(destination))
+        with tempfile.TemporaryDirectory(dir=folder, prefix='.dist_logging-wandb-') as tmp:
+            artifact.download(root=tmp)
+            files = [os.path.join(root, f) for root, _, names in os.walk(tmp) for f in names]
+            if len(files) != 1:
+                raise RuntimeError(f'W&B artifact {clean!r} holds {len(files)} files; download_file takes '
+                                   'single-file artifacts (as upload_file makes)')
+            if overwrite:
+                os.replace(files[0], destination)
+            else:
+                os.link(files[0], destination)  # atomic, and refuses to replace a file created meanwhile
+
+    def __repr__(self) -> str:
+        return f'WandBLogger(project={self.project!r}, ranks={self.ranks!r}, log_artifacts={self.log_artifacts})'
