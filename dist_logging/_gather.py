@@ -1,41 +1,56 @@
 """Buffering of metrics logged with ``reduce=`` and their combination across ranks at flush.
 
-The packed collective
----------------------
-:meth:`MetricGatherer.flush` issues ONE ``all_gather`` of a float64 CPU tensor laid
-out as::
+Cost per flush, per rank: O(K) bytes and CPU for K reduced keys, whatever the world size N.
 
-    [seq, position, layout digest, extras length | acc_0, count_0, step_0 | acc_1, ... ]
+The collectives of one flush
+----------------------------
+Every rank holds the same *layout*: an ordered ``key -> reduce`` that only changes as a
+deterministic function of collective results, so no rank ever has to decode another
+rank's keys in the steady state. A flush packs what this rank buffered into, at most:
 
-over the key *layout*: an ordered list of ``key -> (reduce, level)`` that every rank
-holds identically, because it only ever changes as a deterministic function of data
-every rank has gathered. Per key, ``acc`` is this rank's local combination of the
-values it logged since the last flush (their sum for ``mean``/``sum``, their min or
-max, the last one for ``gather``), ``count`` how many it logged (0 if none: the key
-is then reduced over the ranks that did log it) and ``step`` the largest step given
-(NaN for none).
+1. a SUM all_reduce of ``[sums | counts]`` over the layout's ``mean``/``sum`` keys
+   (skipped when the layout has none);
+2. a MAX all_reduce of ``[header | -header[:3] | steps | levels | extrema | nan flags]``:
+   the header is ``(flush number, position, layout digest, new-key payload length,
+   has data)``; the MAX of a value and of its negation gives every rank the largest and
+   the smallest header, so a rank at another flush (it skipped one) or with another
+   layout is detected by every rank. ``steps`` (largest step given, -inf for none) and
+   ``levels`` (0: nobody logged the key) cover every key; ``extrema`` are the maxima of
+   ``max`` keys and the negated minima of ``min`` keys (-inf: not logged), with a NaN
+   flag beside each since MAX does not propagate NaN reliably;
+3. a gather *to rank zero* of ``[value, count, step]`` per ``gather`` key (the only rank
+   that emits them; skipped when the layout has none).
 
-Why an all_gather and not an all_reduce: mean/sum need SUM, min/max need MIN/MAX and
-``gather`` needs every rank's value; an all_reduce would need three collectives (or
-lossy tricks), while one all_gather of a few floats per key and rank carries all of it
-exactly, and rank order makes the float sums deterministic. At 100 keys and 4 ranks
-that is under 10 KB, so the collective is latency-bound like a 100-element all_reduce.
+An idle flush with an empty layout is therefore one all_reduce of 8 floats.
 
-Agreeing on the key set costs nothing in the steady state: a rank whose buffered keys
-all fit the layout sends extras length 0. A rank with keys outside the layout (a new
-key, or a key whose ``reduce`` changed) puts their values in a small JSON payload and
-its length in the header; since every rank sees every header, they all then spend
-exactly one more collective (an all_gather of the padded payloads), add the new keys
-to the layout in the same order, and reduce them together with the packed ones.
-Keys nobody logged for :data:`IDLE_FLUSHES_BEFORE_DROP` flushes leave the layout
-(again deterministically), so it does not grow forever.
+New keys (or a key whose ``reduce`` changed) are not in the layout: a rank holding such
+keys keeps their values and puts the length of a small JSON list of their names in the
+header. When the MAX shows a non-zero length, every rank (and only then) spends one
+all_gather of those padded name lists, extends the layout identically, and reduces the
+held values with one more SUM/MAX/gather over the new keys alone. When the header shows
+ranks at different flushes, one all_gather of the 3-number headers names them, and every
+rank raises :class:`DistributedLoggingError`. Both slow paths cost O(N) and only run
+when the key set changes or something is wrong.
 
-The header also carries a flush sequence number and the caller's position (the
-Logger's batch count). A rank that skipped a flush pairs its next flush with the
-others' current one; the positions then differ and every rank raises
-:class:`DistributedLoggingError` naming the odd ranks, instead of mixing steps.
-Checking this before any second collective keeps all ranks issuing collectives of
-equal sizes in the same order: gloo aborts the process on mismatched sizes.
+Asynchronous flushes
+--------------------
+:meth:`MetricGatherer.start` issues the collectives with ``async_op=True`` from the
+calling thread and returns; :meth:`MetricGatherer.complete` (at the next flush or at
+close) waits for them -- at most until ``sync_timeout`` after they were issued -- and
+returns their results, each with its own step. Collectives are issued in the same order
+on every rank, and tensor sizes depend only on the layout, which only changes at a
+completion that every rank performs at the same point of its sequence of flushes; so
+the sizes always match (gloo aborts the process on a size mismatch).
+
+Device-native reductions
+------------------------
+When the default process group is NCCL and CUDA is available, the same three
+collectives run in the default group on the current CUDA device: CUDA tensors logged
+with ``reduce=`` are stacked and scattered into the packed vectors on the device (no
+``.item()``, no host synchronization), CPU numbers join them in one pinned host-to-device
+copy, and the results come back in one asynchronous device-to-host copy whose event
+:meth:`MetricGatherer.complete` waits for. Every other backend reduces on the CPU in
+the Logger's gloo group.
 """
 
 from __future__ import annotations
@@ -45,30 +60,39 @@ import hashlib
 import json
 import math
 import numbers
+import time
 import warnings
 from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
+import torch.distributed as torch_dist
 
 from dist_logging import dist
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.errors import DistributedLoggingError
 
-__all__ = ['REDUCTIONS', 'MetricGatherer', 'IDLE_FLUSHES_BEFORE_DROP']
+__all__ = ['REDUCTIONS', 'MetricGatherer', 'FlushSchedule', 'IDLE_FLUSHES_BEFORE_DROP', 'MAX_FLUSH_GAP']
 
 REDUCTIONS = ('mean', 'sum', 'min', 'max', 'gather')
 
-#: A key that no rank logged for this many consecutive flushes leaves the packed layout
-#: (logging it again later costs one extra collective, once).
+#: A key that no rank logged for this many consecutive flushes leaves the layout
+#: (logging it again later costs the new-key slow path, once).
 IDLE_FLUSHES_BEFORE_DROP = 100
 
-_HEADER = 4  # seq, position, layout digest, extras length
-_SLOTS = 3  # acc, count, step
+#: The longest gap, in batches, between automatic flushes that found nothing to reduce.
+MAX_FLUSH_GAP = 1024
+
 _ACC, _COUNT, _STEP, _SPEC, _TENSORS = range(5)  # a buffered entry; _SPEC is (reduce, level)
+_OP_CODES = {op: code for code, op in enumerate(REDUCTIONS)}
+_MEAN, _SUM, _MIN, _MAX, _GATHER = range(5)
+_HEADER = 8  # seq, position, digest, new-key payload length, has data, -seq, -position, -digest
+_NEG_INF = -math.inf
+
+Results = list[tuple[dict[str, float], Optional[int], int]]
 
 
-def _digest(layout: Mapping[str, tuple[str, int]]) -> float:
+def _digest(layout: Mapping[str, str]) -> float:
     """A 48-bit digest of the layout, exact in float64."""
     text = json.dumps(list(layout.items()), separators=(',', ':'))
     return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), 'big'))
@@ -85,11 +109,99 @@ def _combine(op: str, acc: Any, value: float) -> float:
     return min(acc, value) if op == 'min' else max(acc, value)
 
 
+class FlushSchedule:
+    """When :meth:`Logger.batch_end` flushes: identical on every rank by construction.
+
+    Automatic flushes happen at batch counts divisible by ``flush_every``. The decision
+    depends only on the batch count and on results of completed flushes (which every
+    rank receives identically): when a completed automatic flush found that no rank had
+    anything buffered, the gap to the next one doubles (up to :data:`MAX_FLUSH_GAP`
+    batches, or ``flush_every`` if that is larger); a flush that found data resets it.
+
+    Args:
+        flush_every: a positive int.
+
+    Raises:
+        ValueError: ``flush_every`` is not a positive int.
+    """
+
+    def __init__(self, flush_every: int = 1):
+        if isinstance(flush_every, bool) or not isinstance(flush_every, numbers.Integral) or flush_every < 1:
+            raise ValueError(f'flush_every must be a positive int (batches between flushes), got {flush_every!r}')
+        self.flush_every = int(flush_every)
+        self.max_gap = self.flush_every
+        while self.max_gap * 2 <= MAX_FLUSH_GAP:
+            self.max_gap *= 2
+        self.gap = self.flush_every
+        self.last = 0  # batch count of the last automatic flush issued
+
+    def is_checkpoint(self, batch: int) -> bool:
+        """Whether ``batch`` is a point where the schedule may act (a multiple of ``flush_every``)."""
+        return batch % self.flush_every == 0
+
+    def due(self, batch: int) -> bool:
+        """Whether an automatic flush is due at ``batch`` (a checkpoint)."""
+        return batch >= self.last + self.gap
+
+    def issued(self, batch: int) -> None:
+        self.last = batch
+
+    def record(self, had_data: Optional[bool], automatic: bool) -> None:
+        """Adapt the gap to a completed flush's result (every rank passes the same values)."""
+        if had_data is None:
+            return
+        if had_data:
+            self.gap = self.flush_every
+        elif automatic:
+            self.gap = min(self.gap * 2, self.max_gap)
+
+
+class _Layout:
+    """An ordered ``key -> reduce`` with each key's position in its section, built only when it changes."""
+
+    __slots__ = ('keys', 'ops', 'codes', 'index', 'digest', 'pos', 'n_sum', 'n_ext', 'n_gather', 'ext_keys',
+                 'sum_keys', 'gather_keys')
+
+    def __init__(self, layout: Mapping[str, str]):
+        self.keys = list(layout)
+        self.ops = [layout[k] for k in self.keys]
+        self.codes = [_OP_CODES[op] for op in self.ops]
+        self.index = {key: i for i, key in enumerate(self.keys)}
+        self.digest = _digest(layout) if layout else 0.0
+        self.pos: list[int] = []
+        sections: dict[str, list[int]] = {'sum': [], 'ext': [], 'gather': []}
+        for i, code in enumerate(self.codes):
+            section = 'sum' if code <= _SUM else 'ext' if code <= _MAX else 'gather'
+            self.pos.append(len(sections[section]))
+            sections[section].append(i)
+        self.sum_keys, self.ext_keys, self.gather_keys = sections['sum'], sections['ext'], sections['gather']
+        self.n_sum, self.n_ext, self.n_gather = len(self.sum_keys), len(self.ext_keys), len(self.gather_keys)
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(zip(self.keys, self.ops))
+
+
+class _Flight:
+    """One flush whose collectives were issued: what completing it needs."""
+
+    __slots__ = ('seq', 'position', 'what', 'layout', 'header', 'held', 'payload', 'works', 'tensors',
+                 'gather_out', 'host', 'event', 'deadline', 'group', 'device')
+
+
 class MetricGatherer:
-    """Buffers metrics logged with ``reduce=`` and combines them across ranks at :meth:`flush`.
+    """Buffers metrics logged with ``reduce=`` and combines them across ranks.
+
+    :meth:`flush` combines synchronously; :meth:`start` issues a flush without waiting
+    and :meth:`complete` finishes it. Both are collectives: every rank calls them at the
+    same points, in the same order.
 
     Args:
         group: the Logger's :class:`~dist_logging.dist.LoggingGroup`.
+
+    Attributes:
+        last_had_data: whether the most recently completed flush found anything buffered
+            on any rank (None before the first completion); identical on every rank.
+        flushes_issued: how many flushes issued collectives (tests and benchmarks count them).
     """
 
     def __init__(self, group: dist.LoggingGroup):
@@ -99,6 +211,12 @@ class MetricGatherer:
         self._layout = _Layout({})
         self._idle = np.zeros(0, dtype=np.int64)
         self._seq = 0
+        self._in_flight: Optional[_Flight] = None
+        self._target: Optional[tuple[Any, torch.device]] = None
+        # Whether tensors stay on their device until the reduction (the device-native path).
+        self._keep_tensors = False
+        self.last_had_data: Optional[bool] = None
+        self.flushes_issued = 0
 
     # ------------------------------------------------------------------ buffering (no collective)
     def add(self, metrics: Mapping[str, Any], step: Optional[int], reduce: str, level: int = 3) -> None:
@@ -179,164 +297,422 @@ class MetricGatherer:
                 entry[_ACC] = value if entry[_ACC] is None else _combine(entry[_SPEC][0], entry[_ACC], value)
                 entry[_COUNT] += 1
 
-    # ------------------------------------------------------------------ flush (a collective)
-    def flush(self, position: int = 0) -> list[tuple[dict[str, float], Optional[int], int]]:
-        """Combine everything buffered since the last flush across ranks.
+    # ------------------------------------------------------------------ flushing (collectives)
+    @property
+    def in_flight(self) -> bool:
+        """Whether a flush was issued by :meth:`start` and not completed yet."""
+        return self._in_flight is not None
 
-        A collective when the world has more than one rank: one all_gather in the
-        steady state, two when some rank logged a key outside the agreed layout.
+    def flush(self, position: int = 0) -> Results:
+        """Complete any in-flight flush, then combine everything buffered, before returning.
 
         Args:
             position: where the caller is (the Logger's batch count); every rank must
                 flush at the same position.
 
         Returns:
-            ``(metrics, step, level)`` groups to emit (meaningful on rank zero; every rank
-            gets the same result).
+            ``(metrics, step, level)`` groups to emit, the in-flight flush's first. On
+            ranks other than zero (which emit nothing) the list is empty.
 
         Raises:
             DistributedLoggingError: a rank did not arrive within the timeout, or ranks
                 flushed at different positions (names the ranks and the step).
         """
+        results = self.complete()
         buffered, self._buffer = self._buffer, {}
         if not self._group.active:
             self._materialize(buffered)
-            return _local_results(buffered)
-        self._materialize(buffered)
-        return self._flush_collective(buffered, position)
+            self.last_had_data = bool(buffered)
+            return results + _local_results(buffered)
+        flight = self._issue(buffered, position, self._layout)
+        return results + self._finish(flight)
 
-    def _flush_collective(self, buffered: dict[str, list[Any]], position: int):
-        group, layout = self._group, self._layout
-        self._seq += 1
-        n = len(layout.keys)
-        packed = np.zeros(_HEADER + _SLOTS * n, dtype=np.float64)
-        # Comprehensions and C-level list comparisons rather than a loop: this runs for every key
-        # at every flush. Steady state: the same keys in the layout's order, with the same specs.
-        keys, entries = list(buffered), list(buffered.values())
-        extras: list[list[Any]] = []
-        if keys == layout.keys and [e[_SPEC] for e in entries] == layout.specs:
-            slots: Any = slice(None)
-        else:
-            index_get, specs = layout.index.get, layout.specs
-            slots = [index_get(key, -1) for key in keys]
-            fits = [s >= 0 and specs[s] == e[_SPEC] for s, e in zip(slots, entries)]
-            if not all(fits):
-                extras = [[key, *e[_SPEC], e[_ACC], e[_COUNT], e[_STEP]]
-                          for key, e, fit in zip(keys, entries, fits) if not fit]
-                slots = [s for s, fit in zip(slots, fits) if fit]
-                entries = [e for e, fit in zip(entries, fits) if fit]
-        if entries:
-            body = packed[_HEADER:].reshape(n, _SLOTS)
-            body[slots, 0] = [e[_ACC] for e in entries]
-            body[slots, 1] = [e[_COUNT] for e in entries]
-            body[slots, 2] = np.array([e[_STEP] for e in entries], dtype=np.float64)  # None -> NaN
-        payload = json.dumps(extras, separators=(',', ':')).encode() if extras else b''
-        packed[:_HEADER] = (self._seq, position, layout.digest, len(payload))
-        what = f'flush at step {position} (flush #{self._seq})'
+    def start(self, position: int = 0) -> Results:
+        """Complete any in-flight flush, then issue this one without waiting for it.
+
+        Returns:
+            The completed in-flight flush's results (a world of one: this flush's).
+
+        Raises:
+            DistributedLoggingError: as :meth:`flush`, for the flush being completed.
+        """
+        results = self.complete()
+        if not self._group.active:
+            return results + self.flush(position)
+        buffered, self._buffer = self._buffer, {}
+        self._in_flight = self._issue(buffered, position, self._layout)
+        return results
+
+    def complete(self) -> Results:
+        """Wait for the in-flight flush (until ``sync_timeout`` after it was issued) and return its results.
+
+        Raises:
+            DistributedLoggingError: a rank did not arrive in time, or ranks were at
+                different flushes (names them).
+        """
+        flight, self._in_flight = self._in_flight, None
+        if flight is None:
+            return []
+        return self._finish(flight)
+
+    def abandon(self) -> None:
+        """Forget an in-flight flush without waiting (the group is broken)."""
+        self._in_flight = None
+
+    def _reduction_target(self) -> tuple[Any, torch.device]:
+        if self._target is None:
+            self._target = self._group.reduction_target()
+            self._keep_tensors = self._target[1].type != 'cpu'
+        return self._target
+
+    def _issue(self, buffered: dict[str, list[Any]], position: int, layout: _Layout,
+               seq: Optional[int] = None) -> _Flight:
+        """Pack ``buffered`` along ``layout`` and issue the flush's collectives (async)."""
+        group, device = self._reduction_target()
+        if not self._keep_tensors:
+            self._materialize(buffered)
+        if seq is None:
+            self._seq += 1
+            self.flushes_issued += 1
+        flight = _Flight()
+        flight.seq = self._seq if seq is None else seq
+        flight.position, flight.layout, flight.group, flight.device = position, layout, group, device
+        flight.what = f'flush at step {position} (flush #{flight.seq})'
+        flight.held, flight.gather_out, flight.host, flight.event = {}, [], None, None
+        K, S, E, G = len(layout.keys), layout.n_sum, layout.n_ext, layout.n_gather
+        sums, counts = [0.0] * S, [0.0] * S
+        steps, levels = [_NEG_INF] * K, [0.0] * K
+        extrema, nans = [_NEG_INF] * E, [0.0] * E
+        gathered = [0.0, 0.0, math.nan] * G
+        device_values: list[tuple[str, int, float, torch.Tensor]] = []  # (section, slot, sign, tensor)
+        index_get, codes, pos = layout.index.get, layout.codes, layout.pos
+        for key, entry in buffered.items():
+            i = index_get(key)
+            op = entry[_SPEC][0]
+            if i is None or layout.ops[i] != op:
+                flight.held[key] = entry
+                continue
+            code, p, tensors = codes[i], pos[i], entry[_TENSORS]
+            levels[i] = float(entry[_SPEC][1])
+            if entry[_STEP] is not None:
+                steps[i] = float(entry[_STEP])
+            acc = entry[_ACC]
+            if code <= _SUM:
+                if acc is not None:
+                    sums[p] = acc
+                counts[p] = float(entry[_COUNT] + (len(tensors) if tensors else 0))
+                if tensors:
+                    device_values += [('sum', p, 1.0, t) for t in tensors]
+            elif code <= _MAX:
+                sign = 1.0 if code == _MAX else -1.0
+                if acc is not None:
+                    if acc != acc:
+                        nans[p] = 1.0
+                    else:
+                        extrema[p] = sign * acc
+                if tensors:
+                    device_values += [('ext', p, sign, t) for t in tensors]
+            else:
+                gathered[3 * p + 1] = 1.0
+                gathered[3 * p + 2] = math.nan if entry[_STEP] is None else float(entry[_STEP])
+                if tensors:
+                    device_values.append(('gather', p, 1.0, tensors[-1]))
+                else:
+                    gathered[3 * p] = acc
+        payload = b''
+        if flight.held:
+            payload = json.dumps([[key, entry[_SPEC][0]] for key, entry in flight.held.items()],
+                                 separators=(',', ':')).encode()
+        flight.payload = payload
+        header = [float(flight.seq), float(position), layout.digest, float(len(payload)), 1.0 if buffered else 0.0]
+        flight.header = header
+        header = header + [-header[0], -header[1], -header[2]]
+        vectors = {'max': _vector(header + steps + levels + extrema + nans, device)}
+        if S:
+            vectors['sum'] = _vector(sums + counts, device)
+        if G:
+            vectors['gather'] = _vector(gathered, device)
+        if device_values:
+            _scatter(vectors, device_values, device, K, S, E)
+        self._group.arrive()
+        flight.deadline = time.monotonic() + self._group.timeout
+        works = []
+        # The same collectives in the same order on every rank (the layout decides which).
+        if S:
+            works.append(self._group.start_all_reduce(vectors['sum'], torch_dist.ReduceOp.SUM, group, flight.what))
+        works.append(self._group.start_all_reduce(vectors['max'], torch_dist.ReduceOp.MAX, group, flight.what))
+        if G:
+            work, flight.gather_out = self._group.start_gather(vectors['gather'], group, flight.what)
+            works.append(work)
+        flight.works, flight.tensors = works, vectors
+        if device.type == 'cuda':
+            # Order a device-to-host copy of the results after the collectives on the current
+            # stream (wait() without a timeout only makes the stream wait), and remember an
+            # event: completing waits for that event, not for the training work queued since.
+            for work in works:
+                work.wait()
+            host = {name: tensor.to('cpu', non_blocking=True) for name, tensor in vectors.items()}
+            if flight.gather_out:
+                host['gather_out'] = _table(flight.gather_out).to('cpu', non_blocking=True)
+            flight.host = host
+            flight.event = torch.cuda.Event()
+            flight.event.record()
+        return flight
+
+    def _finish(self, flight: _Flight) -> Results:
+        """Wait for ``flight`` and turn its results into ``(metrics, step, level)`` groups."""
         try:
-            gathered = group.all_gather(torch.from_numpy(packed), what)
+            self._group.wait_all(flight.works, flight.what, flight.deadline)
+            if flight.event is not None:
+                _wait_event(flight.event, flight.deadline, flight.what, self._group)
         except DistributedLoggingError:
             self._reset()
             raise
-        table = torch.stack(gathered).numpy()  # (world, header + slots * n)
-        header = table[:, :_HEADER]
-        self._check_positions(header)
-        if not (header[:, 2] == layout.digest).all():
-            self._reset()
-            raise DistributedLoggingError(
-                f'{what}: ranks disagree on the metric layout (digests {header[:, 2].tolist()}); '
-                'was a Logger re-created on some ranks only? The gather state was reset', ())
-        data = table[:, _HEADER:].reshape(len(gathered), n, _SLOTS)
-        lengths = [int(x) for x in header[:, 3]]
-        if max(lengths) > 0:
-            blobs = group.all_gather_bytes(payload, max(lengths), lengths, f'{what}: agreeing on new keys')
-            data = self._merge_extras(data, [json.loads(b) if b else [] for b in blobs])
-        results = _results(self._layout, data)
-        self._age(data)
-        return results
+        host = flight.host if flight.host is not None else dict(flight.tensors, gather_out=flight.gather_out)
+        layout = flight.layout
+        K, S, E = len(layout.keys), layout.n_sum, layout.n_ext
+        top = host['max'].tolist()
+        header = top[:5]
+        if top[:3] != [-x for x in top[5:8]]:
+            self._identify(flight)  # raises
+        self.last_had_data = top[4] > 0
+        steps, levels = top[_HEADER:_HEADER + K], top[_HEADER + K:_HEADER + 2 * K]
+        extrema = top[_HEADER + 2 * K:_HEADER + 2 * K + E]
+        nans = top[_HEADER + 2 * K + E:]
+        sums = host['sum'].tolist() if S else []
+        table = None
+        if layout.n_gather and self._group.rank == 0:
+            table = _table(host['gather_out']).numpy()
+        emit_rank = self._group.rank == 0
+        values: dict[str, tuple[float, float, float]] = {}  # key -> (value, step, level)
+        if emit_rank:
+            values = _values(layout, steps, levels, sums, extrema, nans, table)
+        used = [level > 0 for level in levels]
+        layout_dict = None
+        if header[3] > 0:
+            layout_dict, new_values, new_used = self._agree_new_keys(flight, int(header[3]), levels)
+            for key in new_values.pop('__conflicts__', ()):
+                values.pop(key, None)
+            values.update(new_values)
+            used_by_key = dict(zip(layout.keys, used))
+            used_by_key.update(new_used)
+        if layout_dict is not None:
+            self._set_layout(layout_dict, used_by_key)
+        else:
+            self._age(used)
+        return _group_results(values) if emit_rank else []
 
-    def _check_positions(self, header: np.ndarray) -> None:
-        if (header[:, :2] == header[0, :2]).all():
-            return
-        positions = [(int(p), int(s)) for s, p in header[:, :2]]
+    def _agree_new_keys(self, flight: _Flight, length: int, levels: list[float]):
+        """The slow path: exchange the names of keys outside the layout, extend it, reduce the held values.
+
+        Returns:
+            ``(new layout as a dict, {key: (value, step, level)} for the new keys (with the
+            conflicting keys under '__conflicts__'), {key: used})``.
+        """
+        layout = flight.layout
+        blobs = self._group.all_gather_bytes(flight.payload, length, None, f'{flight.what}: agreeing on new keys',
+                                             group=flight.group, device=flight.device)
+        # Ranks usually propose the same new keys: decode each distinct list once, in the order
+        # of the first rank that sent it (a repeat adds nothing to the merge below).
+        proposals = [json.loads(blob) for blob in dict.fromkeys(blobs) if blob]
+        new_layout = layout.as_dict()
+        first: dict[str, str] = {}
+        conflicts: set[str] = set()
+        for entries in proposals:  # rank order: identical on every rank
+            for key, op in entries:
+                if key in first:
+                    if first[key] != op:
+                        conflicts.add(key)
+                    continue
+                first[key] = op
+                i = layout.index.get(key)
+                if i is not None and levels[i] > 0:  # also logged with the layout's reduce in this flush
+                    conflicts.add(key)
+                new_layout[key] = op
+        if conflicts and self._group.rank == 0:
+            warnings.warn(f'metrics {sorted(conflicts)} were logged with different reduce= on different ranks '
+                          'in the same flush; they are dropped from this flush', RuntimeWarning, stacklevel=5)
+        sub_layout = _Layout({key: op for key, op in first.items() if key not in conflicts})
+        held = {key: entry for key, entry in flight.held.items()
+                if key in sub_layout.index and entry[_SPEC][0] == first[key]}
+        sub = self._issue(held, flight.position, sub_layout, seq=flight.seq)
+        sub.what = f'{flight.what}: reducing new keys'
+        values = self._finish_sub(sub)
+        values['__conflicts__'] = conflicts  # type: ignore[assignment]
+        new_used = {key: True for key in first}
+        return new_layout, values, new_used
+
+    def _finish_sub(self, flight: _Flight) -> dict[str, tuple[float, float, float]]:
+        try:
+            self._group.wait_all(flight.works, flight.what, flight.deadline)
+            if flight.event is not None:
+                _wait_event(flight.event, flight.deadline, flight.what, self._group)
+        except DistributedLoggingError:
+            self._reset()
+            raise
+        if self._group.rank != 0:
+            return {}
+        host = flight.host if flight.host is not None else dict(flight.tensors, gather_out=flight.gather_out)
+        layout = flight.layout
+        K, S, E = len(layout.keys), layout.n_sum, layout.n_ext
+        top = host['max'].tolist()
+        table = None
+        if layout.n_gather:
+            table = _table(host['gather_out']).numpy()
+        return _values(layout, top[_HEADER:_HEADER + K], top[_HEADER + K:_HEADER + 2 * K],
+                       host['sum'].tolist() if S else [], top[_HEADER + 2 * K:_HEADER + 2 * K + E],
+                       top[_HEADER + 2 * K + E:], table)
+
+    def _identify(self, flight: _Flight) -> None:
+        """Ranks are at different flushes or hold different layouts: name them (every rank raises)."""
+        mine = _vector(flight.header[:3], flight.device)
+        try:
+            rows = [row.tolist() for row in self._group.all_gather(mine, f'{flight.what}: naming the ranks that differ',
+                                                                    flight.group)]
+        finally:
+            self._reset()
+        positions = [(int(position), int(seq)) for seq, position, _ in rows]
+        if len(set(positions)) == 1:
+            digests = [digest for _, _, digest in rows]
+            counts = collections.Counter(digests)
+            reference = max(counts, key=lambda d: (counts[d], -digests.index(d)))
+            odd = [rank for rank, d in enumerate(digests) if d != reference]
+            raise DistributedLoggingError(
+                f'{flight.what}: ranks {odd} hold another metric layout than the others; was a Logger '
+                're-created on some ranks only? The gather state was reset', odd)
         counts = collections.Counter(positions)
         # The most common position is the flush in question (ties: the earliest); the other
         # ranks skipped it, or called an extra one.
         reference = min(counts, key=lambda p: (-counts[p], p))
         odd = [rank for rank, p in enumerate(positions) if p != reference]
-        # Resynchronize identically on every rank so that later flushes can work again.
-        self._seq = max(s for _, s in positions)
-        self._reset()
+        self._seq = max(s for _, s in positions)  # resynchronize identically on every rank
         detail = ', '.join(f'rank {r}: step {p} flush #{s}' for r, (p, s) in enumerate(positions))
         raise DistributedLoggingError(
             f'flush at step {reference[0]} (flush #{reference[1]}): ranks {odd} did not reach this flush '
-            f'(they are at another one: {detail}); every rank must call flush() at the same points', odd)
+            f'(they are at another one: {detail}); every rank must flush at the same points', odd)
 
     def _reset(self) -> None:
         self._layout = _Layout({})
         self._idle = np.zeros(0, dtype=np.int64)
+        self._in_flight = None
 
-    def _merge_extras(self, data: np.ndarray, extras: list[list[list[Any]]]) -> np.ndarray:
-        """Add every rank's new keys to the layout (same order on every rank) and their values to ``data``."""
-        old = self._layout
-        layout = dict(zip(old.keys, old.specs))
-        changed_by: dict[str, int] = {}
-        conflicts: set[str] = set()
-        for rank, entries in enumerate(extras):
-            for key, op, level, _acc, _count, _step in entries:
-                spec = (op, level)
-                if key in changed_by:
-                    if layout[key][0] != op:
-                        conflicts.add(key)
-                    continue
-                if key in layout and layout[key] != spec:
-                    # The spec changes: ranks that used the old one in this flush conflict.
-                    if layout[key][0] != op and (data[:, old.index[key], 1] > 0).any():
-                        conflicts.add(key)
-                layout[key] = spec
-                changed_by[key] = rank
-        self._layout = new = _Layout(layout)
-        merged = np.zeros((data.shape[0], len(new.keys), _SLOTS), dtype=np.float64)
-        merged[:, : data.shape[1]] = data
-        for rank, entries in enumerate(extras):
-            for key, _op, _level, acc, count, step in entries:
-                merged[rank, new.index[key]] = (acc, count, math.nan if step is None else step)
-        self._idle = np.concatenate([self._idle, np.zeros(len(new.keys) - len(self._idle), dtype=np.int64)])
-        if conflicts:
-            warnings.warn(f'metrics {sorted(conflicts)} were logged with different reduce= on different ranks '
-                          'in the same flush; they are dropped from this flush', RuntimeWarning, stacklevel=4)
-            for key in conflicts:
-                merged[:, new.index[key], 1] = 0
-        return merged
+    def _set_layout(self, layout: dict[str, str], used: Mapping[str, bool]) -> None:
+        idle = dict(zip(self._layout.keys, self._idle.tolist()))
+        counts = {key: 0 if used.get(key) else idle.get(key, 0) + 1 for key in layout}
+        keep = {key: op for key, op in layout.items() if counts[key] < IDLE_FLUSHES_BEFORE_DROP}
+        self._layout = _Layout(keep)
+        self._idle = np.array([counts[key] for key in keep], dtype=np.int64)
 
-    def _age(self, data: np.ndarray) -> None:
+    def _age(self, used: list[bool]) -> None:
         """Count flushes without data per key; drop keys idle too long (identically on every rank)."""
-        used = (data[:, :, 1] > 0).any(axis=0)
-        self._idle = np.where(used, 0, self._idle + 1)
-        if self._idle.size and self._idle.max() >= IDLE_FLUSHES_BEFORE_DROP:
-            keep = np.flatnonzero(self._idle < IDLE_FLUSHES_BEFORE_DROP).tolist()
-            old = self._layout
-            self._layout = _Layout({old.keys[i]: old.specs[i] for i in keep})
-            self._idle = self._idle[keep]
+        if not used:
+            return
+        self._idle = np.where(np.array(used, dtype=bool), 0, self._idle + 1)
+        if self._idle.max() >= IDLE_FLUSHES_BEFORE_DROP:
+            self._set_layout(self._layout.as_dict(), dict(zip(self._layout.keys, used)))
 
 
-_OP_CODES = {op: code for code, op in enumerate(REDUCTIONS)}
-_GATHER = _OP_CODES['gather']
+def _vector(values: list[float], device: torch.device) -> torch.Tensor:
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if device.type == 'cpu':
+        return tensor
+    if device.type == 'cuda':  # pinned, so the copy does not wait for the stream's queued work
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
-class _Layout:
-    """An ordered ``key -> (reduce, level)`` with the derived lookups, built only when it changes."""
+def _scatter(vectors: dict[str, torch.Tensor], device_values: list[tuple[str, int, float, torch.Tensor]],
+             device: torch.device, K: int, S: int, E: int) -> None:
+    """Fold tensors that stayed on their device into the packed vectors, on ``device``.
 
-    __slots__ = ('keys', 'specs', 'index', 'digest', 'key_array', 'codes', 'levels')
+    One stack per dtype and a few index kernels: no per-key kernel, no host synchronization.
+    Mean/sum values are added into the sums, min/max values (signed) scattered with amax
+    (NaN is flagged separately), a gather key's latest tensor copied into its value slot.
+    """
+    by_section: dict[str, list[tuple[int, float, torch.Tensor]]] = collections.defaultdict(list)
+    for section, slot, sign, tensor in device_values:
+        by_section[section].append((slot, sign, tensor))
+    for section, items in by_section.items():
+        stacked = _stack([t for _, _, t in items], device)
+        if section == 'sum':
+            index = _vector([float(s) for s, _, _ in items], device).long()
+            vectors['sum'].index_add_(0, index, stacked)
+        elif section == 'ext':
+            signs = _vector([sign for _, sign, _ in items], device)
+            signed = stacked * signs
+            nan = torch.isnan(signed)
+            base = _HEADER + 2 * K
+            index = _vector([float(base + s) for s, _, _ in items], device).long()
+            vectors['max'].scatter_reduce_(0, index, torch.where(nan, torch.full_like(signed, _NEG_INF), signed),
+                                           reduce='amax')
+            vectors['max'].scatter_reduce_(0, index + E, nan.to(torch.float64), reduce='amax')
+        else:
+            index = _vector([float(3 * s) for s, _, _ in items], device).long()
+            vectors['gather'].index_copy_(0, index, stacked)
 
-    def __init__(self, layout: Mapping[str, tuple[str, int]], shared: bool = True):
-        self.keys = list(layout)
-        self.specs = [tuple(spec) for spec in layout.values()]
-        self.index = {key: i for i, key in enumerate(self.keys)} if shared else {}
-        self.digest = _digest(layout) if shared else 0.0
-        self.key_array = np.array(self.keys, dtype=object)
-        self.codes = np.array([_OP_CODES[op] for op, _ in self.specs], dtype=np.int64)
-        self.levels = np.array([level for _, level in self.specs], dtype=np.int64)
+
+def _stack(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Stack scalar tensors as float64 on ``device``: one stack per (device, dtype), in the given order."""
+    groups: dict[tuple[Any, Any], list[int]] = collections.defaultdict(list)
+    for i, tensor in enumerate(tensors):
+        groups[(tensor.device, tensor.dtype)].append(i)
+    out = torch.empty(len(tensors), dtype=torch.float64, device=device)
+    for indices in groups.values():
+        part = torch.stack([tensors[i].reshape(()) for i in indices]).to(device=device, dtype=torch.float64)
+        if len(indices) == len(tensors):
+            return part
+        out[torch.tensor(indices, device=device)] = part
+    return out
+
+
+def _table(rows: Any) -> torch.Tensor:
+    """One (ranks x n) tensor from gathered rows (one allocation already, or stacked)."""
+    if isinstance(rows, torch.Tensor):
+        return rows
+    return rows[0]._base if rows[0]._base is not None and rows[0]._base.shape[0] == len(rows) else torch.stack(rows)
+
+
+def _wait_event(event: Any, deadline: float, what: str, group: dist.LoggingGroup) -> None:
+    """Wait for a CUDA event until ``deadline`` (polling: events have no timed wait)."""
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise group._failure(what, RuntimeError('timed out waiting for the device-to-host copy'))
+        time.sleep(0.0002)
+
+
+def _values(layout: _Layout, steps: list[float], levels: list[float], sums: list[float], extrema: list[float],
+            nans: list[float], table: Optional[np.ndarray]) -> dict[str, tuple[float, float, float]]:
+    """Reduced values of the keys somebody logged: ``{name: (value, step, level)}`` (rank zero only).
+
+    NaN and inf pass through: a NaN on any rank makes mean/sum/min/max NaN.
+    """
+    out: dict[str, tuple[float, float, float]] = {}
+    S = layout.n_sum
+    for i, key in enumerate(layout.keys):
+        level = levels[i]
+        if level <= 0:
+            continue
+        code, p, step = layout.codes[i], layout.pos[i], steps[i]
+        if code == _MEAN:
+            out[key] = (sums[p] / sums[S + p], step, level)
+        elif code == _SUM:
+            out[key] = (sums[p], step, level)
+        elif code <= _MAX:
+            value = math.nan if nans[p] > 0 else (extrema[p] if code == _MAX else -extrema[p])
+            out[key] = (value, step, level)
+        elif table is not None:
+            column = table[:, 3 * p:3 * p + 3]
+            for rank in np.flatnonzero(column[:, 1] > 0).tolist():
+                out[f'{key}/rank{rank}'] = (float(column[rank, 0]), step, level)
+    return out
+
+
+def _group_results(values: Mapping[str, tuple[float, float, float]]) -> Results:
+    """``{name: (value, step, level)}`` -> ``(metrics, step, level)`` groups, by step then level."""
+    groups: dict[tuple[float, int], dict[str, float]] = {}
+    for key, (value, step, level) in values.items():
+        groups.setdefault((step, int(level)), {})[key] = float(value)
+    return [(groups[sl], None if sl[0] == _NEG_INF else int(sl[0]), sl[1]) for sl in sorted(groups)]
 
 
 def _local_results(buffered: Mapping[str, list[Any]]) -> list[tuple[dict[str, float], Optional[int], int]]:
@@ -355,35 +731,3 @@ def _local_results(buffered: Mapping[str, list[Any]]) -> list[tuple[dict[str, fl
         groups.setdefault((entry[_STEP], level), {})[f'{key}/rank0' if op == 'gather' else key] = float(value)
     ordered = sorted(groups, key=lambda sl: (-math.inf if sl[0] is None else sl[0], sl[1]))
     return [(groups[step_level], step_level[0], step_level[1]) for step_level in ordered]
-
-
-def _results(layout: _Layout, data: np.ndarray) -> list[tuple[dict[str, float], Optional[int], int]]:
-    """Reduce ``data`` (ranks x keys x [acc, count, step]) into ``(metrics, step, level)`` groups.
-
-    Vectorized over keys (this runs at every flush). NaN and inf pass through: a NaN on
-    any rank makes mean/sum/min/max NaN.
-    """
-    if not layout.keys:
-        return []
-    acc, count, steps = data[:, :, 0], data[:, :, 1], data[:, :, 2]
-    logged = count > 0
-    with np.errstate(invalid='ignore', divide='ignore'):
-        total = count.sum(axis=0)
-        sums = np.where(logged, acc, 0.0).sum(axis=0)
-        values = np.select(
-            [layout.codes == 0, layout.codes == 1, layout.codes == 2, layout.codes == 3],
-            [sums / total, sums, np.where(logged, acc, np.inf).min(axis=0), np.where(logged, acc, -np.inf).max(axis=0)],
-            default=np.nan)
-        # The largest step any rank gave (NaN: that rank gave none; -inf: nobody did).
-        top = np.where(logged & ~np.isnan(steps), steps, -np.inf).max(axis=0)
-    emit = total > 0
-    out = []
-    for step_value, level in sorted(set(zip(top[emit].tolist(), layout.levels[emit].tolist()))):
-        mask = emit & (top == step_value) & (layout.levels == level)
-        plain = mask & (layout.codes != _GATHER)
-        metrics = dict(zip(layout.key_array[plain].tolist(), values[plain].tolist()))
-        for i in np.flatnonzero(mask & (layout.codes == _GATHER)).tolist():
-            for rank in np.flatnonzero(logged[:, i]).tolist():
-                metrics[f'{layout.keys[i]}/rank{rank}'] = float(acc[rank, i])
-        out.append((metrics, None if step_value == -math.inf else int(step_value), level))
-    return out

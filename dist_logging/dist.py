@@ -36,6 +36,7 @@ __all__ = [
     'is_initialized',
     'is_available',
     'LoggingGroup',
+    'select_reduction_device',
 ]
 
 
@@ -102,6 +103,25 @@ def get_num_nodes() -> int:
     return max(get_world_size() // max(get_local_world_size(), 1), 1)
 
 
+def select_reduction_device(backend: str, cuda_available: bool) -> torch.device:
+    """The device metric reductions run on for a default group of ``backend``.
+
+    CUDA (in the default NCCL group) only when the default group is NCCL and CUDA is
+    available; the CPU (in a gloo group) for every other backend.
+    """
+    if str(backend).lower() == 'nccl' and cuda_available:
+        return torch.device('cuda', torch.cuda.current_device())
+    return torch.device('cpu')
+
+
+def _rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """``world_size`` output tensors shaped like ``tensor``: rows of one allocation (one
+    allocation instead of N; ``torch.stack(rows)`` of the result is a view-free copy, and
+    ``rows[0]._base`` is the whole table)."""
+    table = torch.empty((world_size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+    return list(table.unbind(0))
+
+
 _GROUP_INSTANCES = itertools.count()
 
 
@@ -154,6 +174,19 @@ class LoggingGroup:
     def _timedelta(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.timeout)
 
+    def reduction_target(self) -> tuple[Any, torch.device]:
+        """Where metric reductions run: ``(process group, device)``; may create the gloo group.
+
+        With an NCCL default group and CUDA available, the default group on the current
+        CUDA device (device-native: no gloo group, no host synchronization until values
+        are read). Otherwise the logging gloo group on the CPU. The choice depends only
+        on the backend, which every rank shares, so every rank picks the same one.
+        """
+        device = select_reduction_device(torch_dist.get_backend(), torch.cuda.is_available())
+        if device.type == 'cuda':
+            return torch_dist.group.WORLD, device
+        return self.group(), device
+
     def group(self) -> Any:
         """The dedicated gloo group, created on first call (a collective)."""
         with self._lock:
@@ -172,6 +205,14 @@ class LoggingGroup:
             return self._group
 
     # ------------------------------------------------------------------ arrival marks
+    def arrive(self) -> None:
+        """Mark (in the rendezvous store) that this rank reached the next collective step.
+
+        Call it once before a batch of collectives issued with :meth:`start_all_reduce` /
+        :meth:`start_gather`; the synchronous collectives below mark their own arrival.
+        """
+        self._arrive()
+
     def _get_store(self) -> Any:
         if self._store is None:
             try:
@@ -256,16 +297,21 @@ class LoggingGroup:
             self.collective_count += 1
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor, what: str) -> list[torch.Tensor]:
-        """All-gather equal-shaped CPU tensors; returns one tensor per rank.
+    def all_gather(self, tensor: torch.Tensor, what: str, group: Any = None) -> list[torch.Tensor]:
+        """All-gather equal-shaped tensors; returns one tensor per rank.
 
         Every rank must pass a tensor of the same shape and dtype: gloo aborts the
         process (it does not raise) when the sizes differ.
+
+        Args:
+            group: the process group (default: the logging gloo group, CPU tensors); pass
+                the group of :meth:`reduction_target` with tensors on its device.
         """
         if not self.active:
             return [tensor]
-        group = self.group()
-        outputs = [torch.empty_like(tensor) for _ in range(torch_dist.get_world_size())]
+        if group is None:
+            group = self.group()
+        outputs = _rows(tensor, torch_dist.get_world_size())
         self._arrive()
         try:
             work = torch_dist.all_gather(outputs, tensor, group=group, async_op=True)
@@ -278,21 +324,81 @@ class LoggingGroup:
             self.collective_count += 1
         return outputs
 
-    def all_gather_bytes(self, payload: bytes, length: int, lengths: Sequence[int], what: str) -> list[bytes]:
-        """All-gather byte strings whose lengths every rank already knows (one collective).
+    # ------------------------------------------------------------------ asynchronous collectives
+    def start_all_reduce(self, tensor: torch.Tensor, op: Any, group: Any, what: str) -> Any:
+        """Issue an all_reduce of ``tensor`` in place with ``async_op=True``; returns the Work.
+
+        Nothing waits here: complete it with :meth:`wait_all`. Every rank must issue the
+        same collectives, with tensors of the same size, in the same order.
+        """
+        try:
+            return torch_dist.all_reduce(tensor, op=op, group=group, async_op=True)
+        except RuntimeError as exc:
+            raise self._failure(what, exc) from exc
+        finally:
+            self.collective_count += 1
+
+    def start_gather(self, tensor: torch.Tensor, group: Any, what: str, dst: int = 0) -> tuple[Any, list[torch.Tensor]]:
+        """Issue a gather of ``tensor`` to rank ``dst`` (``async_op=True``).
+
+        Returns:
+            ``(work, outputs)``: ``outputs`` holds one tensor per rank on ``dst`` (filled once
+            the work completes) and is empty elsewhere.
+        """
+        outputs = _rows(tensor, torch_dist.get_world_size()) if get_global_rank() == dst else []
+        try:
+            work = torch_dist.gather(tensor, gather_list=outputs or None, dst=dst, group=group, async_op=True)
+        except RuntimeError as exc:
+            raise self._failure(what, exc) from exc
+        finally:
+            self.collective_count += 1
+        return work, outputs
+
+    def wait_all(self, works: Sequence[Any], what: str, deadline: Optional[float] = None) -> None:
+        """Wait for ``works`` until ``deadline`` (``time.monotonic()``; default: now + timeout).
+
+        Raises:
+            DistributedLoggingError: some work failed or did not finish in time; names the
+                ranks that did not arrive when the store says which.
+        """
+        import time
+
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
+        for work in works:
+            # timedelta(0) would mean "no timeout" to c10d: always pass at least a millisecond.
+            remaining = max(deadline - time.monotonic(), 0.001)
+            try:
+                finished = work.wait(timeout=datetime.timedelta(seconds=remaining))
+            except RuntimeError as exc:
+                raise self._failure(what, exc) from exc
+            if finished is False:
+                raise self._failure(what, RuntimeError('timed out'))
+
+    def all_gather_bytes(self, payload: bytes, length: int, lengths: Optional[Sequence[int]], what: str,
+                         group: Any = None, device: Any = None) -> list[bytes]:
+        """All-gather byte strings padded to a length every rank already knows (one collective).
 
         Args:
             payload: this rank's bytes.
-            length: the padded length, identical on every rank (at least ``max(lengths)``).
-            lengths: every rank's payload length, by rank.
+            length: the padded length, identical on every rank (at least every payload's length).
+            lengths: every rank's payload length, by rank; None to strip trailing NUL bytes
+                instead (for payloads that never end with one, e.g. JSON text).
+            group, device: see :meth:`all_gather` (default: the gloo group, CPU).
         """
         if not self.active:
             return [payload]
         padded = torch.zeros(max(length, 1), dtype=torch.uint8)
         if payload:
             padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        gathered = self.all_gather(padded, what)
-        return [g[:n].numpy().tobytes() for g, n in zip(gathered, lengths)]
+        if device is not None and torch.device(device).type != 'cpu':
+            padded = padded.to(device)
+        rows = self.all_gather(padded, what, group)
+        table = rows[0]._base if rows[0]._base is not None else torch.stack(rows)
+        gathered = [row.tobytes() for row in table.cpu().numpy()]
+        if lengths is None:
+            return [g.rstrip(b'\0') for g in gathered]
+        return [g[:n] for g, n in zip(gathered, lengths)]
 
     def all_gather_object(self, obj: Any, what: str) -> list[Any]:
         """All-gather picklable objects; returns one per rank.

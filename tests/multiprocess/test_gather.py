@@ -1,5 +1,7 @@
 """Gathering metrics across ranks under real torchrun (gloo, CPU): exact reductions, partial and
-changing key sets, collective counts, hyperparameter divergence, a skipped flush, a missing rank.
+changing key sets, collective counts and bytes (counted by wrapping torch.distributed's functions),
+the flush schedule (idle back-off, flush_every), hyperparameter divergence, a skipped automatic
+flush, a missing rank.
 
 One torchrun launch per world size runs every scenario in order (each launch costs seconds);
 the scenario that breaks the group (a rank that never arrives) runs last, on its own Logger.
@@ -15,10 +17,10 @@ from torchrun_helper import read_rank_outputs, run_torchrun, write_script
 pytestmark = pytest.mark.multiprocess
 
 TESTS_DIR = str(pathlib.Path(__file__).resolve().parents[1])
-MISSING_TIMEOUT = 4.0
+MISSING_TIMEOUT = 3.0
 
 SCENARIO = '''
-import os, sys, time, warnings
+import datetime, os, sys, time, warnings
 import numpy as np
 import torch
 import torch.distributed as torch_dist
@@ -29,14 +31,30 @@ from dist_logging.destinations import InMemoryLogger
 
 torch_dist.init_process_group('gloo')
 r, W = torch_dist.get_rank(), torch_dist.get_world_size()
+
+# Count every collective and its bytes (this rank's input) by wrapping torch.distributed's functions.
+calls = []
+
+def counting(name):
+    real = getattr(torch_dist, name)
+
+    def wrapper(*args, **kwargs):
+        tensor = args[1] if name == 'all_gather' else args[0]
+        calls.append([name, tensor.numel() * tensor.element_size()])
+        return real(*args, **kwargs)
+    return wrapper
+
+for name in ('all_reduce', 'all_gather', 'gather', 'broadcast', 'reduce', 'all_gather_into_tensor'):
+    setattr(torch_dist, name, counting(name))
+
 sink = InMemoryLogger()
 logger = Logger(sink, run_name='gather-test', sync_timeout=60)
 costs = {}
 
 def flush(name):
-    before = logger._group.collective_count
+    before = len(calls)
     logger.flush()
-    costs[name] = logger._group.collective_count - before
+    costs[name] = [c[0] for c in calls[before:]]
 
 # A: every reduction, rank-dependent values; partial keys; a key logged twice; NaN
 logger.log_metrics({'loss': torch.tensor(float(r + 1))}, step=1, reduce='mean')
@@ -79,32 +97,63 @@ with warnings.catch_warnings(record=True) as caught:
     logger.log_hyperparameters({'lr': 0.2 if r == 1 else 0.1, 'seed': r, 'batch': 32}, check_consistency=True)
 hparam_warnings = [str(w.message) for w in caught if 'differ' in str(w.message)]
 
-# a rank skips the flush at batch 2: every rank raises at the flush that pairs wrongly, naming it
+# idle: 1,000 batch_end calls with nothing reduced
+idle = Logger(InMemoryLogger(), run_name='gather-test', sync_timeout=60)
+before = len(calls)
+for _ in range(1000):
+    idle.batch_end()
+idle.close()
+idle_calls = calls[before:]
+
+# flush_every=10: K keys reduced every batch (rank-dependent), 100 batches
+K = 20
+every_sink = InMemoryLogger()
+every = Logger(every_sink, run_name='gather-test', sync_timeout=60, flush_every=10)
+before = len(calls)
+steady = None
+for batch in range(1, 101):
+    every.log_metrics({f'e/k{i}': float(batch * (r + 1) + i) for i in range(K)}, step=batch, reduce='mean')
+    mark = len(calls)
+    every.batch_end()
+    if batch == 50:
+        steady = calls[mark:]  # a steady-state flush: its collectives and their bytes
+every_flushes = every._gatherer.flushes_issued
+every.close()  # completes the flush issued at batch 100
+every_calls = calls[before:]
+
+# a rank skips the automatic flush at batch 2: every rank raises at the flush that pairs wrongly, naming it
 skip = {}
-logger.batch_end()  # batch 1, all flush
-logger.log_metrics({'x': 1.0}, reduce='mean')
-for batch in (2, 3):
+for batch in range(1, 5):
+    logger.log_metrics({'x': 1.0}, reduce='mean')
     if r == W - 1:
-        logger.auto_flush = batch == 3  # the last rank skips the flush at batch 2
+        logger.auto_flush = batch != 2  # the last rank skips the flush at batch 2
     t0 = time.monotonic()
     try:
-        logger.batch_end()  # the others' flush at batch 2 meets the last rank's at batch 3
+        # the others' flush at batch 2 meets the last rank's at batch 3; each side sees it when
+        # completing that flush (the others at batch 3, the last rank at batch 4)
+        logger.batch_end()
     except DistributedLoggingError as exc:
-        skip = {'missing': list(exc.missing_ranks), 'message': str(exc), 'seconds': time.monotonic() - t0}
+        skip = {'missing': list(exc.missing_ranks), 'message': str(exc), 'seconds': time.monotonic() - t0,
+                'batch': batch}
         break
 
-out = {'costs': costs, 'skip': skip, 'hparam_warnings': hparam_warnings}
+out = {'costs': costs, 'skip': skip, 'hparam_warnings': hparam_warnings, 'idle_calls': idle_calls,
+       'every_flushes': every_flushes, 'every_calls': every_calls, 'steady': steady}
 if r == 0:
     out['data'] = sink.data
     out['traces'] = sink.traces.get('hyperparameter_mismatch')
+    out['every_data'] = every_sink.data
 
 # last: the last rank never reaches the flush; the others must raise within the timeout
 short = Logger(InMemoryLogger(), run_name='gather-test', sync_timeout=float(os.environ['MISSING_TIMEOUT']))
 short.log_metrics({'y': 1.0}, reduce='sum')
 short.flush()  # everyone, so that the group is in use before the failure
+from torch.distributed.distributed_c10d import _get_default_store
+store = _get_default_store()
 if r == W - 1:
     dump_rank_output(out)
-    time.sleep(float(os.environ['MISSING_TIMEOUT']) + 5)
+    # stay alive (a live rank that stops logging) until the others have raised: no sleep to guess
+    store.wait([f'gather-test/done{i}' for i in range(W - 1)], datetime.timedelta(seconds=120))
     os._exit(0)
 short.log_metrics({'y': 1.0}, reduce='sum')
 t0 = time.monotonic()
@@ -114,6 +163,7 @@ try:
 except DistributedLoggingError as exc:
     out['missing'] = {'ranks': list(exc.missing_ranks), 'message': str(exc), 'seconds': time.monotonic() - t0}
 dump_rank_output(out)
+store.set(f'gather-test/done{r}', '1')
 os._exit(0)  # the group is broken now; skip the teardown collectives
 '''
 
@@ -154,12 +204,38 @@ def test_gather_under_torchrun(tmp_path, nproc):
             step = 100 * n + repeat
             values = [series(data, f'n{n}/k{i}')[step] for i in range(n)]
             assert values == [i + repeat + (W - 1) / 2 for i in range(n)]
-    assert len(data) == 8 + W + 1 + 1011  # nothing else was emitted (the empty flush emitted nothing)
+    assert len(data) == 8 + W + 1 + 1011 + 1  # nothing else was emitted ('x': the skip scenario's first flush)
 
-    # the collective count: one per flush in the steady state, two when keys are new
+    # the collectives per flush: SUM + MAX all_reduce (+ a gather to rank zero while the layout has
+    # 'gather' keys); new keys add an all_gather of their names and a SUM/MAX/gather over them alone
+    steady = ['all_reduce', 'all_reduce', 'gather']
+    new_keys = ['all_gather', 'all_reduce', 'all_reduce']
     for r, out in outputs.items():
-        assert out['costs'] == {'A': 2, 'B': 1, 'C': 2, 'D': 1, 'n1.0': 2, 'n1.1': 1, 'n10.0': 2, 'n10.1': 1,
-                                'n1000.0': 2, 'n1000.1': 1}, r
+        assert out['costs'] == {
+            'A': ['all_reduce'] + new_keys + ['gather'], 'B': steady, 'C': steady + new_keys, 'D': steady,
+            'n1.0': steady + new_keys, 'n1.1': steady, 'n10.0': steady + new_keys, 'n10.1': steady,
+            'n1000.0': steady + new_keys, 'n1000.1': steady}, r
+
+    # idle: 1,000 batch_end calls, at most 24 collectives (the gap doubles: batches 1, 3, 7, ..., 511)
+    for r, out in outputs.items():
+        assert [name for name, _ in out['idle_calls']] == ['all_reduce'] * 9, r
+        assert all(nbytes == 64 for _, nbytes in out['idle_calls'])  # the 8-number header
+
+    # flush_every=10, K = 20 keys every batch: 10 flushes, exact values, no collective in between
+    K = 20
+    every = outputs[0]['every_data']
+    for i in range(K):
+        got = dict(every[f'e/k{i}'])
+        assert sorted(got) == list(range(10, 101, 10))
+        for step in got:  # the mean over every value logged by every rank since the previous flush
+            values = [b * (r + 1) + i for r in ranks for b in range(step - 9, step + 1)]
+            assert got[step] == sum(values) / len(values)
+    for r, out in outputs.items():
+        assert out['every_flushes'] == 10
+        names = [name for name, _ in out['every_calls']]
+        assert names == ['all_reduce'] + new_keys + ['all_reduce', 'all_reduce'] * 9, names
+        # bytes per collective: [sums | counts] and [header | steps | levels]: O(K), no term in W
+        assert out['steady'] == [['all_reduce', 8 * 2 * K], ['all_reduce', 8 * (8 + 2 * K)]], out['steady']
 
     # hyperparameter divergence: the differing keys and ranks, reported on rank zero
     traces = outputs[0]['traces']
@@ -169,10 +245,11 @@ def test_gather_under_torchrun(tmp_path, nproc):
     assert len(outputs[0]['hparam_warnings']) == 1
     assert all(not out['hparam_warnings'] for r, out in outputs.items() if r)
 
-    # a skipped flush: every rank raises at once, naming the rank and the step
+    # a skipped flush: every rank raises (at its next flush), naming the rank and the step
     for r, out in outputs.items():
         assert out['skip']['missing'] == [W - 1], out['skip']
         assert 'step 2' in out['skip']['message']
+        assert out['skip']['batch'] == (4 if r == W - 1 else 3)
         assert out['skip']['seconds'] < 30
 
     # a rank that never arrives: the others raise within the timeout (+ scheduling slack), naming it

@@ -1,10 +1,11 @@
-"""A rank that dies, or stops logging, before a ``flush()`` (real torchrun, 3 ranks, gloo).
+"""A rank that dies, or stops logging, before an automatic flush (real torchrun, 3 ranks, gloo).
 
-The surviving ranks get ``DistributedLoggingError`` naming the missing rank within the timeout
-(at once when the rank's process is gone), and the uploads they accepted before still land at
-their ``close()`` (which issues no collective).
-``tests/multiprocess/test_gather.py`` checks the error's details for a rank that stops logging;
-this adds a rank that dies, and the survivors' uploads.
+The survivors' ``batch_end`` issues the flush asynchronously and returns; completing it at the
+next ``batch_end`` raises ``DistributedLoggingError`` naming the missing rank within the timeout
+counted from when the flush was issued (at once when the rank's process is gone), and the
+uploads they accepted before still land at their ``close()`` (which issues no collective).
+``tests/multiprocess/test_gather.py`` checks the error's details for an explicit ``flush()``;
+this adds the asynchronous path, a rank that dies, and the survivors' uploads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ NPROC = 3
 TIMEOUT = 5.0
 
 SCENARIO = '''
-import hashlib, os, sys, time
+import datetime, hashlib, os, sys, time
 import torch.distributed as torch_dist
 from dist_logging import DistributedLoggingError, Logger
 from dist_logging.destinations import InMemoryLogger, RemoteUploaderDownloader
@@ -44,19 +45,26 @@ for i in range(4):
     sums[f'flush-death/rank{rank}/f{i}.bin'] = hashlib.sha256(data).hexdigest()
 logger.log_metrics({'loss': float(rank)}, reduce='mean')
 logger.flush()  # every rank: the group works
-logger.log_metrics({'loss': float(rank)}, reduce='mean')
+store = torch_dist.distributed_c10d._get_default_store()
 if rank == W - 1:
     dump_rank_output({'sums': sums})
     if how == 'dies':
         os._exit(0)  # the process is gone (exit code 0, so torchrun lets the others go on)
-    time.sleep(timeout + 8)  # alive, but never logs again
+    # alive, but never logs again: wait (event-driven) until the survivors are done
+    store.wait([f'flush-death/done{r}' for r in range(W - 1)], datetime.timedelta(seconds=120))
     os._exit(0)
 t0 = time.monotonic()
 error = None
+returned_after = None
 try:
-    logger.flush()
+    for batch in range(3):
+        logger.log_metrics({'loss': float(rank)}, reduce='mean')
+        logger.batch_end()  # batch 1 issues the flush and returns; batch 2 completes it
+        if returned_after is None:
+            returned_after = time.monotonic() - t0
 except DistributedLoggingError as exc:
-    error = {'type': type(exc).__name__, 'missing': list(exc.missing_ranks), 'message': str(exc)}
+    error = {'type': type(exc).__name__, 'missing': list(exc.missing_ranks), 'message': str(exc),
+             'batch': batch}
 raised_after = time.monotonic() - t0
 t0 = time.monotonic()
 close_error = None
@@ -65,7 +73,8 @@ try:
 except Exception as exc:
     close_error = repr(exc)
 dump_rank_output({'sums': sums, 'error': error, 'raised_after': raised_after, 'close_error': close_error,
-                  'close_seconds': time.monotonic() - t0})
+                  'close_seconds': time.monotonic() - t0, 'returned_after': returned_after})
+store.set(f'flush-death/done{rank}', '1')
 os._exit(0)  # the group is broken: skip the teardown collectives
 '''
 
@@ -82,6 +91,8 @@ def test_survivors_raise_within_the_timeout_and_their_uploads_land(tmp_path, how
         out = outputs[rank]
         assert out['error'] is not None, f'rank {rank}: flush did not raise'
         assert out['error']['type'] == 'DistributedLoggingError'
+        assert out['error']['batch'] == 1, out['error']  # the flush issued at batch 0's call, completed at the next
+        assert out['returned_after'] < TIMEOUT, out  # the batch_end that issued it did not wait for it
         if how == 'stops_logging':  # a live rank is named from the arrival marks in the store
             assert out['error']['missing'] == [NPROC - 1], out['error']
         assert out['raised_after'] < TIMEOUT + 30, out  # within the timeout (+ slack for a loaded machine)
