@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
 import json
 import os
@@ -11,13 +12,13 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging._artifacts import flatten, jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
-from dist_logging.destination import LoggerDestination
+from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
-from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
+from dist_logging.naming import DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist, validate_template
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -33,7 +34,29 @@ MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE_LENGTH = 6000
 MAX_KEY_LENGTH = 250
 RUN_NAME_TAG = 'dist_logging.run_name'
+COMPOSER_RUN_NAME_TAG = 'run_name'  # the tag Composer's MLFlowLogger sets (and resumes by)
+DEFAULT_EXPERIMENT_NAME = 'dist_logging'
 _BAD_KEY_CHARS = re.compile(r'[^A-Za-z0-9_\-. :/]')
+
+
+def _matches_any(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+
+
+def _check_file_store_allowed(tracking_uri: str) -> None:
+    """A folder (MLflow's file store) is refused by recent MLflow unless opted in: say so at construction."""
+    if tracking_uri == 'databricks' or (re.match(r'^[A-Za-z][A-Za-z0-9+.-]+:', tracking_uri)
+                                        and not tracking_uri.startswith('file:')):
+        return  # sqlite:, http(s):, databricks, ... (a Windows drive letter is one character, never a scheme)
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    except ImportError:  # an MLflow that has no such switch takes folders
+        return
+    if not MLFLOW_ALLOW_FILE_STORE.get():
+        folder = tracking_uri[len('file://'):] if tracking_uri.startswith('file://') else tracking_uri
+        raise ValueError(f'MLFlowLogger: tracking_uri {tracking_uri!r} is a folder (MLflow\'s file store), which '
+                         f'this MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true is set; use a database instead, '
+                         f'e.g. tracking_uri=\'sqlite:///{os.path.join(folder, "mlflow.db")}\'')
 
 
 def _check_installed() -> None:
@@ -57,15 +80,21 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
 
     The run: ``run_id`` (or the ``MLFLOW_RUN_ID`` environment variable) resumes that run.
     Otherwise, with ``resume=True``, a run of the experiment tagged with this Logger's run
-    name (``dist_logging.run_name``; the same on every restart of a torchrun job) is
-    resumed, else a new one is created. Params already in a resumed run are not sent
-    again; a changed value (which MLflow refuses) is skipped with a warning.
+    name (``dist_logging.run_name``, or Composer's ``run_name`` tag; the same on every restart
+    of a torchrun job) is resumed, else a new one is created. Params already in a resumed run
+    are not sent again; a changed value (which MLflow refuses) is skipped with a warning.
+    The run carries the tags ``run_name`` (the Logger's run name, or ``$RUN_NAME``, as Composer
+    sets it) and, when given, ``run_group``. With ``ranks='all'`` (Composer's
+    ``rank_zero_only=False``) every rank has its own run, named ``{run_name}-rank{rank}``.
 
     Args:
-        tracking_uri: the tracking store (``sqlite:///...``, ``http://...``, ``databricks``);
-            ``None`` uses MLflow's default (``MLFLOW_TRACKING_URI`` or a local store).
-        experiment_name: the experiment, created if missing.
-        run_name: template for the MLflow run's name (default: the Logger's run name).
+        tracking_uri: the tracking store (``sqlite:///...``, ``http://...``, ``databricks``, or a
+            local folder as a str or ``pathlib.Path``); ``None`` uses MLflow's default
+            (``MLFLOW_TRACKING_URI`` or a local store).
+        experiment_name: the experiment, created if missing (default: ``$MLFLOW_EXPERIMENT_NAME``,
+            else ``'dist_logging'``; ``$MLFLOW_EXPERIMENT_ID`` names an existing one by id).
+        run_name: template for the MLflow run's name (default: the Logger's run name). When every
+            rank logs, ``-rank{rank}`` is appended unless it has ``{rank}`` (as Composer does).
         run_id: an existing run to resume.
         resume: reuse the experiment's run tagged with this Logger's run name, if any.
         tags: extra tags set on the run.
@@ -77,27 +106,84 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         ranks: rank policy (default ``'zero'``).
         log_level: highest :class:`~dist_logging.LogLevel` taken (default: all).
         optional: when True, this destination's errors are reported but never re-raised.
+        rank_zero_only: Composer's spelling of the policy: True means ``ranks='zero'``, False
+            ``ranks='all'`` (one run per rank).
+        log_system_metrics: also record CPU, memory, disk, network (and GPU) use as
+            ``system/...`` metrics, sampled every 5 s and sent every 30 s by MLflow's monitor.
+        model_registry_prefix: put before model names in :meth:`register_model`
+            (``'{catalog}.{schema}'`` for Unity Catalog).
+        model_registry_uri: the model registry (default: the tracking store; ``'databricks-uc'``
+            for Unity Catalog).
+        run_group: set as the run's ``run_group`` tag.
+        logging_buffer_seconds: send buffered metrics at least this often (seconds) while
+            metrics keep coming, besides every ``flush_interval`` batches; ``None`` or 0: only by batches.
+        rename_metrics: metric name -> the name logged.
+        ignore_metrics: glob patterns (``fnmatch``) of metric names not logged.
+        ignore_hyperparameters: glob patterns of hyperparameter names (top-level or flattened)
+            not logged.
+        log_duplicated_metric_every_n_steps: when > 0, a metric whose value equals its last logged
+            value is sent again only after this many steps (Composer's default is 100); 0 (the
+            default) sends every value.
 
     Raises:
-        ImportError: mlflow is not installed (with the extra to install).
-        ValueError: an empty experiment name, a bad template or interval.
-        TypeError: ``tags`` is not a mapping.
+        ImportError: mlflow (or, with ``log_system_metrics``, psutil) is not installed (with the extra to install).
+        ValueError: an empty experiment name, a bad template, interval or buffer time, a
+            ``model_registry_prefix`` that is not ``catalog.schema`` for ``'databricks-uc'``, or
+            ``rank_zero_only`` contradicting ``ranks``.
+        TypeError: ``tags`` or ``rename_metrics`` is not a mapping.
     """
 
-    def __init__(self, tracking_uri: Optional[str] = None, experiment_name: str = 'dist_logging',
+    def __init__(self, tracking_uri: Union[str, 'os.PathLike[str]', None] = None,
+                 experiment_name: Optional[str] = None,
                  run_name: Optional[str] = None, run_id: Optional[str] = None, resume: bool = True,
                  tags: Optional[Mapping[str, Any]] = None, artifact_location: Optional[str] = None,
                  flush_interval: int = 10, param_separator: str = '/', log_traces: bool = False,
-                 synchronous: bool = False, ranks: str = 'zero', log_level: Any = None,
-                 optional: Optional[bool] = None):
+                 synchronous: bool = False, ranks: Optional[str] = None, log_level: Any = None,
+                 optional: Optional[bool] = None, *, rank_zero_only: Optional[bool] = None,
+                 log_system_metrics: bool = False, model_registry_prefix: str = '',
+                 model_registry_uri: Optional[str] = None, run_group: Optional[str] = None,
+                 logging_buffer_seconds: Optional[float] = 10,
+                 rename_metrics: Optional[Mapping[str, str]] = None, ignore_metrics: Optional[Sequence[str]] = None,
+                 ignore_hyperparameters: Optional[Sequence[str]] = None,
+                 log_duplicated_metric_every_n_steps: int = 0):
+        ranks = ranks_from_rank_zero_only(ranks, rank_zero_only, 'zero', 'MLFlowLogger')
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         _check_installed()
+        if experiment_name is None:
+            experiment_name = os.environ.get('MLFLOW_EXPERIMENT_NAME') or DEFAULT_EXPERIMENT_NAME
         if not isinstance(experiment_name, str) or not experiment_name.strip():
             raise ValueError(f'MLFlowLogger: experiment_name must be a non-empty string, got {experiment_name!r}')
+        if isinstance(tracking_uri, os.PathLike):
+            tracking_uri = os.fspath(tracking_uri)
         if tracking_uri is not None and (not isinstance(tracking_uri, str) or not tracking_uri):
-            raise ValueError(f'MLFlowLogger: tracking_uri must be a non-empty string or None, got {tracking_uri!r}')
+            raise ValueError(f'MLFlowLogger: tracking_uri must be a non-empty string, a path or None, '
+                             f'got {tracking_uri!r}')
+        if tracking_uri is not None:
+            _check_file_store_allowed(tracking_uri)
+        # As Composer: when every rank logs, each has its own run, named with a -rank suffix.
+        if self.ranks == 'all' and '{rank' not in (run_name or ''):
+            run_name = (run_name or '{run_name}') + '-rank{rank}'
+        elif self.ranks == 'local_zero' and '{node_rank' not in (run_name or ''):
+            run_name = (run_name or '{run_name}') + '-node{node_rank}'
         if run_name is not None:
             validate_template(run_name, DIST_PLACEHOLDERS)
+            check_rank_distinct(run_name, self.ranks, 'MLFlowLogger run_name')
+        if model_registry_uri == 'databricks-uc' and len(model_registry_prefix.split('.')) != 2:
+            raise ValueError(f'MLFlowLogger: When registering to Unity Catalog (model_registry_uri=\'databricks-uc\'), '
+                             f"model_registry_prefix must be '{{catalog}}.{{schema}}', got {model_registry_prefix!r}")
+        if logging_buffer_seconds is not None and (isinstance(logging_buffer_seconds, bool)
+                                                   or not isinstance(logging_buffer_seconds, (int, float))
+                                                   or logging_buffer_seconds < 0):
+            raise ValueError(f'MLFlowLogger: logging_buffer_seconds must be a number >= 0 or None, '
+                             f'got {logging_buffer_seconds!r}')
+        if rename_metrics is not None and not isinstance(rename_metrics, Mapping):
+            raise TypeError(f'MLFlowLogger: rename_metrics must be a mapping, got {type(rename_metrics).__name__}')
+        if (isinstance(log_duplicated_metric_every_n_steps, bool) or not isinstance(log_duplicated_metric_every_n_steps, int)
+                or log_duplicated_metric_every_n_steps < 0):
+            raise ValueError(f'MLFlowLogger: log_duplicated_metric_every_n_steps must be an int >= 0, '
+                             f'got {log_duplicated_metric_every_n_steps!r}')
+        if log_system_metrics and importlib.util.find_spec('psutil') is None:
+            raise ImportError('MLFlowLogger(log_system_metrics=True) needs psutil: pip install psutil')
         if param_separator not in ('/', '.'):
             raise ValueError(f"MLFlowLogger: param_separator must be '/' or '.', got {param_separator!r}")
         if tags is not None and not isinstance(tags, Mapping):
@@ -105,9 +191,24 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.run_name_template = run_name
+        self.run_name: Optional[str] = run_name  # Composer's attribute: the MLflow run's name, formatted at init
+        self.run_group = run_group
+        self.log_system_metrics = bool(log_system_metrics)
+        self.model_registry_prefix = model_registry_prefix
+        self.model_registry_uri = model_registry_uri
+        self.logging_buffer_seconds = logging_buffer_seconds or None
+        self.rename_metrics = dict(rename_metrics or {})
+        self.ignore_metrics = list(ignore_metrics or [])
+        self.ignore_hyperparameters = list(ignore_hyperparameters or [])
+        self.log_duplicated_metric_every_n_steps = log_duplicated_metric_every_n_steps
+        self._last_logged: dict[str, tuple[float, int]] = {}  # metric -> (value, step), for duplicate skipping
+        self._last_send = time.monotonic()
+        self._system_monitor: Any = None
         self.run_id = run_id or os.environ.get('MLFLOW_RUN_ID') or None
         self.resume = bool(resume)
         self.tags = {str(k): format_log_data_value(v) for k, v in (tags or {}).items()}
+        if run_group:
+            self.tags['run_group'] = str(run_group)
         self.artifact_location = artifact_location
         self.flush_interval = check_interval('MLFlowLogger', 'flush_interval', flush_interval)
         self.param_separator = param_separator
@@ -127,20 +228,40 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
+        from mlflow.entities import RunTag
         from mlflow.tracking import MlflowClient
 
         self._state = state
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        run = self._open_run(state)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
+        template = self.run_name_template
+        self.run_name = format_name_with_dist(template, state.run_name) if template else state.run_name
+        # As Composer: the job's run name as a tag (MosaicML's platform sets RUN_NAME).
+        self.tags[COMPOSER_RUN_NAME_TAG] = os.environ.get('RUN_NAME', state.run_name)
+        run, created = self._open_run(state)
         self.run_id = run.info.run_id
         self.experiment_id = run.info.experiment_id
         self._existing_params = dict(run.data.params)
+        if not created and self.tags:
+            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in self.tags.items()])
+        if self.log_system_metrics:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            # Composer's sampling: every 5 s, sent in groups of 6 (every 30 s).
+            self._system_monitor = SystemMetricsMonitor(self.run_id, sampling_interval=5, samples_before_logging=6,
+                                                        resume_logging=not created,
+                                                        tracking_uri=self.client.tracking_uri)
+            self._system_monitor.start()
         self._tmpdir = tempfile.TemporaryDirectory(prefix='dist_logging_mlflow_')
         if not self.synchronous:
             self._thread = threading.Thread(target=self._work, name='dist_logging-mlflow', daemon=True)
             self._thread.start()
 
-    def _open_run(self, state: 'State') -> Any:
+    def _resume_key(self, state: 'State') -> str:
+        # One run per job (rank zero) or one per rank: the key must tell the runs of one job apart.
+        return state.run_name if self.ranks == 'zero' else (self.run_name or state.run_name)
+
+    def _open_run(self, state: 'State') -> tuple[Any, bool]:
+        """The run to log to, and whether it was created now."""
         from mlflow.exceptions import MlflowException
 
         client = self.client
@@ -151,31 +272,41 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                 raise ValueError(f'MLFlowLogger: run_id {self.run_id!r} not found in {client.tracking_uri!r}: {exc}') from exc
             if run.info.status != 'RUNNING':
                 client.update_run(run.info.run_id, status='RUNNING')
-            return run
-        experiment = client.get_experiment_by_name(self.experiment_name)
-        if experiment is None:
-            try:
-                experiment_id = client.create_experiment(self.experiment_name, artifact_location=self.artifact_location)
-            except MlflowException:  # created meanwhile by another job
-                experiment_id = client.get_experiment_by_name(self.experiment_name).experiment_id
-        else:
-            experiment_id = experiment.experiment_id
+            return run, False
+        experiment_id = os.environ.get('MLFLOW_EXPERIMENT_ID') or None  # as in Composer: wins over the name
+        if experiment_id is None:
+            experiment = client.get_experiment_by_name(self.experiment_name)
+            if experiment is not None:
+                experiment_id = experiment.experiment_id
+            else:
+                try:
+                    experiment_id = client.create_experiment(self.experiment_name,
+                                                             artifact_location=self.artifact_location)
+                except MlflowException:  # created meanwhile by another job
+                    experiment_id = client.get_experiment_by_name(self.experiment_name).experiment_id
+        key = self._resume_key(state)
         if self.resume:
-            found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = '{state.run_name}'",
-                                       max_results=1, order_by=['attributes.start_time DESC'])
-            if found:
-                run = found[0]
-                if run.info.status != 'RUNNING':
-                    client.update_run(run.info.run_id, status='RUNNING')
-                return run
-        name = format_name_with_dist(self.run_name_template, state.run_name) if self.run_name_template else state.run_name
-        return client.create_run(experiment_id, run_name=name, tags={RUN_NAME_TAG: state.run_name, **self.tags})
+            searches = [f"tags.`{RUN_NAME_TAG}` = '{key}'"]
+            if self.ranks == 'zero':  # a run Composer's MLFlowLogger created for this job
+                searches.append(f"tags.`{COMPOSER_RUN_NAME_TAG}` = '{self.tags[COMPOSER_RUN_NAME_TAG]}'")
+            for search in searches:
+                found = client.search_runs([experiment_id], filter_string=search, max_results=1,
+                                           order_by=['attributes.start_time DESC'])
+                if found:
+                    run = found[0]
+                    if run.info.status != 'RUNNING':
+                        client.update_run(run.info.run_id, status='RUNNING')
+                    return run, False
+        return client.create_run(experiment_id, run_name=self.run_name, tags={RUN_NAME_TAG: key, **self.tags}), True
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self.client is None:
             return
         try:
             self._send_metrics()
+            if self._system_monitor is not None:
+                monitor, self._system_monitor = self._system_monitor, None
+                self._submit(monitor.finish)  # sends its last samples, before the run ends
             self._submit(lambda: self.client.set_terminated(self.run_id, status='FINISHED'))
             if self._thread is not None:
                 self._queue.put(None)
@@ -188,6 +319,15 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             self.client = None
         self._raise_errors()
 
+    def post_close(self) -> None:
+        """Finish the run if :meth:`close` did not (Composer ends its run here); otherwise nothing.
+
+        Raises:
+            RuntimeError: as :meth:`close`.
+        """
+        if self.client is not None:
+            self.close(self._state, None)  # type: ignore[arg-type]
+
     def flush(self) -> None:
         """Hand buffered metrics to the background thread, in ``log_batch`` calls of at most 1000.
 
@@ -198,6 +338,7 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self._send_metrics()
 
     def _send_metrics(self) -> None:
+        self._last_send = time.monotonic()
         while self._metrics:
             chunk, self._metrics = self._metrics[:MAX_METRICS_PER_BATCH], self._metrics[MAX_METRICS_PER_BATCH:]
             self._submit(lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk))
@@ -258,9 +399,14 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         from mlflow.entities import Param
 
         self._check_open()
+        ignored = self.ignore_hyperparameters
+        if ignored:
+            hyperparameters = {k: v for k, v in hyperparameters.items() if not _matches_any(k, ignored)}
         params: dict[str, str] = {}
         truncated = []
         for name, value in flatten(hyperparameters, self.param_separator).items():
+            if ignored and _matches_any(name, ignored):
+                continue
             text = format_log_data_value(value)
             if len(text) > MAX_PARAM_VALUE_LENGTH:
                 truncated.append(name)
@@ -286,9 +432,31 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self._check_open()
         step = self._step(step)
         now = int(time.time() * 1000)
-        self._metrics.extend(Metric(self._key(name), float(value), now, step) for name, value in metrics.items())
-        if len(self._metrics) >= MAX_METRICS_PER_BATCH:
+        if self.ignore_metrics or self.rename_metrics or self.log_duplicated_metric_every_n_steps:
+            self._metrics.extend(Metric(self._key(self.rename_metrics.get(name, name)), value, now, step)
+                                 for name, value in self._filtered(metrics, step))
+        else:
+            self._metrics.extend(Metric(self._key(name), float(value), now, step) for name, value in metrics.items())
+        if len(self._metrics) >= MAX_METRICS_PER_BATCH or (
+                self.logging_buffer_seconds is not None
+                and time.monotonic() - self._last_send >= self.logging_buffer_seconds):
             self.flush()
+
+    def _filtered(self, metrics: dict[str, float], step: int) -> list[tuple[str, float]]:
+        """Composer's ignore_metrics patterns and duplicate skipping."""
+        kept = []
+        window = self.log_duplicated_metric_every_n_steps
+        for name, value in metrics.items():
+            if self.ignore_metrics and _matches_any(name, self.ignore_metrics):
+                continue
+            value = float(value)
+            if window:
+                last = self._last_logged.get(name)
+                if last is not None and last[0] == value and step < last[1] + window:
+                    continue
+                self._last_logged[name] = (value, step)
+            kept.append((name, value))
+        return kept
 
     def log_traces(self, traces: dict[str, Any]) -> None:
         if not self.should_log_traces:
@@ -328,6 +496,79 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             files.append((f'{stem}.mask_class_labels.json',
                           json.dumps({str(k): v for k, v in mask_class_labels.items()}).encode()))
         self._submit(lambda: self._upload_files(folder, files))
+
+    # ------------------------------------------------------------------ model registry
+    def _enabled_here(self) -> bool:
+        from dist_logging import dist
+
+        if self.ranks == 'zero':
+            return dist.get_global_rank() == 0
+        return self.ranks == 'all' or dist.get_local_rank() == 0
+
+    def _registry_client(self) -> Any:
+        if self.client is not None:
+            return self.client
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
+
+    def _create_version(self, model_uri: str, name: str, await_for: int, tags: Optional[dict[str, Any]],
+                        run_id: Optional[str], resolve_runs_uri: bool) -> Any:
+        from mlflow.exceptions import MlflowException
+        from mlflow.store.artifact.runs_artifact_repo import RunsArtifactRepository
+
+        if not isinstance(name, str) or not name:
+            raise ValueError(f'MLFlowLogger: a model name must be a non-empty string, got {name!r}')
+        client = self._registry_client()
+        full_name = f'{self.model_registry_prefix}.{name}' if self.model_registry_prefix else name
+        try:
+            client.create_registered_model(full_name)
+        except MlflowException as exc:
+            if exc.error_code not in ('RESOURCE_ALREADY_EXISTS', 'ALREADY_EXISTS'):
+                raise
+        source = model_uri
+        if resolve_runs_uri and RunsArtifactRepository.is_runs_uri(model_uri):
+            # runs:/<run id>/<path> -> that run's artifact location, linked to the run.
+            run_id, artifact_path = RunsArtifactRepository.parse_runs_uri(model_uri)
+            root = client.get_run(run_id).info.artifact_uri.rstrip('/')
+            source = f'{root}/{artifact_path}' if artifact_path else root
+        return client.create_model_version(full_name, source, run_id=run_id,
+                                           tags={k: format_log_data_value(v) for k, v in (tags or {}).items()},
+                                           await_creation_for=await_for)
+
+    def register_model(self, model_uri: str, name: str, await_registration_for: int = 300,
+                       tags: Optional[dict[str, Any]] = None) -> Any:
+        """Register ``model_uri`` as a new version of the model ``<model_registry_prefix>.<name>``, as Composer's does.
+
+        The registered model is created if missing. A ``runs:/<run id>/<path>`` URI is resolved
+        to that run's artifacts and the version is linked to the run. Runs on the caller's
+        thread, waiting up to ``await_registration_for`` seconds for the version to be ready.
+        On a rank this destination's policy excludes it does nothing and returns None.
+
+        Returns:
+            The ``mlflow.entities.model_registry.ModelVersion`` (None on an excluded rank).
+
+        Raises:
+            ValueError: an empty name.
+            mlflow.exceptions.MlflowException: the registry refused it (e.g. an unknown run).
+        """
+        if not self._enabled_here():
+            return None
+        return self._create_version(model_uri, name, await_registration_for, tags, None, resolve_runs_uri=True)
+
+    def register_model_with_run_id(self, model_uri: str, name: str, await_creation_for: int = 300,
+                                   tags: Optional[dict[str, Any]] = None) -> Any:
+        """Like :meth:`register_model`, with ``model_uri`` used as given and the version linked to this run.
+
+        Raises:
+            RuntimeError: the destination is not open (no run yet).
+            ValueError, mlflow.exceptions.MlflowException: as :meth:`register_model`.
+        """
+        if not self._enabled_here():
+            return None
+        if not self.run_id or self.client is None:
+            raise RuntimeError('MLFlowLogger.register_model_with_run_id: no run yet (the Logger opens it)')
+        return self._create_version(model_uri, name, await_creation_for, tags, self.run_id, resolve_runs_uri=False)
 
     def _upload_files(self, folder: str, files: list[tuple[str, bytes]]) -> None:
         with tempfile.TemporaryDirectory(dir=self._tmpdir.name if self._tmpdir else None) as directory:

@@ -151,3 +151,116 @@ def test_validation_and_install_hint(monkeypatch):
     monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'mlflow' else real(name, *a))
     with pytest.raises(ImportError, match=r'pip install dist-logging\[mlflow\]'):
         MLFlowLogger()
+
+
+# ----------------------------------------------------------------- Composer's MLFlowLogger API
+def test_composer_style_construction_run_name_and_tags(tracking_uri, tmp_path, client, monkeypatch):
+    monkeypatch.setenv('MLFLOW_EXPERIMENT_NAME', 'composer-style-exp')
+    destination = MLFlowLogger(tracking_uri=tracking_uri, artifact_location=(tmp_path / 'a').as_uri(),
+                               rank_zero_only=True, run_group='group-1', logging_buffer_seconds=5,
+                               log_system_metrics=False, model_registry_prefix='', model_registry_uri=None)
+    assert destination.experiment_name == 'composer-style-exp' and destination.ranks == 'zero'
+    with Logger(destination, run_name='composer-run'):
+        assert destination.run_name == 'composer-run'
+        assert destination.tags['run_name'] == 'composer-run'
+    run = client.get_run(destination.run_id)
+    assert run.info.run_name == 'composer-run'
+    assert run.data.tags['run_name'] == 'composer-run' and run.data.tags['run_group'] == 'group-1'
+    assert client.get_experiment(run.info.experiment_id).name == 'composer-style-exp'
+    # Every rank its own run, as Composer names them; $RUN_NAME is the run_name tag.
+    monkeypatch.setenv('RUN_NAME', 'platform-run')
+    per_rank = MLFlowLogger(tracking_uri=tracking_uri, run_name='my-run', rank_zero_only=False)
+    assert per_rank.ranks == 'all'
+    with Logger(per_rank, run_name='composer-run'):
+        pass
+    assert per_rank.run_name == 'my-run-rank0' and per_rank.tags['run_name'] == 'platform-run'
+    assert per_rank.run_id != destination.run_id
+    with pytest.raises(ValueError, match="rank_zero_only=False means ranks='all'"):
+        MLFlowLogger(rank_zero_only=False, ranks='zero')
+
+
+def test_resumes_a_run_composer_created(tracking_uri, tmp_path, client):
+    experiment_id = client.create_experiment('made-by-composer', artifact_location=(tmp_path / 'c').as_uri())
+    composer_run = client.create_run(experiment_id, run_name='x', tags={'run_name': 'job-7'})
+    destination = MLFlowLogger(tracking_uri=tracking_uri, experiment_name='made-by-composer')
+    with Logger(destination, run_name='job-7') as logger:
+        logger.log_metrics({'loss': 1.0}, step=1)
+    assert destination.run_id == composer_run.info.run_id
+
+
+def test_path_tracking_uri(tmp_path, monkeypatch):
+    folder = tmp_path / 'mlruns'
+    monkeypatch.delenv('MLFLOW_ALLOW_FILE_STORE', raising=False)
+    with pytest.raises(ValueError, match=r"is a folder.*MLFLOW_ALLOW_FILE_STORE=true.*sqlite:///"):
+        MLFlowLogger(tracking_uri=folder)
+    monkeypatch.setenv('MLFLOW_ALLOW_FILE_STORE', 'true')
+    destination = MLFlowLogger(tracking_uri=folder, experiment_name='path-uri')
+    assert destination.tracking_uri == str(folder)
+    with Logger(destination, run_name='p') as logger:
+        logger.log_metrics({'loss': 0.5}, step=2)
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(str(folder)).get_run(destination.run_id).data.metrics == {'loss': 0.5}
+
+
+def test_metric_filters_renames_duplicates_and_time_buffer(tracking_uri, tmp_path, client):
+    destination = MLFlowLogger(tracking_uri=tracking_uri, synchronous=True, flush_interval=1000,
+                               logging_buffer_seconds=None, ignore_metrics=['eval/*'],
+                               ignore_hyperparameters=['secret_*', 'opt/b*'], rename_metrics={'loss': 'just_loss'},
+                               log_duplicated_metric_every_n_steps=3)
+    with Logger(destination, run_name='filters') as logger:
+        logger.log_hyperparameters({'lr': 1, 'secret_seed': 2, 'opt': {'beta': 0.9, 'eps': 1e-8}})
+        for step in range(1, 8):
+            logger.log_metrics({'loss': 1.0, 'eval/acc': 0.5, 'changing': float(step)}, step=step)
+        assert client.get_metric_history(destination.run_id, 'changing') == []  # buffered: no time limit
+        destination.logging_buffer_seconds = 1e-9  # now every call sends what is buffered
+        logger.log_metrics({'changing': 8.0}, step=8)
+        assert len(client.get_metric_history(destination.run_id, 'changing')) == 8
+    run = client.get_run(destination.run_id)
+    assert run.data.params == {'lr': '1', 'opt/eps': '1e-08'}
+    assert 'eval/acc' not in run.data.metrics and 'loss' not in run.data.metrics
+    # an unchanged value is sent again only once 3 steps have passed
+    assert [m.step for m in client.get_metric_history(destination.run_id, 'just_loss')] == [1, 4, 7]
+
+
+def test_register_model(tracking_uri, tmp_path, client):
+    model_dir = tmp_path / 'model'
+    model_dir.mkdir()
+    (model_dir / 'weights.bin').write_bytes(b'w')
+    destination = MLFlowLogger(tracking_uri=tracking_uri, model_registry_prefix='team')
+    with Logger(destination, run_name='registry') as logger:
+        logger.log_metrics({'loss': 1.0}, step=1)
+        client.log_artifacts(destination.run_id, str(model_dir), artifact_path='model')
+        first = destination.register_model(f'runs:/{destination.run_id}/model', 'tiny', tags={'stage': 1})
+        second = destination.register_model_with_run_id(str(model_dir), 'tiny')
+    assert (first.name, str(first.version), str(second.version)) == ('team.tiny', '1', '2')
+    stored = client.get_model_version('team.tiny', '1')
+    assert stored.run_id == destination.run_id and stored.tags == {'stage': '1'}
+    assert stored.source.endswith('/model') and second.run_id == destination.run_id
+    with pytest.raises(ValueError, match='When registering to Unity Catalog'):
+        MLFlowLogger(model_registry_uri='databricks-uc', model_registry_prefix='no_schema')
+
+
+def test_register_model_on_an_excluded_rank_does_nothing(fake_rank):
+    fake_rank(rank=1, world_size=2)
+    assert MLFlowLogger(tracking_uri='sqlite:///unused.db').register_model('runs:/x/model', 'm') is None
+
+
+def test_system_metrics_and_bfloat16_images(tracking_uri, tmp_path, client, monkeypatch):
+    import time
+
+    import torch
+
+    monkeypatch.setenv('MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL', '0.05')
+    monkeypatch.setenv('MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING', '1')
+    destination = MLFlowLogger(tracking_uri=tracking_uri, log_system_metrics=True,
+                               artifact_location=(tmp_path / 'artifacts').as_uri())
+    with Logger(destination, run_name='system') as logger:
+        logger.log_images(torch.rand(2, 3, 4, 4, dtype=torch.bfloat16), name='bf16', step=1)
+        monitor = destination._system_monitor
+        deadline = time.monotonic() + 30
+        while monitor._logging_step < 1 and time.monotonic() < deadline:  # one sample group recorded
+            time.sleep(0.02)
+    assert client.get_metric_history(destination.run_id, 'system/cpu_utilization_percentage')
+    assert sorted(a.path for a in client.list_artifacts(destination.run_id, 'images/bf16')) == [
+        'images/bf16/step000001-0.png', 'images/bf16/step000001-1.png']
