@@ -186,6 +186,9 @@ def test_run_round_trip(tmp_path, wandb_env):
         gate = threading.Event()
         destination._worker.submit(lambda: gate.wait(30))
         logger.log_metrics({'loss': 0.25}, step=6)
+        frame = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3)
+        logger.log_images(frame, name='frame', channels_last=True, step=6, use_table=False)
+        frame[:] = 0  # the caller reuses its buffer before wandb got to it: the logged image is unchanged
         with pytest.warns(UserWarning, match="'ckpts/ep0.pt' is stored as 'ckpts.ep0.pt'"):
             logger.upload_file('ckpts/ep0.pt', checkpoint)
         checkpoint.write_bytes(b'changed after the call')  # the snapshot keeps what was handed over
@@ -223,7 +226,7 @@ def test_run_round_trip(tmp_path, wandb_env):
     images_row = rows[5]
     assert images_row['seg/_type'] == 'images/separated' and images_row['seg/count'] == 2
     assert images_row['single Table/_type'] == 'table-file'
-    pngs = sorted(p for p in os.listdir(os.path.join(files, 'media', 'images')) if p.endswith('.png'))
+    pngs = sorted(p for p in os.listdir(os.path.join(files, 'media', 'images')) if p.startswith('seg'))
     mask_pngs = sorted(os.listdir(os.path.join(files, 'media', 'images', 'mask')))
     assert len(pngs) == 2 and len(mask_pngs) == 2  # one mask per image of 'seg'
     # A table of images is stored as a run_table artifact holding the table and its images.
@@ -244,6 +247,12 @@ def test_run_round_trip(tmp_path, wandb_env):
     assert rows[6]['traces/algo/Event.INIT'] is True and rows[6][STEP_METRIC] == 2
     assert rows[6]['traces/info'] == format_log_data_value({'a': 1})
     assert rows[7]['loss'] == 0.25 and rows[7][STEP_METRIC] == 6
+
+    from PIL import Image
+
+    (frame_png,) = [p for p in os.listdir(os.path.join(files, 'media', 'images')) if p.startswith('frame')]
+    with Image.open(os.path.join(files, 'media', 'images', frame_png)) as image:
+        assert np.array_equal(np.asarray(image.convert('RGB')), np.arange(48, dtype=np.uint8).reshape(4, 4, 3))
 
     # The artifact: one per upload, its file snapshotted into wandb's staging folder with the bytes handed over.
     (artifact,) = [a for a in log.artifacts if a.type == 'model']
