@@ -28,6 +28,7 @@ from dist_logging.integrations.lightning import DistLoggingLogger  # noqa: E402
 
 OUT = pathlib.Path(os.environ['OUT_DIR'])
 FILE_TEMPLATE = 'runs/{run_name}/rank{rank}.jsonl'
+MEAN_TEMPLATE = 'runs/{run_name}/mean-rank{rank}.jsonl'
 
 
 class TinyRegression(LightningModule):
@@ -40,10 +41,24 @@ class TinyRegression(LightningModule):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log('train_loss', loss)
+        prediction = self.net(x).detach()
+        self.log_dict({'pred_mean': prediction.mean(), 'target_mean': y.mean(), 'abs_err': (prediction - y).abs().mean()})
         return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class CountingLogger(DistLoggingLogger):
+    """Records, per log_metrics call, the keys and the collectives the Logger issued during it."""
+
+    calls: list = []
+
+    def log_metrics(self, metrics, step=None):
+        group = self.experiment._group
+        before = group.collective_count
+        super().log_metrics(metrics, step)
+        self.calls.append([sorted(metrics), group.collective_count - before])
 
 
 def build_logger():
@@ -63,15 +78,29 @@ def main(mode: str) -> None:
             'destinations': [{'type': 'file', 'filename': FILE_TEMPLATE, 'format': 'jsonl', 'ranks': 'all'}],
             'upload': {'bucket_uri': str(OUT / 'bucket'), 'upload_staging_folder': str(OUT / 'staging')},
         })
+    loggers = [adapter, CSVLogger(str(OUT / 'csv'), name='ref', version='')]
+    if mode == 'torchrun':
+        # A second adapter that combines every metric across ranks (one collective per logging step).
+        config = {'destinations': [{'type': 'file', 'filename': MEAN_TEMPLATE, 'format': 'jsonl', 'ranks': 'all'}]}
+        mean_loggers = []
+
+        def build_mean_logger():
+            mean_loggers.append(Logger.from_config(config))
+            return mean_loggers[-1]
+
+        loggers.append(CountingLogger(build_mean_logger, reduce='mean', upload_checkpoints=False))
     checkpoint = ModelCheckpoint(every_n_train_steps=5, save_top_k=-1, save_last=True)
     trainer = Trainer(strategy='ddp', accelerator='cpu', devices=2, max_steps=20, log_every_n_steps=5,
-                      logger=[adapter, CSVLogger(str(OUT / 'csv'), name='ref', version='')],
+                      logger=loggers,
                       callbacks=[checkpoint], default_root_dir=str(OUT), limit_val_batches=0,
                       num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(TinyRegression(), data)
     rank = dist.get_global_rank() if dist.is_initialized() else int(os.environ.get('LOCAL_RANK', '0'))
     output = {'rank': rank, 'run_name': adapter.version, 'checkpoint_dir': checkpoint.dirpath,
               'env_rank': os.environ.get('RANK'), 'mode': mode}
+    if mode == 'torchrun':
+        output['mean_collectives'] = [logger._group.collective_count for logger in mean_loggers]
+        output['mean_calls'] = loggers[-1].calls
     (OUT / f'rank{rank}.json').write_text(json.dumps(output))
 
 

@@ -77,6 +77,24 @@ def test_fit_under_torchrun_with_a_config(tmp_path):
     run_torchrun(SCENARIO, 2, tmp_path, args=['torchrun'], env=QUIET, timeout=150)
     check_fit(tmp_path, recorded_uploads=False)
 
+    # The reduce='mean' adapter: collectives only inside log_metrics (which Lightning calls on every
+    # rank), the same few per logging step whatever the keys, and the mean on rank zero.
+    outputs = read_rank_outputs(tmp_path)
+    for rank in (0, 1):
+        calls = outputs[rank]['mean_calls']
+        assert [keys for keys, _ in calls] == [['abs_err', 'epoch', 'pred_mean', 'target_mean', 'train_loss']] * 4
+        assert outputs[rank]['mean_collectives'] == [sum(n for _, n in calls)]  # none from any other hook
+        steady = {n for _, n in calls[1:]}  # the first flush may agree on the new keys
+        assert len(steady) == 1 and 1 <= steady.pop() < 5  # not one per key
+    assert outputs[0]['mean_calls'] == outputs[1]['mean_calls']
+    run = tmp_path / 'runs' / outputs[0]['run_name']
+    own = {rank: [r['data']['train_loss'] for r in read_jsonl(run / f'rank{rank}.jsonl') if r['kind'] == 'metric']
+           for rank in (0, 1)}
+    mean = [(r['step'], r['data']['train_loss']) for r in read_jsonl(run / 'mean-rank0.jsonl') if r['kind'] == 'metric']
+    assert [step for step, _ in mean] == [4, 9, 14, 19]
+    assert [value for _, value in mean] == pytest.approx([(a + b) / 2 for a, b in zip(own[0], own[1])])
+    assert not [r for r in read_jsonl(run / 'mean-rank1.jsonl') if r['kind'] == 'metric']
+
 
 # ---------------------------------------------------------------------- in-process checks (fast)
 
