@@ -65,6 +65,12 @@ def _assert_no_secret(blob: bytes, where: str, secrets: Optional[dict[str, str]]
         assert value.encode() not in blob, f'the {name} secret reached {where}'
 
 
+@pytest.fixture(scope='module')
+def mlflow_db(tmp_path_factory) -> pathlib.Path:
+    """One MLflow sqlite store for the module (creating one runs its migrations: seconds); one experiment per test."""
+    return tmp_path_factory.mktemp('mlflow') / 'mlflow.db'
+
+
 class Destinations:
     """Every kind of destination a secret could reach, writing under one folder, plus what they printed.
 
@@ -72,7 +78,7 @@ class Destinations:
     keeps the console text, the warnings and stdout/stderr for :meth:`assert_nowhere`.
     """
 
-    def __init__(self, tmp_path: pathlib.Path, capsys, *, upload: bool = False):
+    def __init__(self, tmp_path: pathlib.Path, capsys, mlflow_db: pathlib.Path, *, upload: bool = False):
         pytest.importorskip('tensorboard')
         pytest.importorskip('mlflow')
         from dist_logging.destinations import MLFlowLogger, TensorboardLogger
@@ -80,7 +86,8 @@ class Destinations:
         self.root, self.capsys = tmp_path, capsys
         self.console = io.StringIO()
         self.memory = InMemoryLogger()
-        self.tracking = f'sqlite:///{tmp_path}/mlflow.db'
+        self.mlflow_db, self.experiment = mlflow_db, f'redaction-{tmp_path.name}'
+        self.tracking = f'sqlite:///{mlflow_db}'
         self.destinations = [
             self.memory,
             ConsoleLogger(stream=self.console, log_traces=True),
@@ -88,7 +95,7 @@ class Destinations:
             FileLogger(str(tmp_path / 'logs' / 'log.txt'), log_traces=True),
             FileLogger(str(tmp_path / 'logs' / 'log.jsonl'), format='jsonl', log_traces=True),
             TensorboardLogger(log_dir=str(tmp_path / 'tb')),
-            MLFlowLogger(tracking_uri=self.tracking, experiment_name='redaction', log_traces=True, synchronous=True,
+            MLFlowLogger(tracking_uri=self.tracking, experiment_name=self.experiment, log_traces=True, synchronous=True,
                          artifact_location=(tmp_path / 'artifacts').as_uri()),
         ]
         if upload:  # the files above also go through upload staging (snapshots + journal) to a bucket
@@ -107,7 +114,7 @@ class Destinations:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=self.tracking)
-        run = client.search_runs([client.get_experiment_by_name('redaction').experiment_id])[0]
+        run = client.search_runs([client.get_experiment_by_name(self.experiment).experiment_id])[0]
         return run.data.params
 
     def tensorboard_text(self) -> bytes:
@@ -124,14 +131,15 @@ class Destinations:
             _assert_no_secret(value.encode(), 'MLflow params', secrets)
         _assert_no_secret(self.tensorboard_text(), 'TensorBoard text', secrets)
         _assert_no_secret(_all_bytes(self.root), f'a file under {self.root}', secrets)
+        _assert_no_secret(self.mlflow_db.read_bytes(), 'the MLflow store', secrets)
         _assert_no_secret(self.console.getvalue().encode(), 'the console', secrets)
         out = self.capsys.readouterr()
         _assert_no_secret((out.out + out.err).encode(), 'stdout/stderr', secrets)
         _assert_no_secret(' '.join(str(w.message) for w in self.caught).encode(), 'warnings', secrets)
 
 
-def test_nested_credentials_never_reach_any_destination(tmp_path, capsys):
-    where = Destinations(tmp_path, capsys)
+def test_nested_credentials_never_reach_any_destination(tmp_path, capsys, mlflow_db):
+    where = Destinations(tmp_path, capsys, mlflow_db)
 
     def log(logger):
         logger.log_hyperparameters(nested_config())
@@ -210,7 +218,7 @@ def _load(path: pathlib.Path) -> dict:
         return json.loads(path.read_text())
     if path.suffix == '.toml':
         return tomllib.loads(path.read_text())
-    return yaml.safe_load(path.read_text())
+    return yaml.load(path.read_text(), Loader=getattr(yaml, 'CSafeLoader', yaml.SafeLoader))
 
 
 def _leaves(data, prefix: str = '') -> dict:
@@ -325,10 +333,10 @@ def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
     return config, s, changes
 
 
-def test_planted_credentials_reach_no_destination_and_everything_else_arrives(tmp_path, capsys):
+def test_planted_credentials_reach_no_destination_and_everything_else_arrives(tmp_path, capsys, mlflow_db):
     config, secrets, changes = planted_config()
     before = copy.deepcopy(config)
-    where = Destinations(tmp_path, capsys, upload=True)
+    where = Destinations(tmp_path, capsys, mlflow_db, upload=True)
     cells = [['db_url', config['db_url']], ['hub', config['hub']['id']], ['pem', config['deploy']['pem']],
              ['notes', 'lr=3e-4 max_new_tokens=256']]
 
