@@ -10,8 +10,9 @@ Two rules, applied by the Logger to hyperparameters, traces and table cells:
   counted thing (``pad_token``, ``max_new_tokens``, ``tokenizer``) is not a credential.
 * **By value** (:func:`redact_text`), whatever the key, in every string: a URL's user-info
   password, well-known credential formats (AWS key ids, Hugging Face, OpenAI-style, GitHub, Slack,
-  Google API keys, JWTs, ``Bearer`` tokens, PEM private-key blocks) and ``name=value`` /
-  ``'name': 'value'`` pairs inside a string whose name is a credential by the key rule.
+  Google API keys, JWTs, ``Bearer`` tokens, PEM private-key blocks) and ``name=value``,
+  ``'name': 'value'``, ``name: value`` and ``--name value`` pairs inside a string whose name is a
+  credential by the key rule.
   A bare 40-hex string (a git commit) and a UUID are not secrets by their value.
 """
 
@@ -108,7 +109,6 @@ def is_secret_key(key: str) -> bool:
 # --------------------------------------------------------------------------- the value rule
 
 _ALNUM_BEFORE = r'(?<![A-Za-z0-9])'
-_PEM_TAG = r'-----(?:BEGIN|END)[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----'
 _CREDENTIAL_FORMATS = re.compile(
     # PEM private-key blocks (a block cut short is redacted to the end of the string)
     r'(?P<pem_begin>-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----)(?s:.*?)'
@@ -244,9 +244,11 @@ def redact_text(text: str) -> str:
 
     Replaces a URL's user-info password (``postgres://alice:***@db:5432/x``), AWS access key ids,
     Hugging Face / OpenAI-style / GitHub / Slack / Google API tokens, JWTs, ``Bearer``/``Basic``
-    credentials, PEM private-key blocks (keeping their BEGIN/END lines), and the value of a
-    ``name=value`` or ``'name': 'value'`` pair whose name is a credential by :func:`is_secret_key`
-    (``password=...``, ``?api_key=...``, ``{'hf_token': '...'}``). Git commit hashes and UUIDs are kept.
+    credentials, PEM private-key blocks (keeping their BEGIN/END lines), and the value of a pair
+    whose name is a credential by :func:`is_secret_key`: ``name=value`` (``?api_key=...``,
+    ``Password=...;``), ``'name': 'value'`` (a dict's repr, JSON), ``name: value`` (YAML, log lines)
+    and ``--name value`` (command lines). Git commit hashes and UUIDs are kept. Strings without
+    any credential marker or credential-named pair are answered by a few substring searches.
 
     Args:
         text: any string (a log message, a config value).
