@@ -203,6 +203,7 @@ class WandBLogger(LoggerDestination):
         self._row_step: Optional[int] = None  # training step of the row at _last_wandb_step
         self._warned: set[str] = set()
         self._finished = False
+        self._disabled = False
 
     # ------------------------------------------------------------------ lifecycle
     def run_name_and_group(self, run_name: str) -> tuple[str, Optional[str]]:
@@ -236,8 +237,9 @@ class WandBLogger(LoggerDestination):
         self.run_dir = getattr(run, 'dir', None)
         self.entity = getattr(run, 'entity', None) or self.entity
         self.project = getattr(run, 'project', None) or self.project
-        if not getattr(run, 'offline', False) and getattr(run, 'settings', None) is not None and \
-                run.settings.mode not in ('offline', 'disabled', 'dryrun'):
+        # WANDB_MODE=disabled gives a run that stores nothing: files are then not snapshotted either.
+        self._disabled = bool(getattr(run, 'disabled', False))
+        if not self._disabled and not getattr(run, 'offline', False):
             self.run_url = getattr(run, 'url', None)
         # A resumed run continues at its next step: earlier steps would be refused by wandb.
         self._last_wandb_step = int(getattr(run, 'step', 0) or 0) - 1
@@ -460,6 +462,10 @@ class WandBLogger(LoggerDestination):
             metadata = {f'timestamp/{k}': v for k, v in dataclasses.asdict(timestamp).items()}
 
         path = os.fspath(file_path)
+        if self._disabled:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f'WandBLogger.upload_file: {path!r} does not exist')
+            return
         snapshot = os.path.join(self._staging_dir or '', f'dist_logging-{uuid.uuid4().hex}')
         owned = True
         try:

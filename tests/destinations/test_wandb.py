@@ -346,3 +346,22 @@ def test_download_file(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match='not found'):
         destination.download_file('missing', str(tmp_path / 'y'))
     assert sorted(os.listdir(tmp_path)) == ['ckpt.pt']  # no temp folders left behind
+
+
+def test_disabled_mode_takes_every_call_and_stores_nothing(tmp_path, wandb_env):
+    destination = WandBLogger(project='dl', log_artifacts=True, init_kwargs={'mode': 'disabled'})
+    checkpoint = tmp_path / 'model.pt'
+    checkpoint.write_bytes(b'weights')
+    staging = wandb_env / 'data' / 'artifacts' / 'staging'
+    before = set(os.listdir(staging)) if staging.exists() else set()
+    with Logger(destination, run_name='off') as logger:
+        assert destination.run.disabled
+        logger.log_hyperparameters({'lr': 0.1})
+        logger.log_metrics({'loss': 1.0})
+        logger.log_table(['a'], [[1]])
+        logger.log_images(np.zeros((1, 3, 4, 4), np.float32), masks={'m': np.zeros((1, 4, 4), np.int64)})
+        logger.log_traces({'t': 1})
+        logger.upload_file('model.pt', checkpoint)
+        with pytest.raises(FileNotFoundError):
+            destination.upload_file(logger.state, 'gone.pt', str(tmp_path / 'gone.pt'))
+    assert (set(os.listdir(staging)) if staging.exists() else set()) == before  # no snapshot left behind
