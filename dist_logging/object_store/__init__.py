@@ -142,6 +142,14 @@ class ObjectStore:
         """A URI that names the object (for messages and links), e.g. ``s3://bucket/prefix/name``."""
         raise NotImplementedError(f'{type(self).__name__}.get_uri is not implemented')
 
+    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
+        """The names of the objects whose names start with ``prefix`` (all with ``None``), sorted.
+
+        Optional (the uploader never calls it); Composer's name and meaning, except that names are
+        relative to the store's root or prefix, as everywhere else in this protocol.
+        """
+        raise NotImplementedError(f'{type(self).__name__}.list_objects is not implemented')
+
     def close(self) -> None:
         """Release clients and connections. The default does nothing."""
 

@@ -201,6 +201,16 @@ class FsspecObjectStore(ObjectStore):
             raise FileNotFoundError(f'{self.get_uri(object_name)} is a folder, not an object')
         return int(info['size'])
 
+    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
+        root = self.fs._strip_protocol(self.root) if self.root else ''
+        try:
+            found = self.fs.find(root or '/')
+        except FileNotFoundError:
+            return []
+        skip = len(root.rstrip('/')) + 1 if root else 0
+        names = [path[skip:] if root else path.lstrip('/') for path in found]
+        return sorted(n for n in names if n.startswith(prefix or ''))
+
     def close(self) -> None:
         self._fs = None
 

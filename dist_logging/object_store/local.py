@@ -143,6 +143,19 @@ class LocalObjectStore(ObjectStore):
     def get_uri(self, object_name: str) -> str:
         return 'file://' + os.path.join(self.root, object_name)
 
+    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
+        names = []
+        for folder, subfolders, files in os.walk(self.root):
+            subfolders.sort()
+            relative = os.path.relpath(folder, self.root)
+            for entry in files:
+                if entry.startswith('.') and entry.endswith('.tmp'):
+                    continue  # an upload being published
+                name = entry if relative == '.' else f'{relative}/{entry}'.replace(os.sep, '/')
+                if name.startswith(prefix or ''):
+                    names.append(name)
+        return sorted(names)
+
     def __reduce__(self):
         return (type(self), (self.root,))
 

@@ -90,13 +90,28 @@ class S3ObjectStore(ObjectStore):
         max_concurrency: parts in flight per object.
         client_config: extra keyword arguments for ``botocore.config.Config``
             (e.g. ``{'retries': {'total_max_attempts': 1}}``).
+        transfer_config: Composer's keyword arguments for ``boto3.s3.transfer.TransferConfig``
+            (``multipart_threshold``, ``multipart_chunksize`` and ``max_concurrency`` in it win over
+            the keywords of those names).
+
+    The positional order of the arguments is Composer's.
+
+    Raises:
+        ValueError: a bad bucket name or transfer setting (named).
+        TypeError: a ``transfer_config`` key ``TransferConfig`` does not take (at construction).
     """
 
-    def __init__(self, bucket: str, prefix: str = '', *, endpoint_url: Optional[str] = None,
-                 region_name: Optional[str] = None, aws_access_key_id: Optional[str] = None,
+    def __init__(self, bucket: str, prefix: str = '', region_name: Optional[str] = None,
+                 endpoint_url: Optional[str] = None, aws_access_key_id: Optional[str] = None,
                  aws_secret_access_key: Optional[str] = None, aws_session_token: Optional[str] = None,
-                 multipart_threshold: int = 16 * MiB, multipart_chunksize: int = 8 * MiB,
-                 max_concurrency: int = 4, client_config: Optional[Mapping[str, Any]] = None):
+                 client_config: Optional[Mapping[str, Any]] = None, transfer_config: Optional[Mapping[str, Any]] = None,
+                 *, multipart_threshold: int = 16 * MiB, multipart_chunksize: int = 8 * MiB,
+                 max_concurrency: int = 4):
+        transfer = dict(transfer_config or {})  # Composer's spelling of the three transfer settings
+        multipart_threshold = transfer.pop('multipart_threshold', multipart_threshold)
+        multipart_chunksize = transfer.pop('multipart_chunksize', multipart_chunksize)
+        max_concurrency = transfer.pop('max_concurrency', max_concurrency)
+        self.transfer_config = transfer
         if not bucket or '/' in bucket:
             raise ValueError(f'S3ObjectStore: bad bucket name {bucket!r}')
         for label, value in (('multipart_threshold', multipart_threshold),
@@ -106,6 +121,10 @@ class S3ObjectStore(ObjectStore):
         if multipart_chunksize < 5 * MiB:
             raise ValueError(f'S3ObjectStore: multipart_chunksize must be at least 5 MiB (an S3 limit), '
                              f'got {multipart_chunksize}')
+        try:
+            TransferConfig(**transfer)
+        except TypeError as exc:
+            raise TypeError(f'S3ObjectStore: transfer_config {sorted(transfer)}: {exc}') from None
         self.bucket = bucket
         self.prefix = prefix.strip('/')
         self.bucket_uri = f's3://{bucket}/{self.prefix}' if self.prefix else f's3://{bucket}'
@@ -155,9 +174,10 @@ class S3ObjectStore(ObjectStore):
         return self._client
 
     def _transfer_config(self) -> TransferConfig:
-        return TransferConfig(multipart_threshold=self.multipart_threshold,
-                              multipart_chunksize=self.multipart_chunksize,
-                              max_concurrency=self.max_concurrency, use_threads=True)
+        return TransferConfig(**{'use_threads': True, **self.transfer_config,
+                                 'multipart_threshold': self.multipart_threshold,
+                                 'multipart_chunksize': self.multipart_chunksize,
+                                 'max_concurrency': self.max_concurrency})
 
     def _key(self, name: str) -> str:
         check_object_name(name)
@@ -277,6 +297,15 @@ class S3ObjectStore(ObjectStore):
             if _error_code(exc) in _MISSING_CODES:
                 raise FileNotFoundError(f'{self.get_uri(name)} does not exist') from exc
             raise
+
+    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
+        """Names of the objects under ``prefix`` (relative to the store's prefix, like every other method)."""
+        key_prefix = self._key(prefix) if prefix else (f'{self.prefix}/' if self.prefix else '')
+        skip = len(self.prefix) + 1 if self.prefix else 0
+        names = []
+        for page in self.client.get_paginator('list_objects_v2').paginate(Bucket=self.bucket, Prefix=key_prefix):
+            names += [item['Key'][skip:] for item in page.get('Contents', [])]
+        return sorted(names)
 
     def close(self) -> None:
         client, self._client = self._client, None

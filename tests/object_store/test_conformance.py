@@ -85,6 +85,15 @@ def test_composer_keyword_names(store, tmp_path):
     assert (tmp_path / 'kw.out').read_bytes() == b'kw'
 
 
+def test_list_objects(store, tmp_path):
+    src = _file(tmp_path, 'l', b'l')
+    for name in ('logs/b.txt', 'logs/a.txt', 'ckpt/x.pt'):
+        store.upload_object(name, src)
+    assert store.list_objects('logs/') == ['logs/a.txt', 'logs/b.txt']
+    assert store.list_objects() == ['ckpt/x.pt', 'logs/a.txt', 'logs/b.txt']
+    assert store.list_objects('nothing/') == []
+
+
 def test_empty_file(store, tmp_path):
     seen = Progress(0)
     store.upload_object('empty', _file(tmp_path, 'e', b''), callback=seen)

@@ -71,3 +71,18 @@ def test_composer_endpoint_variable(s3_bucket, tmp_path, monkeypatch):
     with S3ObjectStore(bucket) as store:
         store.upload_object('via-env', str(src))
         assert store.get_object_size('via-env') == 3
+
+
+def test_composer_constructor(s3_bucket, tmp_path):
+    endpoint, bucket = s3_bucket
+    # Composer's positional order (bucket, prefix, region_name, endpoint_url, ...) and its transfer_config
+    store = S3ObjectStore(bucket, 'pre', None, endpoint,
+                          transfer_config={'multipart_chunksize': 6 * MiB, 'num_download_attempts': 2})
+    assert (store.endpoint_url, store.prefix, store.multipart_chunksize) == (endpoint, 'pre', 6 * MiB)
+    assert store._transfer_config().num_download_attempts == 2
+    src = tmp_path / 'f'
+    src.write_bytes(b'x')
+    store.upload_object('a/b', str(src))
+    assert store.list_objects() == ['a/b']  # relative to the prefix, like every other method
+    with pytest.raises(TypeError, match='transfer_config'):
+        S3ObjectStore(bucket, transfer_config={'no_such_setting': 1})
