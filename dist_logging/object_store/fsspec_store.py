@@ -78,8 +78,8 @@ class FsspecObjectStore(ObjectStore):
     Writes use the backend's ``put_file``. On object stores (S3, GCS, Azure Blob) an object
     appears whole or not at all; on filesystem-like backends (SFTP, HDFS) a reader may see a
     partial file while it is written. ``overwrite=False`` is atomic where the backend offers a
-    conditional create (``put_file(mode='create')``: s3fs and gcsfs use S3's ``If-None-Match``
-    and GCS's generation precondition; ``memory://`` a lock); everywhere else it is
+    conditional create (``put_file(mode='create')``: s3fs uses S3's ``If-None-Match``, gcsfs,
+    experimentally, GCS's generation precondition; ``memory://`` a lock); everywhere else it is
     check-then-put, so two writers racing for one name may both succeed (the last one wins).
 
     The filesystem instance is created lazily and not pickled: the store can be sent to
