@@ -7,6 +7,7 @@ Subcommands::
     dist-logging upload BUCKET_URI FILE...   upload files (--name TEMPLATE names them)
     dist-logging download BUCKET_URI NAME DEST
     dist-logging validate CONFIG             check a config without starting anything
+    dist-logging logs PATH...                merge per-rank log files into one time-ordered stream
 
 Exit codes: 0 success; 1 the operation failed (an upload failed, uploads remain
 pending, a package is missing); 2 bad usage or input (unknown option, missing file,
@@ -328,6 +329,67 @@ def _default_ranks(spec: Any) -> str:
     return getattr(spec.cls, 'ranks', 'zero')
 
 
+# ---------------------------------------------------------------------------- logs
+def _rank_list(text: str) -> frozenset:
+    from dist_logging._merge_logs import parse_ranks
+
+    try:
+        return parse_ranks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _level_threshold(text: str) -> int:
+    from dist_logging._log_line import level_number
+
+    number = level_number(text.strip())
+    if number is None:
+        raise argparse.ArgumentTypeError(f'unknown level {text!r}; expected DEBUG, INFO, WARNING, ERROR, CRITICAL '
+                                         'or a number')
+    return number
+
+
+def _window(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float('inf'):
+        raise argparse.ArgumentTypeError(f'expected a number of seconds >= 0, got {text!r}')
+    return value
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    import signal
+
+    from dist_logging import _merge_logs
+
+    options = dict(ranks=args.ranks, min_level=args.level, collapse=not args.no_collapse, window=args.window)
+    try:
+        if not args.follow:
+            _merge_logs.merge_logs(args.paths, sys.stdout, **options)
+            return EXIT_OK
+        stop = []
+        previous = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, lambda *_: stop.append(True))
+        try:
+            _merge_logs.follow_logs(args.paths, sys.stdout, should_stop=lambda: bool(stop), **options)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return EXIT_OK
+    except FileNotFoundError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    except ValueError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    except BrokenPipeError:
+        # The reader went away (`| head`): not an error. Point stdout at devnull so the exit flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- parser
 def _positive_int(text: str) -> int:
     try:
@@ -393,6 +455,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help='ranks per node (default: the world size, one node)')
     p.add_argument('--run-name', default=None, help='the run name to show in names (default: from the config)')
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser('logs', help='merge per-rank log files into one time-ordered stream',
+                       description='Read the per-rank logs written by setup_logging(file=...) or FileLogger (files, '
+                                   'or folders searched for them) and print one time-ordered stream. Identical '
+                                   'records (level, logger, message) from several ranks within --window seconds '
+                                   'become one line tagged [ranks 0-3]; a record of one rank is tagged [rank 2]. '
+                                   'Reads files of any size in constant memory per file.')
+    p.add_argument('paths', metavar='PATH', nargs='+', help='a log file, or a folder of them')
+    p.add_argument('--ranks', type=_rank_list, default=None, metavar='LIST',
+                   help='only these global ranks, e.g. 0,3-5')
+    p.add_argument('--level', type=_level_threshold, default=None, metavar='LEVEL',
+                   help='only records at LEVEL or above (DEBUG, INFO, WARNING, ERROR, CRITICAL or a number); '
+                        "FileLogger's records count as INFO")
+    p.add_argument('--no-collapse', action='store_true', help="one line per rank's record")
+    p.add_argument('--window', type=_window, default=5.0, metavar='SECONDS',
+                   help='identical records at most this far apart are collapsed (default 5)')
+    p.add_argument('--follow', '-f', action='store_true',
+                   help='keep reading as the files grow and new ones appear, until Ctrl-C or SIGTERM')
+    p.set_defaults(func=_cmd_logs)
     return parser
 
 

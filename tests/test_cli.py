@@ -216,3 +216,54 @@ def test_validate_names_the_extra_of_a_missing_package(monkeypatch, capsys):
     code, out, err = _run(capsys, 'validate', str(CONFIGS / 'mlflow.yaml'))
     assert code == 1
     assert 'package mlflow: MISSING: pip install "dist-logging[mlflow]"' in out
+
+
+# ---------------------------------------------------------------------------- logs
+def _python_log(path: pathlib.Path, rank: int, message: str, when: float) -> None:
+    from dist_logging._log_line import format_record
+
+    with open(path, 'a', encoding='utf-8') as handle:
+        handle.write(format_record(when, rank, 'INFO', 'train', message) + '\n')
+
+
+def test_logs_merges_and_reports_bad_input(tmp_path, capsys):
+    import time
+
+    for rank in range(3):
+        _python_log(tmp_path / f'py-rank{rank}.log', rank, 'same everywhere', time.time())
+    code, out, _ = _run(capsys, 'logs', str(tmp_path))
+    assert code == 0 and out.startswith('[ranks 0-2] ') and out.count('\n') == 1
+    code, out, _ = _run(capsys, 'logs', str(tmp_path), '--ranks', '1', '--level', 'info', '--no-collapse')
+    assert code == 0 and out.startswith('[rank 1] ') and out.count('\n') == 1
+    code, _, err = _run(capsys, 'logs', str(tmp_path / 'nope'))
+    assert code == 2 and 'dist-logging logs: error:' in err and 'does not exist' in err
+    for bad in (['--ranks', '3-1'], ['--level', 'LOUD'], ['--window', '-1']):
+        with pytest.raises(SystemExit) as exc:
+            main(['logs', str(tmp_path), *bad])
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert 'ends before it starts' in err and "unknown level 'LOUD'" in err and "got '-1'" in err
+
+
+def test_logs_follow_until_sigterm(tmp_path):
+    import queue
+    import signal
+    import threading
+    import time
+
+    log = tmp_path / 'py-rank0.log'
+    _python_log(log, 0, 'first line', time.time())
+    proc = subprocess.Popen([sys.executable, '-m', 'dist_logging', 'logs', '--follow', '--window', '0', str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        assert 'first line' in lines.get(timeout=60)
+        _python_log(tmp_path / 'py-rank1.log', 1, 'a new file', time.time())  # a rank's file appearing later
+        assert lines.get(timeout=30).startswith('[rank 1] ')
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

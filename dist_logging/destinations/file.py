@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import threading
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, TextIO
 from dist_logging._artifacts import jsonable, safe_artifact_name, table_json
 from dist_logging._values import format_log_data_value, json_safe
 from dist_logging.destination import LoggerDestination
+from dist_logging.destinations._capture import StreamTee, install_tee, remove_tee
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
                                  validate_object_name, validate_template)
@@ -70,6 +72,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             line at once (Composer's default), ``-1`` the system default, ``n > 1`` a buffer of
             ``n`` bytes (default 64 KiB: lines reach the disk at each flush).
         overwrite: truncate an existing log file; by default a restarted run appends to it.
+        capture_stdout: also write what this rank prints to ``sys.stdout`` to the log, a line
+            each (``[stdout]: <line>`` as Composer, or a JSON record of kind ``stdout`` with its
+            time); it still reaches the real stream. From the Logger's ``init`` to its close.
+        capture_stderr: the same for ``sys.stderr`` (``[stderr]: <line>``).
 
     Raises:
         ValueError: a bad template, an unknown format, a bad interval or ``buffer_size``, or a
@@ -79,7 +85,8 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
     def __init__(self, filename: str = '{run_name}/logs-rank{rank}.txt', remote_file_name: Optional[str] = None,
                  format: str = 'text', flush_interval: int = 100, log_traces: bool = True,
                  table_format: str = 'jsonl', ranks: str = 'all', log_level: Any = None,
-                 optional: Optional[bool] = None, buffer_size: int = 1 << 16, overwrite: bool = False):
+                 optional: Optional[bool] = None, buffer_size: int = 1 << 16, overwrite: bool = False,
+                 capture_stdout: bool = False, capture_stderr: bool = False):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size == 0 or buffer_size < -1:
             raise ValueError(f'FileLogger: buffer_size must be 1 (line buffered), -1 (system default) or a '
@@ -123,6 +130,8 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self._at_line_start = True
         self._write_lock = threading.Lock()
         self._closed = False
+        self.capture_stdout, self.capture_stderr = bool(capture_stdout), bool(capture_stderr)
+        self._tees: list[tuple[str, StreamTee]] = []
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
@@ -140,6 +149,9 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             self._file.write(''.join(self._early_text))
             self._early_text = []
             self._dirty = True
+        for stream, wanted in (('stdout', self.capture_stdout), ('stderr', self.capture_stderr)):
+            if wanted:
+                self._tees.append((stream, install_tee(stream, functools.partial(self._write_captured, stream))))
 
     @property
     def artifact_dir(self) -> Optional[str]:
@@ -151,6 +163,9 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             self._closed = True
             return
         try:
+            for stream, tee in reversed(self._tees):
+                remove_tee(stream, tee)  # its unfinished last line goes to the log first
+            self._tees.clear()
             self.flush()
         finally:
             for handle, _ in self._tables.values():
@@ -167,6 +182,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         Raises:
             Whatever ``Logger.upload_file`` raises (e.g. an earlier upload's ``UploadError``).
         """
+        for _, tee in self._tees:
+            if tee.error is not None:  # copying a printed line failed (e.g. disk full): reported once, here
+                error, tee.error = tee.error, None
+                raise error
         with self._write_lock:
             if self._file is None or not (self._dirty or self._dirty_artifacts):
                 return
@@ -223,6 +242,16 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 self.write(f'[trace]: {name}:', format_log_data_value(value) + '\n')
         else:  # tables and images: '[table]: name: {json}', '[images]: name: where they went'
             self.write(f'[{kind}]: ', f"{extra['name']}: {format_log_data_value(data)}\n")
+
+    def _write_captured(self, stream: str, line: str) -> None:
+        if self.format == 'jsonl':
+            record = json.dumps({'kind': stream, 'time': round(time.time(), 6), 'data': line})
+            with self._write_lock:
+                if self._file is not None:
+                    self._file.write(record + '\n')
+                    self._dirty = True
+        else:
+            self.write(f'[{stream}]: ', line + '\n')
 
     def write(self, prefix: str, s: str) -> None:
         """Write text to the log, starting each new line with ``prefix`` (as Composer's ``FileLogger.write``).

@@ -272,3 +272,81 @@ def test_bfloat16_images_written_as_png(tmp_path):
         logger.log_images(torch.ones(1, 3, 2, 2, dtype=torch.bfloat16), name='white', step=1)
     (png,) = (tmp_path / 'log' / 'images' / 'white').glob('*.png')
     assert (_read_png(png.read_bytes()) == 255).all()
+
+
+# ---------------------------------------------------------------------------- capture_stdout / capture_stderr
+def test_capture_stdout_and_stderr_copy_each_line_and_still_print(tmp_path, capsys):
+    import sys
+
+    real_out, real_err = sys.stdout, sys.stderr
+    destination = FileLogger(str(tmp_path / 'log-rank{rank}.txt'), capture_stdout=True, capture_stderr=True)
+    with Logger(destination, run_name='cap') as logger:
+        assert sys.stdout is not real_out and sys.stdout.encoding == real_out.encoding
+        print('hello', 'world')
+        print('two\nlines', file=sys.stderr)
+        logger.log_metrics({'loss': 0.5}, step=1)
+        sys.stdout.write('unfinished')  # written to the log at close
+    assert sys.stdout is real_out and sys.stderr is real_err
+    print('after close')
+    captured = capsys.readouterr()
+    assert captured.out == 'hello world\nunfinishedafter close\n' and captured.err == 'two\nlines\n'
+    assert (tmp_path / 'log-rank0.txt').read_text().splitlines() == [
+        '[stdout]: hello world', '[stderr]: two', '[stderr]: lines', '[metric][batch=1]: loss: 0.5 ',
+        '[stdout]: unfinished']
+
+
+def test_capture_stdout_jsonl_records_carry_the_time(tmp_path, capsys):
+    destination = FileLogger(str(tmp_path / 'log.jsonl'), format='jsonl', capture_stdout=True)
+    with Logger(destination, run_name='cj'):
+        print('as json')
+    capsys.readouterr()
+    (record,) = [json.loads(line) for line in (tmp_path / 'log.jsonl').read_text().splitlines()]
+    assert record['kind'] == 'stdout' and record['data'] == 'as json' and record['time'] > 1.6e9
+
+
+def test_capture_is_off_by_default_and_only_where_the_logger_opens_the_file(tmp_path, capsys, fake_rank):
+    import sys
+
+    real_out = sys.stdout
+    with Logger(FileLogger(str(tmp_path / 'a-rank{rank}.txt')), run_name='off'):
+        assert sys.stdout is real_out
+    fake_rank(1, 2)
+    with Logger(FileLogger(str(tmp_path / 'b.txt'), ranks='zero', capture_stdout=True), run_name='off'):
+        assert sys.stdout is real_out  # rank 1: this FileLogger is not opened here, so nothing is captured
+
+
+def test_capture_leaves_a_later_wrapper_in_place(tmp_path, capsys):
+    import sys
+
+    destination = FileLogger(str(tmp_path / 'log.txt'), capture_stdout=True)
+    logger = Logger(destination, run_name='wrap')
+    tee = sys.stdout
+    wrapper = io.TextIOWrapper(io.BytesIO(), write_through=True)  # stands for someone else's redirection
+    sys.stdout = wrapper
+    try:
+        logger.close()
+        assert sys.stdout is wrapper  # not undone under their feet
+        tee.write('passes through, not copied\n')
+    finally:
+        sys.stdout = tee.stream
+    assert 'passes through' in capsys.readouterr().out
+    assert 'passes through' not in (tmp_path / 'log.txt').read_text()
+
+
+def test_capture_failure_is_reported_at_the_next_flush(tmp_path, capsys):
+    class FullDisk(io.StringIO):
+        def write(self, text):
+            raise OSError(28, 'No space left on device')
+
+    destination = FileLogger(str(tmp_path / 'log.txt'), capture_stdout=True)
+    logger = Logger(destination, run_name='full')
+    real_file, destination._file = destination._file, FullDisk()
+    try:
+        print('still printed')
+        assert 'still printed' in capsys.readouterr().out
+        with pytest.raises(OSError, match='No space left'):
+            destination.flush()
+        destination.flush()  # reported once
+    finally:
+        destination._file = real_file
+        logger.close()
