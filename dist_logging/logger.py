@@ -554,12 +554,16 @@ class Logger:
         self.run_event(Event.BATCH_END)
 
     def epoch_end(self) -> None:
-        """An epoch ended: flush (unless ``auto_flush=False``), notify destinations, advance the epoch."""
+        """An epoch ended: flush (unless ``auto_flush=False``), advance the epoch, notify destinations.
+
+        As in Composer, destinations see a timestamp that already counts the epoch (``epoch``
+        is the number of finished epochs, the per-epoch counters are back at zero).
+        """
         self._check_open()
         if self.auto_flush:
             self.flush()
-        self.run_event(Event.EPOCH_END)
         self.state.advance_epoch()
+        self.run_event(Event.EPOCH_END)
 
     def fit_end(self) -> None:
         """Training ended."""

@@ -3,6 +3,9 @@
 ``TensorboardLogger``, ``MLFlowLogger``, ``RemoteUploaderDownloader`` and ``WandBLogger``
 are imported on first access (module ``__getattr__``), so importing this package never
 imports tensorboard, mlflow, boto3 or wandb.
+
+``Logger`` and ``LoggerDestination`` are here too, so Composer's
+``from composer.loggers import ...`` becomes ``from dist_logging.destinations import ...``.
 """
 
 from typing import Any
@@ -10,6 +13,8 @@ from typing import Any
 from dist_logging.destinations.console import ConsoleLogger
 from dist_logging.destinations.file import FileLogger
 from dist_logging.destinations.in_memory import InMemoryLogger
+from dist_logging.destination import LoggerDestination
+from dist_logging.logger import Logger
 
 _LAZY = {
     'TensorboardLogger': 'dist_logging.destinations.tensorboard',
@@ -18,7 +23,7 @@ _LAZY = {
     'WandBLogger': 'dist_logging.destinations.wandb',
 }
 
-__all__ = ['InMemoryLogger', 'ConsoleLogger', 'FileLogger', *_LAZY]
+__all__ = ['Logger', 'LoggerDestination', 'InMemoryLogger', 'ConsoleLogger', 'FileLogger', *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -89,6 +89,7 @@ class ConsoleLogger(LoggerDestination):
         self._new_tables: list[str] = []
         self._printed_once = False
         self._last_printed_batch: Optional[int] = None
+        self._batches_in_last_epoch = 0
         self._bar: Any = None
 
     def _write(self, text: str) -> None:
@@ -118,11 +119,14 @@ class ConsoleLogger(LoggerDestination):
 
     # ------------------------------------------------------------------ printing
     def _progress(self, state: 'State') -> str:
-        # The Logger sends BATCH_END/EPOCH_END before advancing the epoch, so the epoch in
-        # progress is timestamp.epoch; Composer numbers it from 1.
+        # Epochs are numbered from 1, as Composer prints them. At EPOCH_END the timestamp already
+        # counts the finished epoch (batch_in_epoch is back at 0): show that epoch, complete.
         timestamp = state.timestamp
+        epoch, batch = timestamp.epoch + 1, timestamp.batch_in_epoch
+        if batch == 0 and timestamp.epoch > 0:
+            epoch, batch = timestamp.epoch, self._batches_in_last_epoch
         total = f'/{self.total_batches}' if self.total_batches else ''
-        return f'[epoch={timestamp.epoch + 1}][batch={timestamp.batch_in_epoch}{total}]'
+        return f'[epoch={epoch}][batch={batch}{total}]'
 
     def log_to_console(self, data: dict[str, Any], state: 'State', prefix: str = '', is_train: bool = True) -> None:
         """Print a progress line, then one line per entry of ``data`` and per table logged since the last print.
@@ -159,6 +163,7 @@ class ConsoleLogger(LoggerDestination):
                                   file=self.stream if self.stream is not None else sys.stderr, dynamic_ncols=True)
 
     def batch_end(self, state: 'State', logger: 'Logger') -> None:
+        self._batches_in_last_epoch = state.timestamp.batch_in_epoch
         if self._bar is not None:
             self._bar.update(1)
             if self.logged_metrics:
@@ -169,8 +174,8 @@ class ConsoleLogger(LoggerDestination):
             self._print_pending(state)
 
     def epoch_end(self, state: 'State', logger: 'Logger') -> None:
-        # The epoch that just ended is timestamp.epoch + 1 in Composer's count.
-        if self.log_interval_unit == 'ep' and ((state.timestamp.epoch + 1) % self.log_interval == 0
+        # The timestamp already counts the epoch that just ended (as in Composer).
+        if self.log_interval_unit == 'ep' and (state.timestamp.epoch % self.log_interval == 0
                                                or not self._printed_once):
             self._print_pending(state)
         if self._bar is not None:

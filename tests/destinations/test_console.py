@@ -109,3 +109,14 @@ def test_traces_in_composers_format():
     logger = Logger([ConsoleLogger(stream=out, log_traces=True)], run_name='r')
     logger.log_traces({'algo/trace': 1})
     assert '[trace]: algo/trace:1\n' in out.getvalue()
+
+
+def test_epoch_end_progress_shows_the_finished_epoch_complete():
+    out = io.StringIO()
+    logger = Logger([ConsoleLogger(log_interval='1ep', stream=out)], run_name='r')
+    for _ in range(3):
+        logger.log_metrics({'loss': 1.0})
+        logger.batch_end()
+    logger.epoch_end()
+    logger.close()
+    assert '[epoch=1][batch=3]:\n\t Train loss: 1.0' in out.getvalue()

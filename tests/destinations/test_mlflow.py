@@ -169,7 +169,8 @@ def test_composer_style_construction_run_name_and_tags(tracking_uri, tmp_path, c
     assert client.get_experiment(run.info.experiment_id).name == 'composer-style-exp'
     # Every rank its own run, as Composer names them; $RUN_NAME is the run_name tag.
     monkeypatch.setenv('RUN_NAME', 'platform-run')
-    per_rank = MLFlowLogger(tracking_uri=tracking_uri, run_name='my-run', rank_zero_only=False)
+    per_rank = MLFlowLogger(tracking_uri=tracking_uri, run_name='my-run', rank_zero_only=False,
+                            artifact_location=(tmp_path / 'a').as_uri())
     assert per_rank.ranks == 'all'
     with Logger(per_rank, run_name='composer-run'):
         pass
@@ -182,7 +183,8 @@ def test_composer_style_construction_run_name_and_tags(tracking_uri, tmp_path, c
 def test_resumes_a_run_composer_created(tracking_uri, tmp_path, client):
     experiment_id = client.create_experiment('made-by-composer', artifact_location=(tmp_path / 'c').as_uri())
     composer_run = client.create_run(experiment_id, run_name='x', tags={'run_name': 'job-7'})
-    destination = MLFlowLogger(tracking_uri=tracking_uri, experiment_name='made-by-composer')
+    destination = MLFlowLogger(tracking_uri=tracking_uri, experiment_name='made-by-composer',
+                               artifact_location=(tmp_path / 'c').as_uri())
     with Logger(destination, run_name='job-7') as logger:
         logger.log_metrics({'loss': 1.0}, step=1)
     assert destination.run_id == composer_run.info.run_id
@@ -204,7 +206,7 @@ def test_path_tracking_uri(tmp_path, monkeypatch):
 
 
 def test_metric_filters_renames_duplicates_and_time_buffer(tracking_uri, tmp_path, client):
-    destination = MLFlowLogger(tracking_uri=tracking_uri, synchronous=True, flush_interval=1000,
+    destination = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path), synchronous=True, flush_interval=1000,
                                logging_buffer_seconds=None, ignore_metrics=['eval/*'],
                                ignore_hyperparameters=['secret_*', 'opt/b*'], rename_metrics={'loss': 'just_loss'},
                                log_duplicated_metric_every_n_steps=3)
@@ -227,7 +229,8 @@ def test_register_model(tracking_uri, tmp_path, client):
     model_dir = tmp_path / 'model'
     model_dir.mkdir()
     (model_dir / 'weights.bin').write_bytes(b'w')
-    destination = MLFlowLogger(tracking_uri=tracking_uri, model_registry_prefix='team')
+    destination = MLFlowLogger(tracking_uri=tracking_uri, model_registry_prefix='team',
+                               experiment_name='registry', artifact_location=(tmp_path / 'artifacts').as_uri())
     with Logger(destination, run_name='registry') as logger:
         logger.log_metrics({'loss': 1.0}, step=1)
         client.log_artifacts(destination.run_id, str(model_dir), artifact_path='model')
@@ -253,7 +256,7 @@ def test_system_metrics_and_bfloat16_images(tracking_uri, tmp_path, client, monk
 
     monkeypatch.setenv('MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL', '0.05')
     monkeypatch.setenv('MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING', '1')
-    destination = MLFlowLogger(tracking_uri=tracking_uri, log_system_metrics=True,
+    destination = MLFlowLogger(tracking_uri=tracking_uri, log_system_metrics=True, experiment_name='system',
                                artifact_location=(tmp_path / 'artifacts').as_uri())
     with Logger(destination, run_name='system') as logger:
         logger.log_images(torch.rand(2, 3, 4, 4, dtype=torch.bfloat16), name='bf16', step=1)
