@@ -118,7 +118,11 @@ class WandBLogger(LoggerDestination):
     charts' x-axis. When a step goes backwards (a job resumed from an earlier checkpoint
     into the same W&B run, or data for an earlier step logged late), wandb would drop the
     data; here it goes into a new row after the last one instead (one warning), so
-    nothing is lost and it is still plotted at its own step.
+    nothing is lost and it is still plotted at its own step. Data for the same step joins
+    one row; a key logged twice at the same ``step`` keeps the later value, as in wandb
+    (the Logger passes the batch count as the step when the caller gives none). Called
+    without a step (traces, or direct calls), a key already in the row starts a new row at
+    the same step instead, as ``wandb.log`` would, so such repeated values are all kept.
 
     Args:
         project: the W&B project.
@@ -201,6 +205,7 @@ class WandBLogger(LoggerDestination):
         self._staging_dir: Optional[str] = None
         self._last_wandb_step = -1
         self._row_step: Optional[int] = None  # training step of the row at _last_wandb_step
+        self._row_keys: set[str] = set()  # keys logged to that row
         self._warned: set[str] = set()
         self._finished = False
         self._disabled = False
@@ -243,7 +248,7 @@ class WandBLogger(LoggerDestination):
             self.run_url = getattr(run, 'url', None)
         # A resumed run continues at its next step: earlier steps would be refused by wandb.
         self._last_wandb_step = int(getattr(run, 'step', 0) or 0) - 1
-        self._row_step = None
+        self._row_step, self._row_keys = None, set()
         run.define_metric(STEP_METRIC)
         run.define_metric('*', step_metric=STEP_METRIC, step_sync=True)
         if self.log_artifacts:
@@ -301,24 +306,36 @@ class WandBLogger(LoggerDestination):
             return int(step)
         return self._state.timestamp.batch if self._state is not None else 0
 
-    def _wandb_step(self, step: int) -> int:
-        """The wandb row for data of training step ``step`` (see the class docstring)."""
+    def _wandb_step(self, step: int, keys: Any, explicit: bool) -> int:
+        """The wandb row for data with ``keys`` at training step ``step`` (see the class docstring).
+
+        Data for the open row's step joins that row, except that without an explicit step a
+        key already in it starts a new row (as ``wandb.log`` without a step would): nothing
+        is overwritten that the caller did not address to the same step.
+        """
         if step > self._last_wandb_step:
             wandb_step = step
-        elif step == self._row_step:
-            wandb_step = self._last_wandb_step  # same step as the open row: add to it
+        elif step == self._row_step and (explicit or self._row_keys.isdisjoint(keys)):
+            self._row_keys.update(keys)
+            return self._last_wandb_step
         else:
             wandb_step = self._last_wandb_step + 1
-            self._warn_once('backwards', f'WandBLogger: step {step} is before the last step logged to W&B '
-                                         f'({self._row_step}); W&B steps only go forward, so this data is logged '
-                                         f'in a new row (wandb step {wandb_step}) and plotted at its own step by '
-                                         f'{STEP_METRIC!r} (warned once)')
-        self._last_wandb_step, self._row_step = wandb_step, step
+            if self._row_step is not None and step < self._row_step:
+                self._warn_once('backwards', f'WandBLogger: step {step} is before the last step logged to W&B '
+                                             f'({self._row_step}); W&B steps only go forward, so this data is logged '
+                                             f'in a new row (wandb step {wandb_step}) and plotted at its own step by '
+                                             f'{STEP_METRIC!r} (warned once)')
+            elif step == self._row_step:
+                self._warn_once('same-step', f'WandBLogger: {sorted(keys)} logged again at batch {step} without '
+                                             'step=; kept in a new row at the same step. Call logger.batch_end() '
+                                             'after each batch or pass step= (warned once)')
+        self._last_wandb_step, self._row_step, self._row_keys = wandb_step, step, set(keys)
         return wandb_step
 
-    def _log_row(self, row: dict[str, Any], step: int) -> None:
-        row[STEP_METRIC] = step
-        wandb_step = self._wandb_step(step)
+    def _log_row(self, row: dict[str, Any], step: Optional[int]) -> None:
+        training_step = self._training_step(step)
+        wandb_step = self._wandb_step(training_step, row.keys(), step is not None)
+        row[STEP_METRIC] = training_step
         run = self.run
         self._submit(lambda: run.log(row, step=wandb_step))
 
@@ -331,7 +348,7 @@ class WandBLogger(LoggerDestination):
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         self._check_open()
-        self._log_row(dict(metrics), self._training_step(step))
+        self._log_row(dict(metrics), step)
 
     def log_traces(self, traces: dict[str, Any]) -> None:
         self._check_open()
@@ -339,23 +356,20 @@ class WandBLogger(LoggerDestination):
         for name, value in traces.items():
             plain = isinstance(value, (bool, int, float, str)) or value is None
             row[f'traces/{name}'] = value if plain else format_log_data_value(value)
-        self._log_row(row, self._training_step(None))
+        self._log_row(row, None)
 
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
                   step: Optional[int] = None) -> None:
         self._check_open()
         columns = [str(c) for c in columns]
         data = jsonable([list(r) for r in rows])
-        wandb = self._wandb
-        step = self._training_step(step)
-        row: dict[str, Any] = {}
-        wandb_step = self._wandb_step(step)
-        run = self.run
+        wandb, run = self._wandb, self.run
+        training_step = self._training_step(step)
+        wandb_step = self._wandb_step(training_step, (name,), step is not None)
 
         def log() -> None:
-            row[name] = wandb.Table(columns=columns, data=data, allow_mixed_types=True)
-            row[STEP_METRIC] = step
-            run.log(row, step=wandb_step)
+            table = wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+            run.log({name: table, STEP_METRIC: training_step}, step=wandb_step)
 
         self._submit(log)
 
@@ -384,8 +398,9 @@ class WandBLogger(LoggerDestination):
             labels = dict(mask_class_labels)
         if batch.shape[-1] == 1:
             batch = batch[..., 0]  # wandb takes grey images as HW
-        step = self._training_step(step)
-        wandb_step = self._wandb_step(step)
+        training_step = self._training_step(step)
+        key = f'{name} Table' if use_table else name
+        wandb_step = self._wandb_step(training_step, (key,), step is not None)
         wandb, run = self._wandb, self.run
 
         def log() -> None:
@@ -404,10 +419,10 @@ class WandBLogger(LoggerDestination):
                 table = wandb.Table(columns=[name])
                 for wandb_image in wandb_images:
                     table.add_data(wandb_image)
-                row = {f'{name} Table': table}
+                row = {key: table}
             else:
-                row = {name: wandb_images}
-            row[STEP_METRIC] = step
+                row = {key: wandb_images}
+            row[STEP_METRIC] = training_step
             run.log(row, step=wandb_step)
 
         self._submit(log)

@@ -281,12 +281,21 @@ def test_every_rank_its_own_run_in_one_group_and_failed_exit(fake_rank, wandb_en
     destination = WandBLogger(project='dl', rank_zero_only=False)
     with pytest.raises(KeyError):
         with Logger(destination, run_name='job') as logger:
-            logger.log_metrics({'loss': 2.0}, step=7)
+            logger.log_metrics({'loss': 1.0})  # the Logger gives the batch count (0) as the step
+            logger.log_metrics({'acc': 0.5})  # same step: the same row
+            logger.batch_end()
+            logger.log_metrics({'loss': 3.0})
+            with pytest.warns(RuntimeWarning, match=r"\['loss'\] logged again at batch 1 without step="):
+                destination.log_metrics({'loss': 4.0})  # called directly without a step: a row of its own
+            logger.log_metrics({'loss': 5.0}, step=7)
             logger.log_hyperparameters({'lr': 0.5})  # rank 1: hyperparameters come from rank zero only
             raise KeyError('training failed')
     log = run_log(destination)
     assert (log.run.display_name, log.run.run_group) == ('job-rank1', 'job')
-    assert [row['loss'] for row in log.history if 'loss' in row] == [2.0]
+    rows = [row for row in log.history if 'loss' in row]
+    assert [(row['loss'], row[STEP_METRIC], row['_step']) for row in rows] == \
+        [(1.0, 0, 0), (3.0, 1, 1), (4.0, 1, 2), (5.0, 7, 7)]
+    assert rows[0]['acc'] == 0.5
     assert 'lr' not in log.config
     assert log.exit.exit_code == 1  # finished as failed: an exception was propagating through close()
 
