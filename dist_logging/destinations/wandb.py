@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 from dist_logging import dist
 from dist_logging._artifacts import jsonable
 from dist_logging._values import format_log_data_value
-from dist_logging.destination import LoggerDestination, validate_ranks
+from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
 from dist_logging.destinations._worker import SerialWorker
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
 
@@ -52,24 +52,6 @@ def _import_wandb() -> Any:
     except ImportError as exc:
         raise ImportError(f'{INSTALL_HINT} ({exc})') from exc
     return wandb
-
-
-def _ranks_from_rank_zero_only(owner: str, rank_zero_only: bool, ranks: Optional[str]) -> str:
-    """Composer's ``rank_zero_only`` as a rank policy; an explicit ``ranks`` wins over the default.
-
-    Raises:
-        ValueError: ``rank_zero_only=False`` together with a ``ranks`` policy that excludes
-            ranks (``'zero'``, ``'local_zero'``), or an unknown ``ranks``.
-    """
-    if not isinstance(rank_zero_only, bool):
-        raise TypeError(f'{owner}: rank_zero_only must be a bool, got {rank_zero_only!r}')
-    if ranks is None:
-        return 'zero' if rank_zero_only else 'all'
-    validate_ranks(ranks, owner)
-    if not rank_zero_only and ranks != 'all':
-        raise ValueError(f'{owner}: rank_zero_only=False (every rank logs) contradicts ranks={ranks!r}; '
-                         "give one of them (ranks='all' is rank_zero_only=False)")
-    return ranks
 
 
 def _optional_str(owner: str, name: str, value: Any) -> Optional[str]:
@@ -153,8 +135,11 @@ class WandBLogger(LoggerDestination):
                  rank_zero_only: bool = True, init_kwargs: Optional[Mapping[str, Any]] = None, *,
                  ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None):
         owner = type(self).__name__
-        super().__init__(ranks=_ranks_from_rank_zero_only(owner, rank_zero_only, ranks), log_level=log_level,
-                         optional=optional)
+        # rank_zero_only=True is the default of Composer's signature, so with ranks= given it only
+        # counts when it says False (every rank), which contradicts 'zero' or 'local_zero'.
+        ranks = ranks_from_rank_zero_only(ranks, None if ranks is not None and rank_zero_only is True
+                                          else rank_zero_only, 'zero', owner)
+        super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         _check_installed()
         project = _optional_str(owner, 'project', project)
         entity = _optional_str(owner, 'entity', entity)
