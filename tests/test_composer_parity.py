@@ -170,3 +170,24 @@ def test_run_event_override_still_closed():
     with Logger([HandlesItsOwnEvents()], run_name='ev') as logger:
         logger.batch_end()
     assert seen == [1, 'close', 'post_close']
+
+
+def test_name_templates_fill_as_composers(fake_rank, monkeypatch):
+    from dist_logging import Timestamp, format_name_with_dist_and_time
+
+    names = ['run_name', 'rank', 'node_rank', 'world_size', 'local_world_size', 'local_rank', 'extra']
+    template = ','.join(f'{n}={{{n}}}' for n in names)
+    assert format_name_with_dist(template, 'awesome_run', extra=42) == (
+        'run_name=awesome_run,rank=0,node_rank=0,world_size=1,local_world_size=1,local_rank=0,extra=42')
+    times = ['epoch', 'batch', 'batch_in_epoch', 'sample', 'sample_in_epoch', 'token', 'token_in_epoch',
+             'total_wct', 'epoch_wct', 'batch_wct']
+    timestamp = Timestamp(batch=1, batch_in_epoch=1, sample=2, sample_in_epoch=2, token=3, token_in_epoch=3,
+                          total_wct=36000.0, epoch_wct=3000.0, batch_wct=5.0)
+    filled = format_name_with_dist_and_time(','.join(f'{n}={{{n}}}' for n in names + times), 'awesome_run',
+                                            timestamp, extra=42)
+    assert filled.endswith(',extra=42,epoch=0,batch=1,batch_in_epoch=1,sample=2,sample_in_epoch=2,token=3,'
+                           'token_in_epoch=3,total_wct=36000.0,epoch_wct=3000.0,batch_wct=5.0')
+    # two ranks and no node rank in the environment: a template that does not use it still fills
+    fake_rank(rank=1, world_size=2)
+    monkeypatch.delenv('GROUP_RANK')
+    assert format_name_with_dist('{run_name},{world_size}', 'awesome_run') == 'awesome_run,2'
