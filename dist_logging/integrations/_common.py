@@ -6,14 +6,16 @@ Nothing here imports a framework or torch.distributed at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import numbers
 import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
 
-__all__ = ['CONFIG_ENV', 'import_framework', 'LoggerHandle', 'CheckpointNamer']
+__all__ = ['CONFIG_ENV', 'import_framework', 'LoggerHandle', 'CheckpointNamer', 'advance_to']
 
 #: The environment variable naming a Logger config (a YAML path) for adapters built with no
 #: ``logger`` and no ``config`` (e.g. ``report_to=['dist_logging']`` or ``log_with='dist_logging'``).
@@ -134,8 +136,9 @@ class LoggerHandle:
         return state
 
     def close(self) -> None:
-        """Close the Logger (waits for its uploads; no collective) and forget it, so a later
-        :meth:`get` builds a new one from the factory or config (a given Logger cannot be reopened).
+        """End the fit and close the Logger (waits for its uploads; no collective), and forget a Logger
+        built here, so a later :meth:`get` builds a new one from the factory or config (a given Logger
+        cannot be reopened). Idempotent.
 
         Raises:
             UploadError: uploads that did not land (named), as :meth:`Logger.close`.
@@ -145,7 +148,43 @@ class LoggerHandle:
             return
         if self.built_here:
             self._logger = None
-        logger.close()
+        if getattr(logger, '_closed', False):
+            return
+        try:
+            logger.fit_end()  # destinations flush what they buffer (file lines, console metrics)
+        finally:
+            logger.close()
+
+
+#: At most this many BATCH_END events are replayed by one :func:`advance_to` (a resumed run's first step
+#: may be a million batches ahead: the rest is skipped over).
+MAX_REPLAYED_BATCHES = 1000
+
+
+def advance_to(logger: 'Logger', step: Any) -> None:
+    """Bring the Logger's batch count up to the framework's ``step``, one ``BATCH_END`` event per batch passed.
+
+    Frameworks call loggers at logging steps, not every batch; destinations that act every N
+    batches (a FileLogger's flush, the console's print) need each batch's event to act on time.
+    Forward only; a step that is not an int is ignored. Issues no collective (unlike
+    :meth:`Logger.batch_end`, which flushes gathered metrics).
+    """
+    from dist_logging.destination import Event
+
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        return
+    state = logger.state
+    behind = int(step) - state.timestamp.batch
+    if behind <= 0:
+        return
+    if behind > MAX_REPLAYED_BATCHES:
+        skipped = behind - MAX_REPLAYED_BATCHES
+        state.timestamp = dataclasses.replace(state.timestamp, batch=state.timestamp.batch + skipped,
+                                              batch_in_epoch=state.timestamp.batch_in_epoch + skipped)
+        behind = MAX_REPLAYED_BATCHES
+    for _ in range(behind):
+        state.advance_batch()
+        logger.run_event(Event.BATCH_END)
 
 
 def _escape(text: str) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from dist_logging.integrations._common import import_framework, LoggerHandle
+from dist_logging.integrations._common import advance_to, import_framework, LoggerHandle
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -92,6 +92,7 @@ class DistLoggingTracker(_tracking.GeneralTracker):
             logger.log_metrics(metrics, step=step)
         if traces:
             logger.log_traces(traces)
+        advance_to(logger, step)  # periodic destinations (file flush, console) act on the loop's steps
 
     def finish(self) -> None:
         """Close the Logger: waits for its uploads, issues no collective.

@@ -27,7 +27,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
-from dist_logging.integrations._common import CheckpointNamer, import_framework, LoggerHandle
+from dist_logging.integrations._common import advance_to, CheckpointNamer, import_framework, LoggerHandle
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -50,7 +50,9 @@ class DistLoggingLogger(_pl.loggers.Logger):
     step=step)``; ``after_save_checkpoint`` -> each checkpoint file written since the last call
     (top-k, ``last.ckpt``, best) snapshotted and handed to ``upload_file``; ``finalize`` -> close
     (waits for the uploads). The Logger is built on first use, on every rank, once Lightning
-    has created the process group.
+    has created the process group. Its batch count follows Lightning's logging steps (see
+    :func:`~dist_logging.integrations._common.advance_to`), so destinations that act every N
+    batches (file flushes, console prints) keep their rhythm.
 
     Checkpoints are uploaded with ``overwrite=True``: the bucket mirrors what Lightning wrote,
     and Lightning rewrites a name (``last.ckpt`` at every save) when it means the newer file.
@@ -156,6 +158,7 @@ class DistLoggingLogger(_pl.loggers.Logger):
         else:
             logger.log_metrics(metrics, step=step, reduce=self.reduce)
             logger.flush()
+        advance_to(logger, step)  # periodic destinations (file flush, console) act on Lightning's clock
 
     # ------------------------------------------------------------------ checkpoints
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:

@@ -28,7 +28,7 @@ import re
 import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from dist_logging.integrations._common import CheckpointNamer, import_framework, LoggerHandle
+from dist_logging.integrations._common import advance_to, CheckpointNamer, import_framework, LoggerHandle
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -95,12 +95,34 @@ class DistLoggingCallback(_transformers.TrainerCallback):
         return self._handle.get()
 
     # ------------------------------------------------------------------ hooks (every rank)
+    # The Logger's clock follows state.global_step: each optimizer step ends one batch for the
+    # destinations (see advance_to), after that step's logs and saves, so periodic destinations
+    # (file flushes, console prints) see them. None of these hooks issues a collective.
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         hparams = dict(args.to_dict())
         model_config = getattr(model, 'config', None)
         if model_config is not None and hasattr(model_config, 'to_dict'):
             hparams.update({f'model_config/{key}': value for key, value in model_config.to_dict().items()})
-        self._handle.get().log_hyperparameters(hparams)
+        logger = self._handle.get()
+        logger.log_hyperparameters(hparams)
+        logger.fit_start()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._handle.is_built:
+            advance_to(self._handle.get(), state.global_step)
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._handle.is_built:
+            self._handle.get().epoch_start()
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._handle.is_built:
+            from dist_logging.destination import Event
+
+            logger = self._handle.get()
+            advance_to(logger, state.global_step)
+            logger.run_event(Event.EPOCH_END)  # not Logger.epoch_end(): that flushes gathered metrics (a collective)
+            logger.state.advance_epoch()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Mapping[str, Any]] = None,
                **kwargs: Any) -> None:
@@ -115,6 +137,7 @@ class DistLoggingCallback(_transformers.TrainerCallback):
             logger.log_metrics(metrics, step=state.global_step)
         if traces:
             logger.log_traces(traces)
+        advance_to(logger, state.global_step)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.upload_checkpoints:
@@ -127,6 +150,7 @@ class DistLoggingCallback(_transformers.TrainerCallback):
                           RuntimeWarning, stacklevel=2)
             return
         logger = self._handle.get()
+        advance_to(logger, state.global_step)
         for relative in _own_files(folder, args.process_index, args.process_index == 0 and args.should_save):
             try:
                 self._namer.upload(logger, os.path.join(folder, relative), overwrite=True,
@@ -143,11 +167,15 @@ class DistLoggingCallback(_transformers.TrainerCallback):
             UploadError: (or the first checkpoint upload error) naming what did not land.
         """
         errors, self._upload_errors = self._upload_errors, []
-        if self._handle.built_here:
-            try:
-                self._handle.close()
-            except Exception as exc:  # noqa: BLE001 - combined with the errors recorded during training
-                errors.append(exc)
+        if self._handle.is_built:
+            advance_to(self._handle.get(), state.global_step)
+        try:
+            if self._handle.built_here:
+                self._handle.close()  # ends the fit, waits for uploads
+            elif self._handle.is_built:
+                self._handle.get().fit_end()
+        except Exception as exc:  # noqa: BLE001 - combined with the errors recorded during training
+            errors.append(exc)
         if errors:
             first = errors[0]
             for other in errors[1:]:
