@@ -83,7 +83,9 @@ class WandBLogger(LoggerDestination):
       each, named after the remote name (characters other than letters, digits, ``-_.``
       become ``.``), typed by its extension (``.pt`` -> ``model``), with aliases ``latest``
       and ``ep<epoch>-ba<batch>`` and the timestamp as metadata. ``overwrite`` does not
-      apply: logging a name again adds a version.
+      apply: logging a name again adds a version. Without ``log_artifacts`` this
+      destination takes no files (``upload_file`` is the base class's no-op, and the Logger
+      does not count it as an uploader).
 
     Nothing here waits for W&B on the training loop: every wandb call (``log``,
     ``config.update``, building images, hashing artifact files, ``log_artifact``) runs in
@@ -176,6 +178,11 @@ class WandBLogger(LoggerDestination):
                           "(e.g. their checkpoint shards) are not stored; pass ranks='all' (rank_zero_only=False) "
                           'to give every rank its own run and artifacts', UserWarning, stacklevel=2)
         self.log_artifacts = bool(log_artifacts)
+        if self.log_artifacts:
+            # Only then does this destination take files: the Logger hands files to destinations
+            # whose class overrides upload_file, so without log_artifacts the base class's no-op
+            # stays, and the Logger (and other destinations) see no uploader here.
+            self.upload_file = self._upload_artifact  # type: ignore[method-assign]
         self.rank_zero_only = self.ranks == 'zero'
         self.init_kwargs = kwargs
         # Set here so download_file works on ranks that never open a run; replaced by the run's own.
@@ -417,11 +424,11 @@ class WandBLogger(LoggerDestination):
         """True with ``log_artifacts=True``: files handed to the Logger become W&B artifacts."""
         return self.log_artifacts
 
-    def upload_file(self, state: Optional['State'], remote_file_name: str, file_path: Union[str, 'pathlib.Path'], *,
-                    overwrite: bool = False, copy: bool = True) -> None:
-        """Snapshot ``file_path`` and log it as a W&B artifact in the background; returns at once.
+    def _upload_artifact(self, state: Optional['State'], remote_file_name: str,
+                         file_path: Union[str, 'pathlib.Path'], *, overwrite: bool = False, copy: bool = True) -> None:
+        """``upload_file`` with ``log_artifacts=True``: snapshot the file, log it as a W&B artifact in the background.
 
-        A no-op unless ``log_artifacts=True``.
+        Returns at once.
 
         Args:
             state: the run state (its timestamp gives the alias ``ep<epoch>-ba<batch>``).
@@ -438,8 +445,6 @@ class WandBLogger(LoggerDestination):
             RuntimeError: this destination is not open, or an earlier wandb call failed.
         """
         del overwrite
-        if not self.log_artifacts:
-            return
         from dist_logging.upload.snapshot import copy_file, link_file
 
         self._check_open()

@@ -27,6 +27,9 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope='module')
 def wandb_env(tmp_path_factory):
     """Offline W&B confined to a temp folder: no network, no git/code capture, no system stats."""
+    import wandb
+
+    wandb.teardown()  # wandb keeps the settings it read from the environment in a singleton: start afresh
     root = tmp_path_factory.mktemp('wandb')
     had_service = 'WANDB_SERVICE' in os.environ
     with pytest.MonkeyPatch.context() as mp:
@@ -42,8 +45,6 @@ def wandb_env(tmp_path_factory):
                      'WANDB_RUN_GROUP', 'WANDB_TAGS'):
             mp.delenv(name, raising=False)
         yield root
-        import wandb
-
         wandb.teardown()  # stops the wandb service process this module started
     if not had_service:
         os.environ.pop('WANDB_SERVICE', None)
@@ -135,6 +136,16 @@ def test_config_type_wandb_builds_it():
     assert (destination.project, destination.ranks, destination.log_artifacts) == ('p', 'all', True)
     with pytest.raises(ValueError, match=r'destinations\[0\]\.projct: unknown key'):
         load_config({'destinations': [{'type': 'wandb', 'projct': 'p'}]})
+
+
+def test_takes_files_only_with_log_artifacts(wandb_env):
+    from dist_logging.destinations import InMemoryLogger
+
+    plain = Logger([InMemoryLogger(), WandBLogger(init_kwargs={'mode': 'disabled'})], run_name='files')
+    with plain:
+        assert not plain.has_file_upload_destination()
+    with Logger(WandBLogger(log_artifacts=True, init_kwargs={'mode': 'disabled'}), run_name='files') as logger:
+        assert logger.has_file_upload_destination()
 
 
 def test_not_open_is_a_clear_error(tmp_path):
