@@ -191,3 +191,14 @@ def test_name_templates_fill_as_composers(fake_rank, monkeypatch):
     fake_rank(rank=1, world_size=2)
     monkeypatch.delenv('GROUP_RANK')
     assert format_name_with_dist('{run_name},{world_size}', 'awesome_run') == 'awesome_run,2'
+
+
+def test_init_sent_again_after_the_logger_opened_destinations(tmp_path):
+    # Composer's tests (and some callbacks) send INIT themselves after building the Logger.
+    file_logger = FileLogger(str(tmp_path / 'log.txt'), buffer_size=1)
+    with Logger([file_logger], run_name='again') as logger:
+        handle = file_logger._file
+        file_logger.run_event(Event.INIT, logger.state, logger)
+        logger.log_metrics({'loss': 1.0}, step=1)
+        assert file_logger._file is handle
+    assert (tmp_path / 'log.txt').read_text() == '[metric][batch=1]: loss: 1.0 \n'

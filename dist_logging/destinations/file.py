@@ -135,6 +135,8 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
+        if self._file is not None:  # the Logger opened it already; Composer-style code may send INIT again
+            return
         self._state, self._logger = state, logger
         self.filename = format_name_with_dist(self.filename_template, state.run_name)
         if self.remote_file_name_template:

@@ -231,6 +231,9 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         from mlflow.entities import RunTag
         from mlflow.tracking import MlflowClient
 
+        if self.client is not None:  # already open: a second INIT must not open a second run
+            return
+
         self._state = state
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
         template = self.run_name_template

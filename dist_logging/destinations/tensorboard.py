@@ -103,6 +103,8 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
+        if self.writer is not None:  # already open: a second INIT must not start a second writer
+            return
         self._state, self._logger = state, logger
         self.log_dir = format_name_with_dist(self.log_dir_template, state.run_name)
         if self.remote_dir_template:
