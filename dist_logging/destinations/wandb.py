@@ -220,8 +220,8 @@ class WandBLogger(LoggerDestination):
         return name, group
 
     def init(self, state: 'State', logger: 'Logger') -> None:
-        if self.run is not None:
-            return
+        if self.run is not None and not self._finished:
+            return  # already open
         wandb = _import_wandb()
         from wandb.sdk.artifacts.staging import get_staging_dir
 
@@ -458,6 +458,8 @@ class WandBLogger(LoggerDestination):
                              f'W&B allows {ARTIFACT_NAME_MAX}')
         extension = name.rsplit('.', 1)[1] if '.' in name.strip('.') else ''
         artifact_type = 'model' if extension == 'pt' else (extension or 'file')
+        if artifact_type.startswith('wandb'):
+            artifact_type = 'file'  # W&B reserves types starting with 'wandb-' for itself
         file_name = posixpath.basename(remote.replace('\\', '/')) or name
         timestamp = (state or self._state).timestamp if (state or self._state) is not None else None
         aliases = ['latest']
