@@ -141,3 +141,19 @@ def test_a_foreign_file_keeps_the_rank_folder(tmp_path):
     again.close()
     assert again.removed and not (tmp_path / 'staging' / 'rank0').exists()
     RankStaging(str(tmp_path / 'staging'), 0).close()
+
+
+def test_a_lock_on_a_deleted_lock_file_is_not_ownership(tmp_path):
+    import filelock
+
+    from dist_logging.upload.staging import _holds_current_lock
+
+    path = str(tmp_path / '.lock')
+    lock = filelock.FileLock(path, thread_local=False)
+    lock.acquire()
+    assert _holds_current_lock(lock, path)
+    os.unlink(path)  # what a closing owner does when the folder empties
+    assert not _holds_current_lock(lock, path)
+    open(path, 'w').close()  # someone else's new lock file at the same path
+    assert not _holds_current_lock(lock, path)
+    lock.release()
