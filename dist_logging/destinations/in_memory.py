@@ -66,6 +66,8 @@ class InMemoryLogger(LoggerDestination):
         step = self._step(step)
         timestamp = self.state.timestamp if self.state is not None else None  # immutable: safe to keep
         for name, value in metrics.items():
+            if type(value) is not float and type(value) is not int:  # called directly with e.g. a tensor: keep a copy
+                value = copy.deepcopy(value)
             self.data.setdefault(name, []).append((step, value))
             self._timestamps.setdefault(name, []).append(timestamp)
             self.most_recent_values[name] = value
