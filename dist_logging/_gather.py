@@ -160,7 +160,7 @@ class _Layout:
     """An ordered ``key -> reduce`` with each key's position in its section, built only when it changes."""
 
     __slots__ = ('keys', 'ops', 'codes', 'index', 'digest', 'pos', 'n_sum', 'n_ext', 'n_gather', 'ext_keys',
-                 'sum_keys', 'gather_keys')
+                 'sum_keys', 'gather_keys', 'code_array', 'pos_array', 'key_array')
 
     def __init__(self, layout: Mapping[str, str]):
         self.keys = list(layout)
@@ -176,6 +176,9 @@ class _Layout:
             sections[section].append(i)
         self.sum_keys, self.ext_keys, self.gather_keys = sections['sum'], sections['ext'], sections['gather']
         self.n_sum, self.n_ext, self.n_gather = len(self.sum_keys), len(self.ext_keys), len(self.gather_keys)
+        self.code_array = np.array(self.codes, dtype=np.int64)
+        self.pos_array = np.array(self.pos, dtype=np.int64)
+        self.key_array = np.array(self.keys, dtype=object)
 
     def as_dict(self) -> dict[str, str]:
         return dict(zip(self.keys, self.ops))
@@ -380,45 +383,7 @@ class MetricGatherer:
         flight.what = f'flush at step {position} (flush #{flight.seq})'
         flight.held, flight.gather_out, flight.host, flight.event = {}, [], None, None
         K, S, E, G = len(layout.keys), layout.n_sum, layout.n_ext, layout.n_gather
-        sums, counts = [0.0] * S, [0.0] * S
-        steps, levels = [_NEG_INF] * K, [0.0] * K
-        extrema, nans = [_NEG_INF] * E, [0.0] * E
-        gathered = [0.0, 0.0, math.nan] * G
-        device_values: list[tuple[str, int, float, torch.Tensor]] = []  # (section, slot, sign, tensor)
-        index_get, codes, pos = layout.index.get, layout.codes, layout.pos
-        for key, entry in buffered.items():
-            i = index_get(key)
-            op = entry[_SPEC][0]
-            if i is None or layout.ops[i] != op:
-                flight.held[key] = entry
-                continue
-            code, p, tensors = codes[i], pos[i], entry[_TENSORS]
-            levels[i] = float(entry[_SPEC][1])
-            if entry[_STEP] is not None:
-                steps[i] = float(entry[_STEP])
-            acc = entry[_ACC]
-            if code <= _SUM:
-                if acc is not None:
-                    sums[p] = acc
-                counts[p] = float(entry[_COUNT] + (len(tensors) if tensors else 0))
-                if tensors:
-                    device_values += [('sum', p, 1.0, t) for t in tensors]
-            elif code <= _MAX:
-                sign = 1.0 if code == _MAX else -1.0
-                if acc is not None:
-                    if acc != acc:
-                        nans[p] = 1.0
-                    else:
-                        extrema[p] = sign * acc
-                if tensors:
-                    device_values += [('ext', p, sign, t) for t in tensors]
-            else:
-                gathered[3 * p + 1] = 1.0
-                gathered[3 * p + 2] = math.nan if entry[_STEP] is None else float(entry[_STEP])
-                if tensors:
-                    device_values.append(('gather', p, 1.0, tensors[-1]))
-                else:
-                    gathered[3 * p] = acc
+        body, sums_counts, gathered, device_values = _pack(layout, buffered, flight.held)
         payload = b''
         if flight.held:
             payload = json.dumps([[key, entry[_SPEC][0]] for key, entry in flight.held.items()],
@@ -426,10 +391,10 @@ class MetricGatherer:
         flight.payload = payload
         header = [float(flight.seq), float(position), layout.digest, float(len(payload)), 1.0 if buffered else 0.0]
         flight.header = header
-        header = header + [-header[0], -header[1], -header[2]]
-        vectors = {'max': _vector(header + steps + levels + extrema + nans, device)}
+        header = np.array(header + [-header[0], -header[1], -header[2]], dtype=np.float64)
+        vectors = {'max': _vector(np.concatenate([header, body]), device)}
         if S:
-            vectors['sum'] = _vector(sums + counts, device)
+            vectors['sum'] = _vector(sums_counts, device)
         if G:
             vectors['gather'] = _vector(gathered, device)
         if device_values:
@@ -612,8 +577,79 @@ class MetricGatherer:
             self._set_layout(self._layout.as_dict(), dict(zip(self._layout.keys, used)))
 
 
-def _vector(values: list[float], device: torch.device) -> torch.Tensor:
-    tensor = torch.tensor(values, dtype=torch.float64)
+def _pack(layout: _Layout, buffered: dict[str, list[Any]], held: dict[str, list[Any]]):
+    """Lay this rank's buffered entries out along ``layout`` (vectorized over keys: this runs every flush).
+
+    Entries outside the layout (a new key, or another ``reduce``) go to ``held``.
+
+    Returns:
+        ``(MAX body [steps | levels | extrema | NaN flags], SUM vector [sums | counts],
+        gather vector [value, count, step] * G, tensors left on their device as
+        (section, slot, sign, tensor))``, the vectors as float64 numpy arrays.
+    """
+    K, S, E, G = len(layout.keys), layout.n_sum, layout.n_ext, layout.n_gather
+    keys, entries = list(buffered), list(buffered.values())
+    if keys == layout.keys and [e[_SPEC][0] for e in entries] == layout.ops:
+        slots = np.arange(K)  # the steady state: the layout's keys, in its order
+    else:
+        index_get, ops, fit_slots, fit_entries = layout.index.get, layout.ops, [], []
+        for key, entry in zip(keys, entries):
+            i = index_get(key)
+            if i is None or ops[i] != entry[_SPEC][0]:
+                held[key] = entry
+            else:
+                fit_slots.append(i)
+                fit_entries.append(entry)
+        slots, entries = np.array(fit_slots, dtype=np.int64), fit_entries
+    steps, levels = np.full(K, _NEG_INF), np.zeros(K)
+    extrema, nans = np.full(E, _NEG_INF), np.zeros(E)
+    sums_counts = np.zeros(2 * S)
+    gathered = np.zeros(3 * G)
+    gathered[2::3] = math.nan
+    device_values: list[tuple[str, int, float, torch.Tensor]] = []
+    if not entries:
+        return np.concatenate([steps, levels, extrema, nans]), sums_counts, gathered, device_values
+    levels[slots] = [e[_SPEC][1] for e in entries]
+    given = np.array([e[_STEP] for e in entries], dtype=np.float64)  # None -> NaN
+    steps[slots] = np.where(np.isnan(given), _NEG_INF, given)
+    has_acc = np.array([e[_ACC] is not None for e in entries])
+    acc = np.array([e[_ACC] for e in entries], dtype=np.float64)  # None -> NaN, masked by has_acc
+    tensors = [e[_TENSORS] for e in entries]
+    count = np.array([e[_COUNT] for e in entries], dtype=np.float64)
+    if any(tensors):
+        count += [len(t) if t else 0 for t in tensors]
+    codes, positions = layout.code_array[slots], layout.pos_array[slots]
+    mask = codes <= _SUM
+    if mask.any():
+        sums_counts[positions[mask]] = np.where(has_acc, acc, 0.0)[mask]
+        sums_counts[S + positions[mask]] = count[mask]
+    mask = (codes == _MIN) | (codes == _MAX)
+    if mask.any():
+        signed = np.where(codes == _MAX, acc, -acc)
+        is_nan = has_acc & np.isnan(acc)
+        extrema[positions[mask]] = np.where(has_acc & ~is_nan, signed, _NEG_INF)[mask]
+        nans[positions[mask]] = is_nan[mask]
+    mask = codes == _GATHER
+    if mask.any():
+        where = 3 * positions[mask]
+        gathered[where] = np.where(has_acc, acc, 0.0)[mask]
+        gathered[where + 1] = 1.0
+        gathered[where + 2] = given[mask]
+    if any(tensors):
+        for code, p, kept in zip(codes.tolist(), positions.tolist(), tensors):
+            if not kept:
+                continue
+            if code <= _SUM:
+                device_values += [('sum', p, 1.0, t) for t in kept]
+            elif code <= _MAX:
+                device_values += [('ext', p, 1.0 if code == _MAX else -1.0, t) for t in kept]
+            else:
+                device_values.append(('gather', p, 1.0, kept[-1]))
+    return np.concatenate([steps, levels, extrema, nans]), sums_counts, gathered, device_values
+
+
+def _vector(values: Any, device: torch.device) -> torch.Tensor:
+    tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
     if device.type == 'cpu':
         return tensor
     if device.type == 'cuda':  # pinned, so the copy does not wait for the stream's queued work
@@ -686,22 +722,33 @@ def _values(layout: _Layout, steps: list[float], levels: list[float], sums: list
 
     NaN and inf pass through: a NaN on any rank makes mean/sum/min/max NaN.
     """
-    out: dict[str, tuple[float, float, float]] = {}
-    S = layout.n_sum
-    for i, key in enumerate(layout.keys):
-        level = levels[i]
-        if level <= 0:
-            continue
-        code, p, step = layout.codes[i], layout.pos[i], steps[i]
-        if code == _MEAN:
-            out[key] = (sums[p] / sums[S + p], step, level)
-        elif code == _SUM:
-            out[key] = (sums[p], step, level)
-        elif code <= _MAX:
-            value = math.nan if nans[p] > 0 else (extrema[p] if code == _MAX else -extrema[p])
-            out[key] = (value, step, level)
-        elif table is not None:
-            column = table[:, 3 * p:3 * p + 3]
+    level_array = np.asarray(levels, dtype=np.float64)
+    logged = level_array > 0
+    if not logged.any():
+        return {}
+    step_array = np.asarray(steps, dtype=np.float64)
+    codes, pos, S = layout.code_array, layout.pos_array, layout.n_sum
+    sum_array, ext_array, nan_array = (np.asarray(x, dtype=np.float64) for x in (sums, extrema, nans))
+    values = np.full(len(codes), math.nan)
+    with np.errstate(invalid='ignore', divide='ignore'):
+        for code in (_MEAN, _SUM, _MIN, _MAX):
+            mask = logged & (codes == code)
+            if not mask.any():
+                continue
+            p = pos[mask]
+            if code == _MEAN:
+                values[mask] = sum_array[p] / sum_array[S + p]
+            elif code == _SUM:
+                values[mask] = sum_array[p]
+            else:
+                values[mask] = np.where(nan_array[p] > 0, math.nan, ext_array[p] if code == _MAX else -ext_array[p])
+    plain = logged & (codes != _GATHER)
+    out: dict[str, tuple[float, float, float]] = dict(zip(
+        layout.key_array[plain].tolist(),
+        zip(values[plain].tolist(), step_array[plain].tolist(), level_array[plain].tolist())))
+    if table is not None:
+        for i in np.flatnonzero(logged & (codes == _GATHER)).tolist():
+            column, key, step, level = table[:, 3 * pos[i]:3 * pos[i] + 3], layout.keys[i], steps[i], levels[i]
             for rank in np.flatnonzero(column[:, 1] > 0).tolist():
                 out[f'{key}/rank{rank}'] = (float(column[rank, 0]), step, level)
     return out
