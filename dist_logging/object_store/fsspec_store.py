@@ -159,7 +159,12 @@ class FsspecObjectStore(ObjectStore):
         else:
             self._refuse_existing(object_name, path)
             try:
-                fs.put_file(filename, path, mode='create', **extra)
+                try:
+                    fs.put_file(filename, path, mode='create', **extra)
+                except TypeError as exc:  # an implementation whose put_file takes no mode: checked above
+                    if 'mode' not in str(exc):
+                        raise
+                    fs.put_file(filename, path, **extra)
             except FileExistsError:
                 raise FileExistsError(f'{self.get_uri(object_name)} already exists') from None
             except OSError as exc:  # s3fs maps S3's 412 Precondition Failed to a plain OSError
