@@ -337,10 +337,15 @@ def persistable_kwargs(backend_kwargs: Optional[Mapping[str, Any]]) -> dict[str,
     Staging journals record it so ``drain`` can rebuild a store (e.g. its
     ``endpoint_url``); credentials come from the environment at drain time.
     """
+    # Imported here: this package stays free of dist_logging/torch for upload worker processes.
+    from dist_logging._redact import redact_text
+
     kept = {}
     for key, value in (backend_kwargs or {}).items():
         if _SECRET_KEY.search(str(key)):
             continue
+        if isinstance(value, str) and redact_text(value) != value:
+            continue  # a credential in the value (e.g. a password in an endpoint URL)
         if value is None or isinstance(value, (str, int, float, bool)):
             kept[str(key)] = value
     return kept

@@ -50,6 +50,12 @@ def test_secrets_are_not_persisted():
     assert kept == {'endpoint_url': 'http://e', 'region_name': 'r'}
 
 
+def test_a_credential_inside_an_innocent_value_is_not_persisted():
+    kept = persistable_kwargs({'endpoint_url': 'https://minio:s3cr3t-pw@minio.internal:9000',
+                               'profile_name': 'AKIAIOSFODNN7EXAMPLE', 'region_name': 'us-east-1'})
+    assert kept == {'region_name': 'us-east-1'}
+
+
 def test_local_store_leaves_no_temp_files(tmp_path):
     store = LocalObjectStore(str(tmp_path / 'bucket'))
     src = tmp_path / 'f'
