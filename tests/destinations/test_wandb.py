@@ -6,7 +6,6 @@ import json
 import os
 import struct
 import threading
-import warnings
 
 import numpy as np
 import pytest
@@ -315,19 +314,19 @@ def test_background_failure_surfaces_at_the_next_call_and_at_close(wandb_env):
     destination = WandBLogger(project='dl')
     logger = Logger(destination, run_name='failing')
 
-    def boom():
-        raise OSError('disk gone')
+    def fail(message):
+        raise OSError(message)
 
-    destination._worker.submit(boom)
-    destination._worker.submit(lambda: None)
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        # The failure is raised by the destination at the next call (the Logger records it once) ...
-        _wait_idle(destination)
-        logger.log_metrics({'loss': 1.0}, step=1)
-        with pytest.raises(RuntimeError, match='1 background call.*OSError: disk gone'):
-            logger.close()  # ... and re-raised at close, which still finished the run
-    assert run_log(destination).exit is not None
+    destination._worker.submit(lambda: fail('disk gone'))
+    _wait_idle(destination)
+    with pytest.raises(RuntimeError, match='1 background call.*OSError: disk gone'):
+        destination.log_metrics({'loss': 1.0}, step=1)  # the next call
+    destination.log_metrics({'loss': 2.0}, step=2)  # reported once; logging goes on
+    destination._worker.submit(lambda: fail('disk gone again'))
+    with pytest.raises(RuntimeError, match='OSError: disk gone again'):
+        logger.close()  # raised at close, which still finished the run
+    log = run_log(destination)
+    assert [row['loss'] for row in log.history if 'loss' in row] == [2.0] and log.exit is not None
 
 
 def _wait_idle(destination: WandBLogger) -> None:
