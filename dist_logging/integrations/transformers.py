@@ -21,7 +21,6 @@ reads a file another rank may still be writing.
 
 from __future__ import annotations
 
-import logging
 import numbers
 import os
 import re
@@ -38,8 +37,6 @@ _integration_utils = import_framework(('transformers.integrations.integration_ut
                                       'dist_logging.integrations.transformers')
 
 __all__ = ['DistLoggingCallback']
-
-log = logging.getLogger(__name__)
 
 _RNG_STATE = re.compile(r'rng_state(?:_(\d+))?\.pth')
 _CHECKPOINT_PREFIX = 'checkpoint'  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
