@@ -243,7 +243,7 @@ class WandBLogger(LoggerDestination):
         self._row_step, self._row_keys = None, set()
         run.define_metric(STEP_METRIC)
         run.define_metric('*', step_metric=STEP_METRIC, step_sync=True)
-        if self.log_artifacts:
+        if self.log_artifacts and not self._disabled:
             self._staging_dir = get_staging_dir()
         self._finished = False
         self._worker = SerialWorker('WandBLogger')
