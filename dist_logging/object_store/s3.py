@@ -209,14 +209,14 @@ class S3ObjectStore(ObjectStore):
             ValueError: another keyword, or an ``ExtraArgs`` key boto3 does not allow.
         """
         name = object_name
-        filename = os.fspath(filename)
+        given, filename = filename, os.fspath(filename)
         extra = _extra_args(kwargs)
         key = self._key(name)
         size = os.path.getsize(filename)
         progress = _Progress(callback, size)
         if overwrite:
             extra_kw = {'ExtraArgs': extra} if extra else {}
-            self.client.upload_file(Bucket=self.bucket, Key=key, Filename=filename,
+            self.client.upload_file(Bucket=self.bucket, Key=key, Filename=given,  # as given, like Composer
                                     Callback=progress.add if callback else None, Config=self._transfer_config(),
                                     **extra_kw)
             if size == 0:
