@@ -192,3 +192,42 @@ def test_reduce_combines_through_the_loggers_flush():
     adapter = DistLoggingLogger(Logger([memory], run_name='unit'), reduce='mean')
     adapter.log_metrics({'loss': 2.0}, step=3)
     assert memory.data['loss'] == [(3, 2.0)]  # flushed at once (a world of one: no collective)
+
+
+def test_a_checkpoint_is_in_durable_staging_when_the_hook_returns(tmp_path):
+    """What a job killed right after the save leaves for ``dist-logging drain``: the snapshot and its journal record."""
+    import threading
+
+    from dist_logging import Logger
+    from dist_logging.destinations.remote import RemoteUploaderDownloader
+    from dist_logging.integrations.lightning import DistLoggingLogger
+    from dist_logging.object_store.local import LocalObjectStore
+    from dist_logging.upload.drain import list_pending
+
+    release = threading.Event()
+
+    class HeldStore(LocalObjectStore):
+        def upload_object(self, *args, **kwargs):
+            release.wait(30)
+            super().upload_object(*args, **kwargs)
+
+    staging = tmp_path / 'staging'
+    adapter = DistLoggingLogger(lambda: Logger([RemoteUploaderDownloader(
+        object_store=HeldStore(str(tmp_path / 'bucket')), upload_staging_folder=str(staging))], run_name='unit'))
+    checkpoint = tmp_path / 'last.ckpt'
+    checkpoint.write_bytes(b'first')
+
+    class FakeCheckpoint:
+        best_k_models: dict = {}
+        best_model_path = ''
+        last_model_path = _last_checkpoint_saved = str(checkpoint)
+
+    adapter.after_save_checkpoint(FakeCheckpoint())
+    checkpoint.write_bytes(b'second, in place')  # Lightning rewrites last.ckpt in place at the next save
+    pending = list_pending(str(staging))
+    assert [p.remote_name for p in pending] == ['unit/checkpoints/last.ckpt']
+    assert pathlib.Path(pending[0].snapshot_path).read_bytes() == b'first'  # a snapshot, not the live file
+    release.set()
+    adapter.finalize('success')  # also hands over what changed since the last save hook: last wins
+    assert (tmp_path / 'bucket' / 'unit' / 'checkpoints' / 'last.ckpt').read_bytes() == b'second, in place'
+    assert list_pending(str(staging)) == []
