@@ -141,7 +141,21 @@ class S3ObjectStore(ObjectStore):
 
     @classmethod
     def from_location(cls, location: str, **kwargs: Any) -> 'S3ObjectStore':
+        """The store for ``bucket/prefix``; Composer's ``backend_kwargs`` may name the bucket and prefix again.
+
+        Raises:
+            ValueError: a ``bucket``/``prefix`` keyword that contradicts the URI.
+        """
         bucket, _, prefix = location.partition('/')
+        named_bucket = kwargs.pop('bucket', bucket)
+        named_prefix = kwargs.pop('prefix', None)
+        if named_bucket != bucket:
+            raise ValueError(f'S3ObjectStore: backend_kwargs bucket={named_bucket!r} contradicts the URI\'s {bucket!r}')
+        if named_prefix is not None:
+            if prefix.strip('/') and named_prefix.strip('/') != prefix.strip('/'):
+                raise ValueError(f'S3ObjectStore: backend_kwargs prefix={named_prefix!r} contradicts the URI\'s '
+                                 f'{prefix!r}')
+            prefix = named_prefix  # Composer takes the prefix from backend_kwargs, not from the URI
         return cls(bucket, prefix, **kwargs)
 
     # ------------------------------------------------------------------ plumbing

@@ -86,3 +86,23 @@ def test_composer_constructor(s3_bucket, tmp_path):
     assert store.list_objects() == ['a/b']  # relative to the prefix, like every other method
     with pytest.raises(TypeError, match='transfer_config'):
         S3ObjectStore(bucket, transfer_config={'no_such_setting': 1})
+
+
+def test_composer_backend_kwargs_name_the_bucket_and_prefix(s3_bucket, tmp_path):
+    from dist_logging import Logger
+    from dist_logging.destinations import RemoteUploaderDownloader
+
+    endpoint, bucket = s3_bucket
+    rud = RemoteUploaderDownloader(f's3://{bucket}', upload_staging_folder=str(tmp_path / 'staging'),
+                                   backend_kwargs={'bucket': bucket, 'prefix': 'folder/sub', 'endpoint_url': endpoint})
+    assert rud.object_store.get_uri('x') == f's3://{bucket}/folder/sub/x'
+    logger = Logger(rud, run_name='c')
+    src = tmp_path / 'f'
+    src.write_bytes(b'composer')
+    logger.upload_file('x', src)
+    logger.close()
+    assert rud.object_store.get_object_size('x') == 8
+    with pytest.raises(ValueError, match="bucket='other'"):
+        RemoteUploaderDownloader(f's3://{bucket}', backend_kwargs={'bucket': 'other'})
+    with pytest.raises(ValueError, match="prefix='b'"):
+        RemoteUploaderDownloader(f's3://{bucket}/a', backend_kwargs={'prefix': 'b'})
