@@ -181,6 +181,7 @@ def test_run_round_trip(tmp_path, wandb_env):
         with pytest.warns(RuntimeWarning, match='step 1 is before the last step'):
             logger.log_metrics({'late': 3.0}, step=1)  # backwards: kept, in a new row
         logger.log_table(['prompt', 'generation'], [['p0', 'g0'], ['p1', 2]], name='samples', step=4)
+        logger.log_table(['service', 'password'], [['db', 'hunter2-do-not-store']], name='creds', step=4)
         images = rng.random((2, 3, 5, 6), dtype=np.float32)
         masks = {'pred': rng.integers(0, 3, (2, 5, 6))}
         logger.log_images(images, name='seg', step=5, masks=masks, mask_class_labels={0: 'bg', 1: 'cat', 2: 'dog'},
@@ -190,7 +191,7 @@ def test_run_round_trip(tmp_path, wandb_env):
             destination.log_images(images, name='seg', masks={'big': np.full((2, 5, 6), 300)})
         logger.batch_end()
         logger.batch_end()
-        logger.log_traces({'algo/Event.INIT': True, 'info': {'a': 1}})
+        logger.log_traces({'algo/Event.INIT': True, 'info': {'a': 1}, 'client_secret': 'trace-do-not-store'})
 
         # Hold the background thread: the calls below must return without waiting for wandb.
         gate = threading.Event()
@@ -218,6 +219,11 @@ def test_run_round_trip(tmp_path, wandb_env):
     # Hyperparameters: in the config, redacted before they reached the destination.
     assert log.config['lr'] == 0.1 and log.config['optim'] == {'momentum': 0.9}
     assert log.config['api_key'] == '***' and b'sk-do-not-store' not in raw
+    for folder, _, names in os.walk(wandb_env):  # nothing W&B wrote anywhere holds a secret
+        for file_name in names:
+            with open(os.path.join(folder, file_name), 'rb') as f:
+                data = f.read()
+            assert b'do-not-store' not in data, os.path.join(folder, file_name)
     assert isinstance(log.config['model'], str) and 'object' in log.config['model']
 
     rows = {row['_step']: row for row in log.history}
