@@ -289,7 +289,8 @@ def _remote_packages(path: str, kwargs: Mapping[str, Any]) -> tuple[tuple[str, s
     uri = kwargs.get('bucket_uri')
     if uri is None:
         if kwargs.get('object_store') is None:
-            raise ValueError(f'{path}: needs bucket_uri (file:///abs/path, a local path, or s3://bucket/prefix)')
+            raise ValueError(f'{path}: needs bucket_uri (file:///abs/path, a local path, s3://bucket/prefix, or a '
+                             'scheme fsspec implements)')
         return ()
     from dist_logging.object_store import split_bucket_uri
 
