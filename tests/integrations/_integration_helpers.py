@@ -80,7 +80,7 @@ def _recording_remote_class():
 
     class RecordingRemote(RemoteUploaderDownloader):
         """A RemoteUploaderDownloader onto a :class:`RecordingLocalStore`, usable from a YAML config
-        as ``type: '_helpers:RecordingRemote'``."""
+        as ``type: '_integration_helpers:RecordingRemote'``."""
 
         def __init__(self, bucket: str, upload_staging_folder: str = None, ranks: str = 'all'):
             super().__init__(object_store=RecordingLocalStore(bucket), upload_staging_folder=upload_staging_folder,

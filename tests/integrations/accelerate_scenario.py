@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _helpers import CollectiveCounter, RecordingLocalStore  # noqa: E402
+from _integration_helpers import CollectiveCounter, RecordingLocalStore  # noqa: E402
 
 counter = CollectiveCounter()  # before accelerate, dist_logging or anything else holds a reference
 

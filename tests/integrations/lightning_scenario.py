@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from _helpers import RecordingLocalStore  # noqa: E402
+from _integration_helpers import RecordingLocalStore  # noqa: E402
 from dist_logging import Logger, dist  # noqa: E402
 from dist_logging.destinations.file import FileLogger  # noqa: E402
 from dist_logging.destinations.remote import RemoteUploaderDownloader  # noqa: E402

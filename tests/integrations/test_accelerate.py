@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import pytest
 
-from _helpers import read_jsonl, upload_records
+from _integration_helpers import read_jsonl, upload_records
 from torchrun_helper import read_rank_outputs, run_torchrun
 
 HERE = pathlib.Path(__file__).resolve().parent

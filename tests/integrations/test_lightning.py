@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from _helpers import read_jsonl, upload_records
+from _integration_helpers import read_jsonl, upload_records
 from torchrun_helper import _run, base_env, read_rank_outputs, run_torchrun
 
 HERE = pathlib.Path(__file__).resolve().parent

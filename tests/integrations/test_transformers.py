@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from _helpers import read_jsonl, upload_records
+from _integration_helpers import read_jsonl, upload_records
 from torchrun_helper import run_torchrun
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -20,7 +20,7 @@ destinations:
     filename: runs/{run_name}/rank{rank}.jsonl
     format: jsonl
     ranks: all
-  - type: '_helpers:RecordingRemote'
+  - type: '_integration_helpers:RecordingRemote'
     bucket: ${OUT_DIR}/bucket
     upload_staging_folder: ${OUT_DIR}/staging
 """
