@@ -53,7 +53,10 @@ _FSSPEC_COMMON = ('gs', 'gcs', 'az', 'abfs', 'abfss', 'adl', 'oci', 'sftp', 'ssh
                   'webhdfs', 'ftp', 'dbfs', 'oss', 'r2', 'box', 'dropbox', 'gdrive', 'lakefs', 'wandb')
 _NATIVE_SCHEME_HINT = 's3://, file://, a local path, or a scheme fsspec implements (gs://, az://, sftp://, ...)'
 
-_SECRET_KEY = re.compile(r'secret|token|password|passwd|credential|access_key|session|key_id', re.IGNORECASE)
+# Backend kwargs never written to staging journals (boto3's, and fsspec backends': adlfs's account_key /
+# connection_string / sas_token, sftp's pkey / password, gcsfs's token, ...).
+_SECRET_KEY = re.compile(r'secret|token|password|passwd|credential|access_key|session|key_id|account_key|'
+                         r'connection_string|private_key|pkey|^key$|sas', re.IGNORECASE)
 
 
 class ObjectStoreTransientError(RuntimeError):

@@ -48,6 +48,9 @@ def test_secrets_are_not_persisted():
     kept = persistable_kwargs({'endpoint_url': 'http://e', 'aws_secret_access_key': 's', 'aws_access_key_id': 'k',
                                'aws_session_token': 't', 'region_name': 'r', 'client_config': {'a': 1}})
     assert kept == {'endpoint_url': 'http://e', 'region_name': 'r'}
+    fsspec_options = {'account_name': 'acct', 'account_key': 'k', 'connection_string': 'c', 'sas_token': 's',
+                      'pkey': 'p', 'key': 'k', 'project': 'proj', 'anon': False}
+    assert persistable_kwargs(fsspec_options) == {'account_name': 'acct', 'project': 'proj', 'anon': False}
 
 
 def test_a_credential_inside_an_innocent_value_is_not_persisted():
