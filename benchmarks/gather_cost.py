@@ -13,6 +13,8 @@ start together; a round costs what its slowest rank measured):
 * ``auto``: the training thread's time in ``batch_end`` for an automatic flush of K keys
   (``flush_every=1``): it issues the collectives asynchronously and completes the previous
   flush (finished by then: the barrier before each round runs after it in the same group);
+  its CPU time (thread time) is recorded too, as ``auto_cpu``: on oversubscribed cores the
+  wall time also counts the time the thread waits for a core;
 * ``flush_old``: the same as ``flush`` with the previous design (``benchmarks/_gather_v1.py``: one
   all_gather of (4 + 3K) floats per rank) -- ``--design new`` drops it;
 * ``floor_1tensor``: one ``all_reduce`` of a K-element float64 tensor on the same gloo
@@ -167,11 +169,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         gatherer.flush(position[0])
         return C.now_ns() - t0
 
+    auto_cpu: list[int] = []
+
     def do_auto(metrics: dict[str, float]) -> int:
         auto_logger.log_metrics(metrics, step=0, reduce='mean')
-        t0 = C.now_ns()
+        c0, t0 = time.thread_time_ns(), C.now_ns()
         auto_logger.batch_end()
-        return C.now_ns() - t0
+        dt = C.now_ns() - t0
+        auto_cpu.append(time.thread_time_ns() - c0)
+        return dt
 
     def floor(k: int) -> int:
         tensor = torch.full((k,), rank_value, dtype=torch.float64)
@@ -201,6 +207,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         modes = designs + ['floor_1tensor', 'per_key'] + (['floor_nccl'] if d.backend == 'nccl' else [])
         per_key_rounds = max(2, min(args.rounds, args.per_key_budget // max(k, 1)))
         samples: dict[str, list[int]] = {m: [] for m in modes}
+        auto_cpu.clear()
         # Warm-up (lazy group creation, the first key-set agreement, allocator): untimed.
         for _ in range(2):
             for gatherer in (new, old):
@@ -238,11 +245,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                 else:
                     dt = floor_nccl(k)
                 samples[mode].append(dt)
+        samples['auto_cpu'] = auto_cpu[2:]  # without the warm-up
         every = d.all_gather_object({'samples': samples, 'counted': counted})
         entry: dict[str, Any] = {'rounds': args.rounds, 'per_key_rounds': per_key_rounds}
         for mode in modes:
             per_round_max = [max(rank['samples'][mode][i] for rank in every) for i in range(len(samples[mode]))]
             entry[mode] = {'slowest_rank': C.summarize(per_round_max), 'rank0': C.summarize(every[0]['samples'][mode])}
+        if 'auto' in modes:  # the training thread's CPU time (not wall time) in batch_end, per rank
+            entry['auto_cpu'] = {'rank0': C.summarize(every[0]['samples']['auto_cpu']),
+                                 'other': C.summarize(every[-1]['samples']['auto_cpu'])}
         other = every[-1]['counted']
         entry['collectives_per_flush'] = {'min': len(counted['new']['calls']), 'max': len(counted['new']['calls'])}
         entry['collectives'] = {label: [name for name, _ in every[0]['counted'][label]['calls']] for label in ('new', 'old')}

@@ -697,7 +697,7 @@ def _stack(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         part = torch.stack([tensors[i].reshape(()) for i in indices]).to(device=device, dtype=torch.float64)
         if len(indices) == len(tensors):
             return part
-        out[torch.tensor(indices, device=device)] = part
+        out[_vector([float(i) for i in indices], device).long()] = part
     return out
 
 

@@ -258,3 +258,52 @@ def test_gather_under_torchrun(tmp_path, nproc):
         assert missing.get('ranks') == [W - 1], missing
         assert f'ranks [{W - 1}]' in missing['message']
         assert MISSING_TIMEOUT - 0.5 < missing['seconds'] < MISSING_TIMEOUT + 10
+
+
+DEVICE_SCENARIO = '''
+import os, sys, torch
+import torch.distributed as torch_dist
+sys.path.insert(0, os.environ['TESTS_DIR'])
+from torchrun_helper import dump_rank_output
+from dist_logging import Logger
+from dist_logging.destinations import InMemoryLogger
+
+r = int(os.environ['LOCAL_RANK'])
+torch.cuda.set_device(r)
+torch_dist.init_process_group('nccl', device_id=torch.device('cuda', r))
+W = torch_dist.get_world_size()
+sink = InMemoryLogger()
+logger = Logger(sink, run_name='device-test', sync_timeout=60, flush_every=2)
+for batch in range(1, 5):
+    loss = torch.full((), float(r + batch), device='cuda')  # a CUDA tensor: never read at the call
+    logger.log_metrics({'loss': loss, 'lr': 0.5}, step=batch, reduce='mean')
+    logger.log_metrics({'peak': loss * 2}, step=batch, reduce='max')
+    logger.log_metrics({'low': loss}, step=batch, reduce='min')
+    logger.log_metrics({'tput': loss + 100}, step=batch, reduce='gather')
+    logger.batch_end()
+logger.flush()
+out = {'gloo_group_created': logger._group._group is not None,
+       'device': str(logger._gatherer._target[1])}
+if r == 0:
+    out['data'] = sink.data
+logger.close()
+dump_rank_output(out)
+torch_dist.destroy_process_group()
+'''
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not __import__('torch').cuda.is_available() or __import__('torch').cuda.device_count() < 2,
+                    reason='the device-native path needs 2 CUDA devices (NCCL)')
+def test_device_native_reduction_under_torchrun_nccl(tmp_path):
+    script = write_script(tmp_path, DEVICE_SCENARIO)
+    run_torchrun(script, 2, tmp_path / 'out', timeout=200, env={'TESTS_DIR': TESTS_DIR})
+    outputs = read_rank_outputs(tmp_path / 'out')
+    for out in outputs.values():
+        assert out['gloo_group_created'] is False and out['device'].startswith('cuda')
+    data = outputs[0]['data']
+    for step in (2, 4):  # flushes at batches 2 and 4: the values of batches step-1 and step, both ranks
+        values = [r + b for r in (0, 1) for b in (step - 1, step)]
+        assert dict(data['loss'])[step] == sum(values) / 4 and dict(data['lr'])[step] == 0.5
+        assert dict(data['peak'])[step] == 2 * max(values) and dict(data['low'])[step] == min(values)
+        assert dict(data['tput/rank1'])[step] == 100 + 1 + step  # gather: the last value logged
