@@ -43,7 +43,8 @@ class DistLoggingTracker(_tracking.GeneralTracker):
             the tracker is named in ``log_with``. Given to a Logger built from ``config``
             (it wins over the config's ``run_name``); None keeps the config's or the default.
         logger: a :class:`~dist_logging.Logger`, or a zero-argument callable returning one
-            (called on the main process when Accelerate starts the tracker).
+            (called on the main process when Accelerate starts the tracker). ``finish`` closes it on
+            the main process; a Logger you built on every process is yours to close on the others.
         config: with ``logger=None``, a YAML path or a mapping for :meth:`Logger.from_config`;
             with neither, the path in the environment variable ``DIST_LOGGING_CONFIG``.
 

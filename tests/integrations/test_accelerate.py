@@ -23,7 +23,7 @@ destinations:
 def test_tracker_by_instance_and_by_name_under_torchrun(tmp_path):
     config = tmp_path / 'named.yaml'
     config.write_text(NAMED_CONFIG)
-    run_torchrun(HERE / 'accelerate_scenario.py', 2, tmp_path, timeout=120,
+    run_torchrun(HERE / 'accelerate_scenario.py', 2, tmp_path, timeout=240,
                  env={'DIST_LOGGING_CONFIG': str(config), 'HF_HUB_OFFLINE': '1', 'WANDB_DISABLED': 'true'})
     outputs = read_rank_outputs(tmp_path)
     assert set(outputs) == {0, 1}

@@ -66,7 +66,7 @@ def check_fit(out: pathlib.Path, *, recorded_uploads: bool) -> None:
 def test_fit_with_lightnings_own_launcher(tmp_path):
     """``Trainer(strategy='ddp', devices=2)`` started as one process: Lightning starts rank 1 (no RANK set)."""
     env = base_env(tmp_path, QUIET)
-    _run([sys.executable, str(SCENARIO), 'launcher'], env, 150, True, tmp_path)
+    _run([sys.executable, str(SCENARIO), 'launcher'], env, 240, True, tmp_path)
     outputs = read_rank_outputs(tmp_path)
     assert outputs[0]['env_rank'] is None and outputs[1]['env_rank'] is None
     check_fit(tmp_path, recorded_uploads=True)
@@ -74,7 +74,7 @@ def test_fit_with_lightnings_own_launcher(tmp_path):
 
 @pytest.mark.serial
 def test_fit_under_torchrun_with_a_config(tmp_path):
-    run_torchrun(SCENARIO, 2, tmp_path, args=['torchrun'], env=QUIET, timeout=150)
+    run_torchrun(SCENARIO, 2, tmp_path, args=['torchrun'], env=QUIET, timeout=240)
     check_fit(tmp_path, recorded_uploads=False)
 
     # The reduce='mean' adapter: collectives only inside log_metrics (which Lightning calls on every

@@ -30,7 +30,7 @@ destinations:
 def test_trainer_under_torchrun_with_report_to(tmp_path):
     config = tmp_path / 'logger.yaml'
     config.write_text(CONFIG)
-    run_torchrun(HERE / 'transformers_scenario.py', 2, tmp_path, timeout=180,
+    run_torchrun(HERE / 'transformers_scenario.py', 2, tmp_path, timeout=240,
                  env={'DIST_LOGGING_CONFIG': str(config), 'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1',
                       'WANDB_DISABLED': 'true', 'HF_HOME': str(tmp_path / 'hf_home')})
     bucket = tmp_path / 'bucket'
