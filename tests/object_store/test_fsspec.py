@@ -82,3 +82,15 @@ def test_every_other_scheme_maps_to_fsspec():
         assert get_store_class(scheme) is FsspecObjectStore
     with pytest.raises(ValueError, match='protocol://'):
         FsspecObjectStore('no/protocol/here')
+
+
+def test_s3fs_overwrite_false_is_refused_by_the_server(s3_bucket, tmp_path, monkeypatch):
+    # Without the pre-check (as when two ranks both passed it), the conditional put itself refuses.
+    endpoint, bucket = s3_bucket
+    store = FsspecObjectStore(f's3://{bucket}/p', endpoint_url=endpoint, skip_instance_cache=True)
+    store.upload_object('x', write(tmp_path / 'a', b'first'))
+    monkeypatch.setattr(store, '_refuse_existing', lambda *args: None)
+    with pytest.raises(FileExistsError, match='already exists'):
+        store.upload_object('x', write(tmp_path / 'b', b'second'), overwrite=False)
+    store.download_object('x', tmp_path / 'back')
+    assert (tmp_path / 'back').read_bytes() == b'first'
