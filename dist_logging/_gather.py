@@ -159,8 +159,8 @@ class FlushSchedule:
 class _Layout:
     """An ordered ``key -> reduce`` with each key's position in its section, built only when it changes."""
 
-    __slots__ = ('keys', 'ops', 'codes', 'index', 'digest', 'pos', 'n_sum', 'n_ext', 'n_gather', 'ext_keys',
-                 'sum_keys', 'gather_keys', 'code_array', 'pos_array', 'key_array')
+    __slots__ = ('keys', 'ops', 'codes', 'index', 'digest', 'pos', 'n_sum', 'n_ext', 'n_gather', 'code_array',
+                 'pos_array', 'key_array')
 
     def __init__(self, layout: Mapping[str, str]):
         self.keys = list(layout)
@@ -174,8 +174,7 @@ class _Layout:
             section = 'sum' if code <= _SUM else 'ext' if code <= _MAX else 'gather'
             self.pos.append(len(sections[section]))
             sections[section].append(i)
-        self.sum_keys, self.ext_keys, self.gather_keys = sections['sum'], sections['ext'], sections['gather']
-        self.n_sum, self.n_ext, self.n_gather = len(self.sum_keys), len(self.ext_keys), len(self.gather_keys)
+        self.n_sum, self.n_ext, self.n_gather = (len(sections[name]) for name in ('sum', 'ext', 'gather'))
         self.code_array = np.array(self.codes, dtype=np.int64)
         self.pos_array = np.array(self.pos, dtype=np.int64)
         self.key_array = np.array(self.keys, dtype=object)
@@ -357,10 +356,6 @@ class MetricGatherer:
         if flight is None:
             return []
         return self._finish(flight)
-
-    def abandon(self) -> None:
-        """Forget an in-flight flush without waiting (the group is broken)."""
-        self._in_flight = None
 
     def _reduction_target(self) -> tuple[Any, torch.device]:
         if self._target is None:

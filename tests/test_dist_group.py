@@ -56,3 +56,30 @@ def test_missing_ranks_unknown_without_a_store():
 
 def test_each_group_has_its_own_store_prefix():
     assert LoggingGroup()._prefix != LoggingGroup()._prefix
+
+
+class _Work:
+    def __init__(self, outcome):
+        self.outcome, self.timeouts = outcome, []
+
+    def wait(self, timeout=None):
+        self.timeouts.append(timeout)
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+def test_wait_all_waits_until_the_deadline_and_never_without_a_timeout():
+    import datetime
+    import time
+
+    group = LoggingGroup(timeout=30)
+    group._store = False
+    done, late = _Work(True), _Work(True)
+    group.wait_all([done], 'flush', deadline=time.monotonic() + 10)
+    assert 9 < done.timeouts[0].total_seconds() <= 10
+    group.wait_all([late], 'flush', deadline=time.monotonic() - 5)  # past: still a positive timeout
+    assert late.timeouts[0] == datetime.timedelta(milliseconds=1)  # timedelta(0) would mean "forever" to c10d
+    for outcome in (RuntimeError('Operation timed out!'), False):
+        with pytest.raises(DistributedLoggingError, match='flush at step 3'):
+            group.wait_all([_Work(outcome)], 'flush at step 3')

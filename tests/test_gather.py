@@ -658,3 +658,25 @@ def test_flush_every_from_config():
     logger = Logger.from_config({'flush_every': 25, 'run_name': 'cfg', 'destinations': [{'type': 'in_memory'}]})
     assert logger._schedule.flush_every == 25
     logger.close()
+
+
+def test_close_completes_the_flush_in_flight_and_raises_after_closing_destinations():
+    """A rank that never arrives: the flush issued by batch_end fails when close() completes it."""
+    class Unreachable(FakeGroup):
+        def wait_all(self, works, what, deadline=None):
+            raise DistributedLoggingError(f'{what}: ranks [1] did not reach it within 5 s', [1])
+
+    def scenario(rank, group):
+        sink = InMemoryLogger()
+        logger = Logger(sink, run_name='r')
+        unreachable = Unreachable(group.world, rank)
+        logger._group, logger._gatherer = unreachable, MetricGatherer(unreachable)
+        logger.log_metrics({'loss': 1.0}, reduce='mean')
+        logger.batch_end()  # issued, not waited for
+        assert logger._gatherer.in_flight
+        with pytest.raises(DistributedLoggingError, match=r'ranks \[1\]') as info:
+            logger.close()
+        return info.value.missing_ranks, logger._closed
+
+    results, errors = FakeWorld(1).run(scenario)
+    assert errors == [None] and results == [((1,), True)]
