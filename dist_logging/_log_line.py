@@ -30,16 +30,24 @@ HEADER_RE = re.compile(r'(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6})Z rank (\d+) (\S
 _WHITESPACE = re.compile(r'\s')
 
 
+_SECOND_TEXT: dict[int, str] = {}  # recent whole seconds -> their text: records come many per second
+
+
 def utc_iso(created: float) -> str:
     """``1763895530.5`` -> ``'2025-11-23T10:58:50.500000'`` (UTC, microseconds, no zone letter)."""
     seconds = int(created)
     micros = int(round((created - seconds) * 1_000_000))
     if micros >= 1_000_000:  # rounding up to the next second
         seconds, micros = seconds + 1, micros - 1_000_000
-    return time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds)) + f'.{micros:06d}'
+    text = _SECOND_TEXT.get(seconds)
+    if text is None:
+        if len(_SECOND_TEXT) > 64:
+            _SECOND_TEXT.clear()
+        text = _SECOND_TEXT[seconds] = time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds))
+    return f'{text}.{micros:06d}'
 
 
-_DAY_CACHE: dict[str, int] = {}
+_SECOND_VALUE: dict[str, int] = {}  # recent 'YYYY-MM-DDTHH:MM:SS' -> seconds since the epoch
 
 
 def parse_utc_iso(text: str) -> float:
@@ -48,14 +56,13 @@ def parse_utc_iso(text: str) -> float:
     Raises:
         ValueError: ``text`` is not in that form.
     """
-    day = text[:10]
-    base = _DAY_CACHE.get(day)
+    whole = text[:19]
+    base = _SECOND_VALUE.get(whole)
     if base is None:
-        base = calendar.timegm(time.strptime(day, '%Y-%m-%d'))
-        if len(_DAY_CACHE) > 4096:
-            _DAY_CACHE.clear()
-        _DAY_CACHE[day] = base
-    return base + int(text[11:13]) * 3600 + int(text[14:16]) * 60 + int(text[17:19]) + int(text[20:26]) / 1e6
+        if len(_SECOND_VALUE) > 64:
+            _SECOND_VALUE.clear()
+        base = _SECOND_VALUE[whole] = calendar.timegm(time.strptime(whole, '%Y-%m-%dT%H:%M:%S'))
+    return base + int(text[20:26]) / 1e6
 
 
 def _token(name: str) -> str:

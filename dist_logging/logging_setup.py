@@ -116,7 +116,7 @@ class _FileFormatter(logging.Formatter):
                              redact_text(message.rstrip('\n')))
 
 
-class _LogFileUploader(LoggerDestination):
+class PythonLogUploader(LoggerDestination):
     """Uploads the per-rank Python log with the Logger's other files: every N batches, at epoch and fit end, at close.
 
     Attached to an existing Logger with :meth:`~dist_logging.Logger.add_listener`; it takes no data.
@@ -176,7 +176,7 @@ class _Installed:
     def __init__(self) -> None:
         self.handlers: list[logging.Handler] = []
         self.console: Optional[logging.Handler] = None
-        self.uploader: Optional[_LogFileUploader] = None
+        self.uploader: Optional[PythonLogUploader] = None
         self.uploader_logger: Optional['Logger'] = None
         self.captured_warnings = False
 
@@ -391,7 +391,7 @@ def setup_logging(level: Union[int, str] = logging.INFO, *, console_ranks: Conso
         if installed.uploader is not None:  # the same Logger again: retarget its listener, never add a second
             installed.uploader.retarget(file_handler, path, remote, _upload_interval(logger))
         else:
-            uploader = _LogFileUploader(file_handler, path, remote, _upload_interval(logger))
+            uploader = PythonLogUploader(file_handler, path, remote, _upload_interval(logger))
             logger.add_listener(uploader)
             installed.uploader, installed.uploader_logger = uploader, logger
     else:

@@ -55,6 +55,19 @@ def main(argv: list[str] | None = None) -> int:
             bucket = _local_bucket(output.get('bucket_uri'), workdir)
             if bucket is not None:
                 buckets.add(bucket)
+    python_logs = []
+    for path in sorted(report.glob('rank*.json'), key=lambda p: int(p.stem[4:])):
+        info = json.loads(path.read_text())
+        if info.get('python_log'):
+            python_logs.append(pathlib.Path(info['cwd']) / info['python_log'])
+    if python_logs:
+        print('\nPython logging, warnings and errors, one file per rank (setup_logging):')
+        for item in python_logs:
+            print(f'  {item.relative_to(workdir) if item.is_relative_to(workdir) else item}')
+        folder = pathlib.Path(os.path.commonpath([str(p.parent) for p in python_logs]))
+        folder = folder.relative_to(pathlib.Path.cwd()) if folder.is_relative_to(pathlib.Path.cwd()) else folder
+        print('Read them as one time-ordered stream (identical lines of several ranks shown once, as [ranks 0-N]):')
+        print(f'  .venv/bin/dist-logging logs {folder}/python-rank*.log    (also: --level WARNING, --ranks 1, --follow)')
     for bucket in sorted(buckets):
         objects = sorted(p for p in (bucket / run_name).rglob('*') if p.is_file())
         print(f'\nIn the bucket {bucket} ({len(objects)} objects):')

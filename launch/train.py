@@ -5,13 +5,16 @@ Run it under torchrun, e.g. ``torchrun --standalone --nproc_per_node=2 launch/tr
 every rank's output went). Each rank trains a small MLP with DistributedDataParallel
 on synthetic data (gloo on CPU, NCCL when GPUs are present), logs its own loss
 (per-rank destinations), the mean loss across ranks (rank-zero destinations), and
-uploads a per-rank checkpoint every epoch.
+uploads a per-rank checkpoint every epoch. Python ``logging``, warnings and uncaught exceptions go
+through :func:`dist_logging.setup_logging`: printed once (rank zero; errors from every rank, tagged
+``[rank R]``) and recorded in one file per rank, uploaded with the other logs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pathlib
 
@@ -19,7 +22,10 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from dist_logging import Logger, dist
+from dist_logging import Logger, dist, setup_logging
+
+PYTHON_LOG = '{run_name}/logs/python-rank{rank}.log'  # uploaded under the same name
+log = logging.getLogger('train')
 
 
 def parse_args() -> argparse.Namespace:
@@ -34,6 +40,8 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    # First thing, before the process group: a failure from here on is logged once per rank, tagged.
+    setup_logging(file=PYTHON_LOG)
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(dist.get_local_rank())
@@ -49,6 +57,9 @@ def main() -> None:
     true_weights = torch.randn(16, 1, generator=torch.Generator().manual_seed(7))
 
     logger = Logger.from_config(args.config)
+    # Again, now with the Logger: the same file is also uploaded with the other logs.
+    python_log = setup_logging(file=PYTHON_LOG, logger=logger)
+    log.info('training %d epochs of %d batches on %d rank(s)', args.epochs, args.batches_per_epoch, world_size)
     logger.log_hyperparameters({
         'lr': 1e-2, 'batch_size': args.batch_size, 'world_size': world_size, 'epochs': args.epochs,
         'model': {'hidden': 64, 'layers': 2},
@@ -78,6 +89,7 @@ def main() -> None:
         path = checkpoint_dir / f'ep{epoch}-rank{rank}.pt'
         torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch}, path)
         logger.upload_file('{run_name}/checkpoints/ep{epoch}-rank{rank}.pt', path, copy=False)
+        log.info('epoch %d done, checkpoint saved', epoch)  # every rank: one line on the console, one in each file
         logger.epoch_end()
     logger.fit_end()
     logger.close()
@@ -88,7 +100,7 @@ def main() -> None:
         outputs = [describe(d) for d in logger.active_destinations]
         (report / f'rank{rank}.json').write_text(json.dumps({
             'rank': rank, 'local_rank': dist.get_local_rank(), 'node_rank': dist.get_node_rank(),
-            'run_name': logger.run_name, 'cwd': os.getcwd(), 'outputs': outputs,
+            'run_name': logger.run_name, 'cwd': os.getcwd(), 'outputs': outputs, 'python_log': python_log,
         }, indent=2))
     torch_dist.destroy_process_group()
 

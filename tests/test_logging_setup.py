@@ -16,7 +16,7 @@ from torchrun_helper import run_torchrun
 
 from dist_logging import Logger, setup_logging
 from dist_logging.cli import main
-from dist_logging.logging_setup import _LogFileUploader, teardown_logging
+from dist_logging.logging_setup import PythonLogUploader, teardown_logging
 
 pytestmark = pytest.mark.timeout(60)
 SCENARIO = pathlib.Path(__file__).parent / 'multiprocess' / 'logging_scenario.py'
@@ -296,7 +296,7 @@ def test_file_uploaded_with_the_logger_at_epoch_end_and_close(tmp_path):
     file = str(tmp_path / '{run_name}' / 'python-rank{rank}.log')
     setup_logging(file=file, logger=logger)
     setup_logging(file=file, logger=logger)  # again: still one listener
-    assert sum(isinstance(d, _LogFileUploader) for d in logger.active_destinations) == 1
+    assert sum(isinstance(d, PythonLogUploader) for d in logger.active_destinations) == 1
     log.info('during epoch 0')
     logger.epoch_end()
     logger.epoch_end()  # nothing new: no second upload
@@ -312,7 +312,7 @@ def test_file_uploaded_with_the_logger_at_epoch_end_and_close(tmp_path):
 def test_no_upload_without_an_upload_capable_destination(tmp_path):
     with Logger([], run_name='n') as logger:
         setup_logging(file=str(tmp_path / 'r{rank}.log'), logger=logger)
-        assert not any(isinstance(d, _LogFileUploader) for d in logger.active_destinations)
+        assert not any(isinstance(d, PythonLogUploader) for d in logger.active_destinations)
 
 
 # ---------------------------------------------------------------------------- a real job
