@@ -115,8 +115,10 @@ class FlushSchedule:
     Automatic flushes happen at batch counts divisible by ``flush_every``. The decision
     depends only on the batch count and on results of completed flushes (which every
     rank receives identically): when a completed automatic flush found that no rank had
-    anything buffered, the gap to the next one doubles (up to :data:`MAX_FLUSH_GAP`
-    batches, or ``flush_every`` if that is larger); a flush that found data resets it.
+    anything buffered, the gap to the next one doubles (up to the largest
+    ``flush_every * 2**j`` not above :data:`MAX_FLUSH_GAP`, or ``flush_every`` if that is
+    larger), so automatic flushes stay on multiples of ``flush_every``; a flush that found
+    data resets it. A flush's result is known when it completes, at the next checkpoint.
 
     Args:
         flush_every: a positive int.
