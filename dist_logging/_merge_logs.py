@@ -286,6 +286,31 @@ def _looks_like_log(path: str) -> bool:
     return sniff_line(first) is not None
 
 
+def ensure_open_file_limit(count: int) -> None:
+    """Raise this process's soft limit on open files so that ``count`` logs can be open at once.
+
+    A merge keeps every file open (thousands of ranks, thousands of files); the soft limit is
+    often 1024 while the hard limit allows far more.
+
+    Raises:
+        ValueError: the hard limit is too low (names it, and the way around it).
+    """
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = count + 64  # stdio, the interpreter's own files
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    allowed = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if allowed > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (allowed, hard))
+    if allowed < needed:
+        raise ValueError(f'{count} log files must be open at once but this process may open at most {hard} files '
+                         '(ulimit -Hn); raise that limit, or merge fewer ranks at a time with --ranks')
+
+
 # ---------------------------------------------------------------------------- reading and merging
 def read_records(source: LogSource) -> Iterator[Record]:
     """Every record of one file, in file order, reading one line at a time."""
@@ -442,6 +467,7 @@ def merge_logs(paths: Sequence[str], out: IO[str], *, ranks: Optional[frozenset[
     if ranks is not None:
         # A file whose name gives a rank outside the selection is not even opened.
         sources = [s for s in sources if s.rank is None or s.kind == 'python' or s.rank in ranks]
+    ensure_open_file_limit(len(sources))
     keep = _selector(ranks, min_level)
     collapser = Collapser(window, collapse)
     written = 0
@@ -531,7 +557,9 @@ def follow_logs(paths: Sequence[str], out: IO[str], *, ranks: Optional[frozenset
             now = time.monotonic()
             if now >= next_scan:
                 next_scan = now + rescan_interval
-                for source in find_log_files(paths, allow_empty=True):
+                sources = find_log_files(paths, allow_empty=True)
+                ensure_open_file_limit(len(sources))
+                for source in sources:
                     if source.path not in tails:
                         source.index = len(tails)
                         tails[source.path] = _Tail(source)

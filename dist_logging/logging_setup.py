@@ -329,6 +329,8 @@ def setup_logging(level: Union[int, str] = logging.INFO, *, console_ranks: Conso
 
         if not isinstance(logger, Logger):
             raise TypeError(f'setup_logging: logger must be a dist_logging.Logger, got {type(logger).__name__}')
+        if logger._closed:
+            raise RuntimeError('setup_logging: the Logger is closed; pass an open one (or none)')
     path: Optional[str] = None
     remote: Optional[str] = None
     if file is not None:
@@ -389,9 +391,9 @@ def setup_logging(level: Union[int, str] = logging.INFO, *, console_ranks: Conso
         _installed = installed
     if remote is not None and file_handler is not None and logger is not None:
         if installed.uploader is not None:  # the same Logger again: retarget its listener, never add a second
-            installed.uploader.retarget(file_handler, path, remote, _upload_interval(logger))
+            installed.uploader.retarget(file_handler, file_handler.baseFilename, remote, _upload_interval(logger))
         else:
-            uploader = PythonLogUploader(file_handler, path, remote, _upload_interval(logger))
+            uploader = PythonLogUploader(file_handler, file_handler.baseFilename, remote, _upload_interval(logger))
             logger.add_listener(uploader)
             installed.uploader, installed.uploader_logger = uploader, logger
     else:

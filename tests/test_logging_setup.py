@@ -309,6 +309,15 @@ def test_file_uploaded_with_the_logger_at_epoch_end_and_close(tmp_path):
     assert all(overwrite for _, _, overwrite in uploader.uploads)
 
 
+def test_closed_logger_is_refused_before_anything_changes(tmp_path):
+    logger = Logger([RecordingUploader()], run_name='c')
+    logger.close()
+    root = _bare_root()
+    with pytest.raises(RuntimeError, match='the Logger is closed'):
+        setup_logging(file=str(tmp_path / 'r{rank}.log'), logger=logger)
+    assert root.handlers == []
+
+
 def test_no_upload_without_an_upload_capable_destination(tmp_path):
     with Logger([], run_name='n') as logger:
         setup_logging(file=str(tmp_path / 'r{rank}.log'), logger=logger)

@@ -260,3 +260,19 @@ def test_follow_stops_when_asked_and_writes_what_it_holds(tmp_path):
     written = follow_logs([str(tmp_path)], out, window=3600, poll_interval=0.01, should_stop=lambda: True)
     assert written == 1 and 'held in the window' in out.lines[0]
     json.dumps(out.lines)  # plain strings
+
+
+def test_open_file_limit_is_raised_for_many_ranks(tmp_path):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 400:
+        pytest.skip(f'hard limit on open files is {hard}')
+    for rank in range(300):
+        write_log(tmp_path / f'py-rank{rank}.log', [(rank * 0.001, rank, 'INFO', 'a', 'from all')])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # less than the files to open
+    try:
+        assert merged(tmp_path) == [f'[ranks 0-299] {stamp(0)} INFO a: from all']
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 300
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
