@@ -142,6 +142,7 @@ class Logger:
         self._redact = build_redactor(redact)
         self.auto_flush = bool(auto_flush)
         self._schedule = FlushSchedule(flush_every)  # raises ValueError naming a bad flush_every
+        self._in_flight_batch = 0  # the batch count at which the asynchronous flush in flight was issued
         self.state = State(_resolve_run_name(run_name, self._group))
         self._closed = False
         self._closing = False
@@ -456,27 +457,31 @@ class Logger:
         self._check_open()
         gatherer = self._gatherer
         if gatherer.in_flight:
-            self._emit_gathered(gatherer.complete())
+            self._emit_gathered(gatherer.complete(), self._in_flight_batch)
             self._schedule.record(gatherer.last_had_data, automatic=True)
-        self._emit_gathered(gatherer.flush(self.state.timestamp.batch))
+        batch = self.state.timestamp.batch
+        self._emit_gathered(gatherer.flush(batch), batch)
         self._schedule.record(gatherer.last_had_data, automatic=False)
 
     def _scheduled_flush(self, batch: int) -> None:
         """``batch_end``'s flush: complete the previous automatic flush, issue the next one if due."""
         gatherer = self._gatherer
         if gatherer.in_flight:
-            self._emit_gathered(gatherer.complete())
+            self._emit_gathered(gatherer.complete(), self._in_flight_batch)
             self._schedule.record(gatherer.last_had_data, automatic=True)
         if not self._group.active:  # a world of one: a flush costs no collective, never back off
-            self._emit_gathered(gatherer.flush(batch))
+            self._emit_gathered(gatherer.flush(batch), batch)
         elif self._schedule.due(batch):
             self._schedule.issued(batch)
-            self._emit_gathered(gatherer.start(batch))
+            self._in_flight_batch = batch
+            self._emit_gathered(gatherer.start(batch), batch)
 
-    def _emit_gathered(self, results: list) -> None:
+    def _emit_gathered(self, results: list, batch: int) -> None:
+        """Emit on rank zero; values logged without a step get the batch count of their flush
+        (not of the later call that completed an asynchronous flush)."""
         if self._is_global_zero:
             for metrics, step, level in results:
-                self._dispatch(self._routes[level], 'log_metrics', metrics, step)
+                self._dispatch(self._routes[level], 'log_metrics', metrics, batch if step is None else step)
 
     # ------------------------------------------------------------------ lifecycle
     def run_event(self, event: Union[Event, str]) -> None:
@@ -589,7 +594,7 @@ class Logger:
         gather_error: Optional[BaseException] = None
         if self._gatherer.in_flight:
             try:
-                self._emit_gathered(self._gatherer.complete())
+                self._emit_gathered(self._gatherer.complete(), self._in_flight_batch)
             except Exception as exc:  # noqa: BLE001 - destinations still get closed, then it is raised
                 gather_error = exc
         pending = self._gatherer.pending_keys()

@@ -680,3 +680,18 @@ def test_close_completes_the_flush_in_flight_and_raises_after_closing_destinatio
 
     results, errors = FakeWorld(1).run(scenario)
     assert errors == [None] and results == [((1,), True)]
+
+
+def test_values_without_a_step_keep_the_batch_of_their_flush():
+    """An automatic flush issued at batch 2 and completed at batch 4 emits step 2, not 4."""
+    def scenario(rank, logger, group, sink):
+        for batch in range(1, 5):
+            if batch == 2:
+                logger.log_metrics({'tput': 10.0 + rank}, reduce='sum')  # no step
+            logger.batch_end()
+        logger.close()
+        return sink.data
+
+    results, errors = run_logger_in_fake_world(2, scenario, flush_every=2)
+    assert errors == [None, None]
+    assert results[0]['tput'] == [(2, 21.0)]
