@@ -66,11 +66,12 @@ def test_overwrite_rules(tmp_path, store_class):
     store.upload_object('taken.txt', seed)
     store.upload_object('replace.txt', seed)
     logger = Logger(rud, run_name='r')
-    logger.upload_file('taken.txt', write(tmp_path / 'new', b'new bytes'))  # overwrite=False by default
-    logger.upload_file('replace.txt', str(tmp_path / 'new'), overwrite=True)
+    logger.upload_file('replace.txt', write(tmp_path / 'new', b'new bytes'), overwrite=True)
     logger.upload_file('once.txt', str(tmp_path / 'new'))
     with pytest.raises(FileExistsError, match='once.txt'):  # a name this rank queued: refused at the call
         logger.upload_file('once.txt', str(tmp_path / 'new'))
+    # last: its failure would otherwise be raised by whichever upload_file call comes next
+    logger.upload_file('taken.txt', str(tmp_path / 'new'))  # overwrite=False by default
     with pytest.raises(UploadError) as info:
         logger.close()
     assert set(info.value.failures) == {'taken.txt'}

@@ -42,8 +42,8 @@ def test_s3fs_store_through_the_uploader(s3_bucket, tmp_path):
     rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'))
     rud.retry_policy = RetryPolicy(num_attempts=1)
     logger = Logger(rud, run_name='s3fs')
-    logger.upload_file('taken', write(tmp_path / 'new', b'new'))  # overwrite=False: refused by the server
-    logger.upload_file('fresh', str(tmp_path / 'new'))
+    logger.upload_file('fresh', write(tmp_path / 'new', b'new'))
+    logger.upload_file('taken', str(tmp_path / 'new'))  # overwrite=False: refused (raised at close: no call follows)
     with pytest.raises(UploadError) as info:
         logger.close()
     assert isinstance(info.value.failures['taken'], FileExistsError)
