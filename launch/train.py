@@ -80,7 +80,8 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             # This rank's own loss goes to per-rank destinations; the mean across ranks
-            # (one collective at batch_end, however many keys) goes to rank zero.
+            # (a SUM and a MAX all_reduce at each scheduled flush, however many keys; issued
+            # asynchronously at batch_end) goes to rank zero.
             logger.log_metrics({'rank_loss': loss.detach()})
             logger.log_metrics({'loss': loss.detach(), 'grad_norm': _grad_norm(model)}, reduce='mean')
             logger.log_metrics({'loss_max': loss.detach()}, reduce='max')
