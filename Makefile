@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 NPROC ?= 2
-EXTRAS ?= s3,tensorboard,mlflow,bench,fsspec,wandb,lightning,transformers,accelerate,test
+EXTRAS ?= s3,tensorboard,mlflow,bench,fsspec,wandb,lightning,transformers,accelerate,comet,neptune,test
 
 .PHONY: install demo test bench clean
 

@@ -72,6 +72,8 @@ DESTINATION_TYPES: dict[str, _Entry] = {
     'tensorboard': _Entry('dist_logging.destinations.tensorboard:TensorboardLogger', (('tensorboard', 'tensorboard'),)),
     'mlflow': _Entry('dist_logging.destinations.mlflow:MLFlowLogger', (('mlflow', 'mlflow'),)),
     'wandb': _Entry('dist_logging.destinations.wandb:WandBLogger', (('wandb', 'wandb'),)),
+    'cometml': _Entry('dist_logging.destinations.cometml:CometMLLogger', (('comet_ml', 'comet'),)),
+    'neptune': _Entry('dist_logging.destinations.neptune:NeptuneLogger', (('neptune', 'neptune'),)),
     # Starts upload workers when built, so `validate` only checks its keys and URI.
     'remote': _Entry('dist_logging.destinations.remote:RemoteUploaderDownloader', side_effect_free=False),
 }

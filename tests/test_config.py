@@ -29,8 +29,8 @@ def _has_remote() -> bool:
      r"^destinations\[2\]\.rankz: unknown key; did you mean 'ranks'\?$"),
     ({'destinations': [{'type': 'tensorbord'}]},
      r"destinations\[0\]\.type: unknown destination type 'tensorbord'; did you mean 'tensorboard'\? known types: "
-     r'console, file, in_memory, mlflow, remote, tensorboard'),
-    ({'destinations': [{'type': 'nope'}]}, r"unknown destination type 'nope'; known types: console, file"),
+     r'cometml, console, file, in_memory, mlflow, neptune, remote, tensorboard'),
+    ({'destinations': [{'type': 'nope'}]}, r"unknown destination type 'nope'; known types: cometml, console, file"),
     ({'run_nme': 'x'}, r"^run_nme: unknown key; did you mean 'run_name'\?$"),
     ({'destinations': {'type': 'console'}}, r'^destinations: expected a list'),
     ({'destinations': [{'log_interval': 3}]}, r"^destinations\[0\]: missing key 'type'"),

@@ -21,6 +21,8 @@ _LAZY = {
     'MLFlowLogger': 'dist_logging.destinations.mlflow',
     'RemoteUploaderDownloader': 'dist_logging.destinations.remote',
     'WandBLogger': 'dist_logging.destinations.wandb',
+    'CometMLLogger': 'dist_logging.destinations.cometml',
+    'NeptuneLogger': 'dist_logging.destinations.neptune',
 }
 
 __all__ = ['Logger', 'LoggerDestination', 'InMemoryLogger', 'ConsoleLogger', 'FileLogger', *_LAZY]
