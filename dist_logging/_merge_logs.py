@@ -222,12 +222,14 @@ class _Parser:
 
 
 # ---------------------------------------------------------------------------- finding files
-def find_log_files(paths: Sequence[str], *, allow_empty: bool = False) -> list[LogSource]:
+def find_log_files(paths: Sequence[str], *, allow_empty: bool = False,
+                   known: Iterable[str] = ()) -> list[LogSource]:
     """The per-rank log files named by ``paths`` (files, or folders searched recursively).
 
     In a folder, a file is taken when its first line is a record of a known format (tables,
     images and other files next to the logs are skipped); an empty file is taken when its
     name has a rank and a log extension. A file named on the command line is always taken.
+    ``known`` paths (already read by ``--follow``) are taken without being opened again.
 
     Raises:
         FileNotFoundError: a path that does not exist.
@@ -237,6 +239,7 @@ def find_log_files(paths: Sequence[str], *, allow_empty: bool = False) -> list[L
     """
     found: list[str] = []
     seen: set[str] = set()
+    known = set(known)
     for path in paths:
         if not os.path.exists(path):
             raise FileNotFoundError(f'{path!r} does not exist')
@@ -245,7 +248,7 @@ def find_log_files(paths: Sequence[str], *, allow_empty: bool = False) -> list[L
                 subfolders.sort()
                 for name in sorted(files):
                     candidate = os.path.join(folder, name)
-                    if _looks_like_log(candidate) and os.path.realpath(candidate) not in seen:
+                    if (candidate in known or _looks_like_log(candidate)) and os.path.realpath(candidate) not in seen:
                         seen.add(os.path.realpath(candidate))
                         found.append(candidate)
         else:
@@ -262,10 +265,10 @@ def find_log_files(paths: Sequence[str], *, allow_empty: bool = False) -> list[L
     nameless = []
     for index, path in enumerate(found):
         source = LogSource(path, index, rank_from_path(path))
-        first = _first_line(path)
+        first = None if path in known else _first_line(path)
         if first is not None:
             source.kind = sniff_line(first)
-        if source.rank is None and source.kind != 'python':
+        if source.rank is None and source.kind != 'python' and path not in known:
             nameless.append(path)
         sources.append(source)
     if len(nameless) > 1:
@@ -557,7 +560,7 @@ def follow_logs(paths: Sequence[str], out: IO[str], *, ranks: Optional[frozenset
             now = time.monotonic()
             if now >= next_scan:
                 next_scan = now + rescan_interval
-                sources = find_log_files(paths, allow_empty=True)
+                sources = find_log_files(paths, allow_empty=True, known=tails)
                 ensure_open_file_limit(len(sources))
                 for source in sources:
                     if source.path not in tails:
