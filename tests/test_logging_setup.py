@@ -77,6 +77,25 @@ def test_filtered_rank_prints_only_errors_and_stops_at_the_early_exit(capsys, fa
     assert _lines(err)[1] == '[rank 1] second line'
 
 
+def test_filtered_call_builds_no_record(capsys, fake_rank):
+    # The cost claim, without timing: below ERROR on a rank that prints nothing and has no file,
+    # the call ends at isEnabledFor, before a LogRecord exists (as a disabled level does).
+    fake_rank(2, 4)
+    _bare_root()
+    setup_logging()
+    made, factory = [], logging.getLogRecordFactory()
+    logging.setLogRecordFactory(lambda *args, **kwargs: made.append(args[1]) or factory(*args, **kwargs))
+    try:
+        log.info('not built')
+        log.warning('not built either')
+        assert made == []
+        log.error('built and printed')
+        assert made == [logging.ERROR]
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert 'built and printed' in capsys.readouterr().err
+
+
 def test_rank_zero_prints_without_prefix_but_errors_with_it(capsys, fake_rank):
     fake_rank(0, 4)
     setup_logging()
