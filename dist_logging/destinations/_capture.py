@@ -1,4 +1,7 @@
-"""Copying what a process writes to ``sys.stdout``/``sys.stderr`` into a log, line by line (``FileLogger(capture_stdout=True)``)."""
+"""Copying what a process writes to ``sys.stdout``/``sys.stderr`` into a log, line by line.
+
+Used by ``FileLogger(capture_stdout=True, capture_stderr=True)``.
+"""
 
 from __future__ import annotations
 
