@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from dist_logging import dist
 from dist_logging._artifacts import jsonable, table_json
-from dist_logging._values import format_log_data_value
+from dist_logging._values import format_log_data_value, metric_scalar
 from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
 from dist_logging.destinations._worker import SerialWorker
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
@@ -200,7 +200,7 @@ class CometMLLogger(LoggerDestination):
         self._submit(lambda: experiment.log_parameters(parameters))
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
-        values = jsonable(dict(metrics))
+        values = {str(k): metric_scalar(str(k), v) for k, v in metrics.items()}  # NaN stays a float NaN
         at = self._step(step)
         experiment = self.experiment
         self._submit(lambda: experiment.log_metrics(values, step=at))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from dist_logging import dist
 from dist_logging._artifacts import jsonable, table_json
-from dist_logging._values import format_log_data_value
+from dist_logging._values import format_log_data_value, metric_scalar
 from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
 from dist_logging.destinations._worker import SerialWorker
 
@@ -251,9 +251,9 @@ class NeptuneLogger(LoggerDestination):
         self._worker_check()
         at = self._step(step)
         ready: dict[str, tuple[int, Any]] = {}
-        for key, value in jsonable(dict(metrics)).items():
+        for key, value in metrics.items():
             key = str(key)
-            value = float(value)  # the Logger passes numbers only
+            value = float(metric_scalar(key, value))  # a tensor or numpy scalar too; NaN stays a float
             waiting = self._pending.get(key)
             last = waiting[0] if waiting is not None else self._last_step.get(key)
             if last is not None and at < last:

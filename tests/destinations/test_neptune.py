@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import glob
+import importlib.util
 import io
 import json
 import os
@@ -19,7 +20,9 @@ import threading
 import numpy as np
 import pytest
 
-pytest.importorskip('neptune')
+# find_spec, not importorskip: every xdist worker collects this module, and importing neptune takes seconds.
+if importlib.util.find_spec('neptune') is None:
+    pytest.skip('neptune is not installed (pip install dist-logging[neptune])', allow_module_level=True)
 
 from dist_logging import Logger  # noqa: E402
 from dist_logging.config import build_destinations, load_config  # noqa: E402
