@@ -49,12 +49,13 @@ def main(offline_dir: str) -> None:
         logger.batch_end()
         logger.log_traces({'algo/Event.INIT': True, 'note': 'hello'})
         # Hold the background thread: a log call must return without waiting for Comet.
-        gate = threading.Event()
-        destination._worker.submit(lambda: gate.wait(30))
+        gate, held = threading.Event(), []
+        destination._worker.submit(lambda: held.append(gate.wait(30)))  # False if the call below waited for it
         start = time.perf_counter()
         logger.log_metrics({'loss': 0.25}, step=3)
         returned_in['log_metrics'] = time.perf_counter() - start
         gate.set()
+    assert held == [True], 'a log call waited for the background thread'
     print(json.dumps({'experiment_key': destination.experiment.get_key(), 'returned_in': returned_in,
                       'image': (np.clip(np.moveaxis(image, 0, -1), 0, 1) * 255 + 0.5).astype(np.uint8).tolist()}))
 

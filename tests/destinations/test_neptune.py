@@ -118,8 +118,8 @@ def test_offline_run_round_trip(offline):
         logger.log_traces({'algo/Event.INIT': True})
 
         # Hold the background thread: the calls below must return without waiting for Neptune.
-        gate = threading.Event()
-        destination._worker.submit(lambda: gate.wait(30))
+        gate, held = threading.Event(), []
+        destination._worker.submit(lambda: held.append(gate.wait(30)))  # False if a call below waited for it
         logger.log_metrics({'loss': 0.25}, step=3)
         logger.upload_file('checkpoints/ep0-ba2.pt', checkpoint)
         checkpoint.write_bytes(b'changed after the call')  # the upload keeps the bytes of the call
@@ -129,6 +129,7 @@ def test_offline_run_round_trip(offline):
         (offline / 'latest.symlink').write_text('x')
         logger.upload_file('checkpoints/latest.symlink', offline / 'latest.symlink')  # skipped, as Composer
         gate.set()
+    assert held == [True] and destination.neptune_run.get_state() == 'stopped'
     assert not glob.glob(os.path.join(offline, 'tmp*')) and destination._snapshot_dir is None
 
     metadata, operations = read_run(offline)
