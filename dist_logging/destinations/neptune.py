@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import threading
 import uuid
 import warnings
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -60,7 +61,8 @@ class NeptuneLogger(LoggerDestination):
     The run is created when the Logger opens this destination (``neptune.init_run``) and
     stopped at ``close()``. By default one run per job, on global rank zero; with every
     rank logging (``rank_zero_only=False`` or ``ranks='all'``) each rank has its own run,
-    named ``{run_name}-rank{rank}``. Everything goes under ``base_namespace``:
+    named after the Logger's run as in Composer, with ``<base>/rank`` its global rank.
+    Everything goes under ``base_namespace``:
 
     * hyperparameters -> ``<base>/hyperparameters/...`` (already redacted by the Logger;
       values Neptune cannot store as fields, e.g. lists, as their text);
@@ -180,9 +182,8 @@ class NeptuneLogger(LoggerDestination):
         if self._neptune_run is not None and not self._stopped:
             return  # already open
         neptune, self._file_type = _import_neptune()
-        name = state.run_name if self.ranks == 'zero' else f'{state.run_name}-rank{dist.get_global_rank()}'
         kwargs = dict(self.neptune_kwargs)
-        kwargs.setdefault('name', name)
+        kwargs.setdefault('name', state.run_name)  # on every rank, as Composer's: `<base>/rank` tells them apart
         run = neptune.init_run(project=self.project, api_token=self._api_token, mode=self.mode, **kwargs)
         from dist_logging import __version__
 
@@ -236,6 +237,14 @@ class NeptuneLogger(LoggerDestination):
 
     def _path(self, *parts: str) -> str:
         return '/'.join((self.base_namespace,) + parts)
+
+    def _drain(self) -> None:
+        """Wait until every call queued so far ran; raise what failed."""
+        self._worker_check()
+        done = threading.Event()
+        self._worker.submit(done.set)  # type: ignore[union-attr]
+        done.wait()
+        self._worker_check()
 
     def _write_points(self, run: Any, points: dict[str, tuple[int, Any]]) -> None:
         for key, (step, value) in points.items():
@@ -376,7 +385,8 @@ class NeptuneLogger(LoggerDestination):
                       progress_bar: bool = True) -> None:
         """Download the file field ``<base>/<remote_file_name>`` to ``destination`` (needs Neptune's server).
 
-        Files this destination queued are in the run once its background thread stored them.
+        Waits until this destination's queued calls ran (so a file just handed to
+        ``upload_file`` can be read back).
 
         Raises:
             FileExistsError: ``destination`` exists and ``overwrite`` is False.
@@ -388,6 +398,7 @@ class NeptuneLogger(LoggerDestination):
             raise FileExistsError(f'NeptuneLogger.download_file: {destination!r} exists (overwrite=False)')
         run = self.neptune_run
         field = self._path(os.fspath(remote_file_name).strip('/'))
+        self._drain()
         if not run.exists(field):
             raise FileNotFoundError(f'NeptuneLogger.download_file: no file {field!r} in the run')
         folder = os.path.dirname(os.path.abspath(destination))

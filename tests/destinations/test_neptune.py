@@ -187,5 +187,25 @@ def test_per_rank_run_and_background_failure(offline, fake_rank):
     with pytest.raises(RuntimeError, match='NeptuneLogger: 1 background call'):
         logger.close()
     _, operations = read_run(offline)
-    assert field(operations, 'sys', 'name')[0]['value'] == 'job-rank1'
+    assert field(operations, 'sys', 'name')[0]['value'] == 'job'  # as Composer's: the rank is in training/rank
     assert field(operations, 'training', 'rank')[0]['value'] == 1
+
+
+def test_debug_mode_reads_back_through_neptune_and_downloads_at_once(offline, tmp_path):
+    """Composer's own checks, through Neptune's API in its in-memory 'debug' mode (mode= wins over NEPTUNE_MODE)."""
+    source = tmp_path / 'artifact.txt'
+    source.write_text('hello from Neptune!')
+    destination = NeptuneLogger(project='test_project', api_token='test_token', rank_zero_only=False, mode='debug',
+                                upload_checkpoints=True, **QUIET)
+    with Logger(destination, run_name='dummy-run-name') as logger:
+        run = destination.neptune_run
+        assert run['sys/name'].fetch() == 'dummy-run-name' and destination.base_handler['rank'].fetch() == 0
+        logger.log_hyperparameters({'num_nodes': 1})
+        logger.upload_file('test-artifact', source)
+        destination.download_file('test-artifact', str(tmp_path / 'back'))  # waits for the queued upload
+        assert (tmp_path / 'back').read_text() == 'hello from Neptune!'
+        assert destination.base_handler['hyperparameters/num_nodes'].fetch() == 1
+        with pytest.raises(FileExistsError, match='back'):
+            destination.download_file('test-artifact', str(tmp_path / 'back'))
+        with pytest.raises(FileNotFoundError, match='training/missing'):
+            destination.download_file('missing', str(tmp_path / 'missing'))
