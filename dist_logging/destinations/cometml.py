@@ -128,7 +128,8 @@ class CometMLLogger(LoggerDestination):
             raise ValueError(f'{owner}: online=True contradicts exp_kwargs[\'offline_directory\']='
                              f'{kwargs["offline_directory"]!r}')
         self.online = online if online is not None else 'offline_directory' not in kwargs
-        self.name = name
+        self.name = name  # the experiment's name once open (Composer's attribute), the template until then
+        self._name_template = name
         self.rank_zero_only = self.ranks == 'zero'
         self.exp_kwargs = kwargs
         self.experiment: Any = None
@@ -143,8 +144,9 @@ class CometMLLogger(LoggerDestination):
         Raises:
             ValueError: a template that cannot be filled.
         """
-        name = format_name_with_dist(self.name or '{run_name}', run_name)
-        if self.ranks != 'zero' and '{rank}' not in (self.name or ''):
+        template = self._name_template
+        name = format_name_with_dist(template or '{run_name}', run_name)
+        if self.ranks != 'zero' and '{rank}' not in (template or ''):
             name = f'{name}-rank{dist.get_global_rank()}'
         return name
 
@@ -154,7 +156,8 @@ class CometMLLogger(LoggerDestination):
         comet_ml = _import_comet_ml()
         factory = comet_ml.Experiment if self.online else comet_ml.OfflineExperiment
         experiment = factory(**self.exp_kwargs)
-        experiment.set_name(self.experiment_name(state.run_name))
+        self.name = self.experiment_name(state.run_name)
+        experiment.set_name(self.name)
         experiment.log_other('Created from', 'dist_logging')
         self.experiment, self._state, self._ended = experiment, state, False
         self._worker = SerialWorker('CometMLLogger')

@@ -56,6 +56,7 @@ def main(offline_dir: str) -> None:
         returned_in['log_metrics'] = time.perf_counter() - start
         gate.set()
     assert held == [True], 'a log call waited for the background thread'
+    assert destination.experiment.ended and destination.name == 'round-trip-exp'
     print(json.dumps({'experiment_key': destination.experiment.get_key(), 'returned_in': returned_in,
                       'image': (np.clip(np.moveaxis(image, 0, -1), 0, 1) * 255 + 0.5).astype(np.uint8).tolist()}))
 
