@@ -36,6 +36,12 @@ def _import_comet_ml() -> Any:
     return comet_ml
 
 
+def _check_logged(result: Any, what: str) -> None:
+    # comet_ml reports a refused asset or image on its own log and returns None: make it an error.
+    if result is None:
+        raise RuntimeError(f'Comet did not accept {what} (see the COMET ERROR line above for why)')
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -231,7 +237,12 @@ class CometMLLogger(LoggerDestination):
         text = table_json([str(c) for c in columns], [list(r) for r in rows], ascii=False)
         at = self._step(step)
         experiment = self.experiment
-        self._submit(lambda: experiment.log_asset_data(text, name=f'{name}.json', step=at, overwrite=True))
+
+        def log() -> None:
+            _check_logged(experiment.log_asset_data(text, name=f'{name}.json', step=at, overwrite=True),
+                          f'table {name!r}')
+
+        self._submit(log)
 
     def log_images(self, images: Any, name: str = 'Image', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
@@ -249,15 +260,16 @@ class CometMLLogger(LoggerDestination):
         def log() -> None:
             # Encoded here (PNG, no third-party imaging library) and handed to Comet as files.
             for index in range(batch.shape[0]):
-                experiment.log_image(io.BytesIO(encode_png(batch[index])), name=f'{name}_{index}', step=at)
+                _check_logged(experiment.log_image(io.BytesIO(encode_png(batch[index])), name=f'{name}_{index}',
+                                                   step=at), f'image {name}_{index}')
             for mask_name, mask in mask_batches.items():
                 overlaid = overlay_masks(batch, mask, alpha=0.6)
                 alone = overlay_masks(np.zeros_like(batch), mask, alpha=1.0)
                 for index in range(batch.shape[0]):
-                    experiment.log_image(io.BytesIO(encode_png(overlaid[index])),
-                                         name=f'{name}_{index} + {mask_name} mask overlaid', step=at)
-                    experiment.log_image(io.BytesIO(encode_png(alone[index])), name=f'{mask_name}_{index} mask',
-                                         step=at)
+                    for image_name, image in ((f'{name}_{index} + {mask_name} mask overlaid', overlaid[index]),
+                                              (f'{mask_name}_{index} mask', alone[index])):
+                        _check_logged(experiment.log_image(io.BytesIO(encode_png(image)), name=image_name, step=at),
+                                      f'image {image_name}')
 
         self._submit(log)
 

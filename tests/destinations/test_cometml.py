@@ -27,7 +27,7 @@ if importlib.util.find_spec('comet_ml') is None:
 from dist_logging.config import build_destinations, load_config  # noqa: E402
 from dist_logging.destinations import CometMLLogger  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(200)
 
 SCENARIO = os.path.join(os.path.dirname(__file__), 'cometml_scenario.py')
 
@@ -66,6 +66,17 @@ def test_experiment_names(fake_rank):
     assert CometMLLogger(rank_zero_only=False, name='{run_name}-r{rank}').experiment_name('job') == 'job-r3'
 
 
+def test_ranks_other_than_zero_open_no_experiment_by_default(fake_rank):
+    from dist_logging import Logger
+
+    fake_rank(rank=1, world_size=2)
+    destination = CometMLLogger(online=False)
+    with Logger(destination, run_name='quiet') as logger:
+        logger.log_metrics({'loss': 1.0})
+        logger.log_hyperparameters({'lr': 1})
+    assert destination.experiment is None and 'comet_ml' not in sys.modules
+
+
 def test_config_type_cometml_builds_it():
     config = load_config({'destinations': [{'type': 'cometml', 'project_name': 'p', 'rank_zero_only': False,
                                             'online': False}]})
@@ -83,7 +94,7 @@ def test_offline_experiment_round_trip(tmp_path):
     env.update(COMET_DISABLE_AUTO_LOGGING='1', TMPDIR=str(scratch), HOME=str(tmp_path),
                COMET_CONFIG=str(tmp_path / '.comet.config'), PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, SCENARIO, str(offline_dir)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=100)
+                          text=True, timeout=150)  # comet_ml's import alone takes seconds on a busy machine
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report['returned_in']['log_metrics'] < 5  # returned while the worker was held (a bound, not a benchmark)

@@ -90,6 +90,17 @@ def test_constructor_validates_and_maps_rank_zero_only():
         NeptuneLogger().log_metrics({'loss': 1.0})
 
 
+def test_ranks_other_than_zero_open_no_run_by_default(fake_rank):
+    fake_rank(rank=1, world_size=2)
+    destination = NeptuneLogger(mode='offline')
+    with Logger(destination, run_name='quiet') as logger:
+        logger.log_metrics({'loss': 1.0})
+        logger.log_hyperparameters({'lr': 1})
+    assert destination._neptune_run is None
+    with pytest.raises(RuntimeError, match='not open'):
+        destination.neptune_run
+
+
 def test_config_type_neptune_builds_it():
     config = load_config({'destinations': [{'type': 'neptune', 'project': 'ws/p', 'mode': 'offline',
                                             'upload_checkpoints': True, 'rank_zero_only': False}]})
