@@ -1,8 +1,8 @@
 """Logger destinations, one per module. Optional integrations import their library lazily.
 
-``TensorboardLogger``, ``MLFlowLogger``, ``RemoteUploaderDownloader`` and ``WandBLogger``
-are imported on first access (module ``__getattr__``), so importing this package never
-imports tensorboard, mlflow, boto3 or wandb.
+``TensorboardLogger``, ``MLFlowLogger``, ``RemoteUploaderDownloader``, ``WandBLogger``,
+``CometMLLogger`` and ``NeptuneLogger`` are imported on first access (module ``__getattr__``),
+so importing this package never imports tensorboard, mlflow, boto3, wandb, comet_ml or neptune.
 
 ``Logger`` and ``LoggerDestination`` are here too, so Composer's
 ``from composer.loggers import ...`` becomes ``from dist_logging.destinations import ...``.
