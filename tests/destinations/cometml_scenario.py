@@ -47,7 +47,8 @@ def main(offline_dir: str) -> None:
         logger.batch_end()
         logger.batch_end()
         logger.batch_end()
-        logger.log_traces({'algo/Event.INIT': True, 'note': 'hello'})
+        logger.log_traces({'algo/Event.INIT': True, 'note': 'hello', 'client_secret': 'trace-do-not-store'})
+        logger.log_table(['service', 'password'], [['db', 'hunter2-do-not-store']], name='creds', step=3)
         # Hold the background thread: a log call must return without waiting for Comet.
         gate, held = threading.Event(), []
         destination._worker.submit(lambda: held.append(gate.wait(30)))  # False if the call below waited for it

@@ -107,7 +107,8 @@ def test_offline_experiment_round_trip(tmp_path):
         files = {name: z.read(name) for name in z.namelist()}
     assert (experiment['workspace'], experiment['project_name']) == ('ws', 'proj')
     assert experiment['stop_time'] is not None  # ended
-    assert b'sk-do-not-store' not in b''.join(files.values())
+    for name, data in files.items():  # credentials in hyperparameters, table cells and traces stored nowhere
+        assert b'do-not-store' not in data, name
 
     others = {m['payload']['key']: m['payload']['value'] for m in messages if m['type'] == 'log_other'}
     assert others['Name'] == 'round-trip-exp' and others['Created from'] == 'dist_logging'
@@ -127,7 +128,7 @@ def test_offline_experiment_round_trip(tmp_path):
     assert table['additional_params']['step'] == 2
     assert json.loads(files[table['file_path']]) == {'columns': ['prompt', 'generation'],
                                                      'data': [['p0', 'g0'], ['p1', 2]]}
-    assert set(uploads) == {'samples.json', 'inputs_0', 'inputs_0 + pred mask overlaid', 'pred_0 mask'}
+    assert set(uploads) == {'samples.json', 'creds.json', 'inputs_0', 'inputs_0 + pred mask overlaid', 'pred_0 mask'}
     from PIL import Image
 
     image = uploads['inputs_0']
