@@ -68,8 +68,8 @@ class NeptuneLogger(LoggerDestination):
       values Neptune cannot store as fields, e.g. lists, as their text);
     * metrics -> float series ``<base>/metrics/<key>`` at their step (``step``, else the
       Logger's batch count). Neptune series only take increasing steps, so a point waits
-      until a later step of its key arrives (or close): a key logged twice at one step keeps
-      the later value, as W&B does. A point for a step below one already written is
+      until a later step of its key arrives, its batch ends (``batch_end``/``epoch_end``), or
+      close: a key logged twice at one step keeps the later value, as W&B does. A point for a step below one already written is
       dropped with a warning naming the key (once per key) instead of failing at sync;
     * traces -> ``<base>/traces/<name>`` (the latest value, as Composer's);
     * tables -> ``<base>/tables/<name>``: a JSON file ``{"columns": [...], "data": [...]}``
@@ -192,6 +192,25 @@ class NeptuneLogger(LoggerDestination):
         self._neptune_run, self._state, self._stopped = run, state, False
         self._pending, self._last_step, self._queued_files = {}, {}, set()
         self._worker = SerialWorker('NeptuneLogger')
+
+    def batch_end(self, state: 'State', logger: 'Logger') -> None:
+        self._write_before(state.timestamp.batch)
+
+    def epoch_end(self, state: 'State', logger: 'Logger') -> None:
+        self._write_before(state.timestamp.batch)
+
+    def _write_before(self, step: int) -> None:
+        """Write the waiting points of steps before ``step`` (batches that ended): one that
+        logs once an epoch shows up now, not when its key is next logged."""
+        if not self._pending or self._worker is None or self._stopped:
+            return
+        ready = {key: point for key, point in self._pending.items() if point[0] < step}
+        if ready:
+            for key, point in ready.items():
+                del self._pending[key]
+                self._last_step[key] = point[0]
+            run = self._neptune_run
+            self._submit(lambda: self._write_points(run, ready))
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         self._stop()

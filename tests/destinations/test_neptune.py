@@ -219,6 +219,16 @@ def test_debug_mode_reads_back_through_neptune_and_downloads_at_once(offline, tm
         destination.download_file('test-artifact', str(tmp_path / 'back'))  # waits for the queued upload
         assert (tmp_path / 'back').read_text() == 'hello from Neptune!'
         assert destination.base_handler['hyperparameters/num_nodes'].fetch() == 1
+        # A point waits for a later step of its key, or for its batch to end.
+        logger.log_metrics({'eval/acc': 0.5})  # step = the batch count, 0
+        destination._drain()
+        assert not run.exists('training/metrics/eval/acc')
+        logger.batch_end()
+        destination._drain()
+        assert destination.base_handler['metrics/eval/acc'].fetch_last() == 0.5
+        logger.log_metrics({'eval/acc': 0.75})  # step 1: waits again
+        destination._drain()
+        assert destination.base_handler['metrics/eval/acc'].fetch_last() == 0.5
         with pytest.raises(FileExistsError, match='back'):
             destination.download_file('test-artifact', str(tmp_path / 'back'))
         with pytest.raises(FileNotFoundError, match='training/missing'):
