@@ -297,6 +297,8 @@ class Logger:
         if reduce not in REDUCTIONS:
             raise ValueError(f'unknown reduce {reduce!r}; expected one of {list(REDUCTIONS)} or None')
         data = self._resolve(metrics, 'metrics')
+        if step is None:  # the batch of the call, as for unreduced values (not the batch of the flush)
+            step = self.state.timestamp.batch
         self._gatherer.add(data, step, reduce, int(LogLevel.BATCH if level is None else LogLevel.parse(level)))
 
     def log_traces(self, traces: Data, *, level: Union[LogLevel, int, str] = LogLevel.VERBOSE) -> None:
@@ -477,8 +479,8 @@ class Logger:
             self._emit_gathered(gatherer.start(batch), batch)
 
     def _emit_gathered(self, results: list, batch: int) -> None:
-        """Emit on rank zero; values logged without a step get the batch count of their flush
-        (not of the later call that completed an asynchronous flush)."""
+        """Emit on rank zero. :meth:`log_metrics` gives every value a step (the batch of its call);
+        ``batch`` (of the flush, not of the later call that completed it) is the fallback."""
         if self._is_global_zero:
             for metrics, step, level in results:
                 self._dispatch(self._routes[level], 'log_metrics', metrics, batch if step is None else step)

@@ -682,8 +682,9 @@ def test_close_completes_the_flush_in_flight_and_raises_after_closing_destinatio
     assert errors == [None] and results == [((1,), True)]
 
 
-def test_values_without_a_step_keep_the_batch_of_their_flush():
-    """An automatic flush issued at batch 2 and completed at batch 4 emits step 2, not 4."""
+def test_values_without_a_step_keep_the_batch_of_their_call():
+    """A value logged during the second batch (step 1, as an unreduced value logged there), flushed at
+    batch 2 and completed at batch 4, is emitted with step 1, not 2 or 4."""
     def scenario(rank, logger, group, sink):
         for batch in range(1, 5):
             if batch == 2:
@@ -694,4 +695,4 @@ def test_values_without_a_step_keep_the_batch_of_their_flush():
 
     results, errors = run_logger_in_fake_world(2, scenario, flush_every=2)
     assert errors == [None, None]
-    assert results[0]['tput'] == [(2, 21.0)]
+    assert results[0]['tput'] == [(1, 21.0)]

@@ -86,6 +86,7 @@ class ConsoleLogger(LoggerDestination):
         self.stream = _resolve_stream(stream)
         self.tables: dict[str, str] = {}
         self.logged_metrics: dict[str, Any] = {}
+        self._metric_steps: dict[str, Optional[int]] = {}
         self._new_tables: list[str] = []
         self._printed_once = False
         self._last_printed_batch: Optional[int] = None
@@ -105,6 +106,7 @@ class ConsoleLogger(LoggerDestination):
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         self.logged_metrics.update(metrics)
+        self._metric_steps.update(dict.fromkeys(metrics, step))
 
     def log_traces(self, traces: dict[str, Any]) -> None:
         if self.should_log_traces:
@@ -147,8 +149,18 @@ class ConsoleLogger(LoggerDestination):
         self._write(text)
 
     def _print_pending(self, state: 'State') -> None:
-        self.log_to_console(self.logged_metrics, state, prefix='Train ')
+        # The timestamp already counts the batch that ended, whose values carry step batch - 1.
+        # Values reduced across ranks by an automatic flush may arrive a flush later than the
+        # batch they belong to (the collective completes in the background): say which batch.
+        current = state.timestamp.batch - 1
+        data = {
+            name: value if self._metric_steps.get(name) in (None, current)
+            else f'{format_log_data_value(value)} (batch {self._metric_steps[name]})'
+            for name, value in self.logged_metrics.items()
+        }
+        self.log_to_console(data, state, prefix='Train ')
         self.logged_metrics = {}
+        self._metric_steps = {}
         self._printed_once = True
         self._last_printed_batch = state.timestamp.batch
 

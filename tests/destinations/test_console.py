@@ -33,6 +33,19 @@ def test_prints_every_interval_in_composers_layout_and_hides_secrets():
     assert train_lines(text) == ['Train loss: 0.0', 'Train loss: 1.0', 'Train loss: 3.0']
 
 
+def test_a_value_that_arrives_after_its_batch_says_which_batch_it_belongs_to():
+    # As an automatic flush completed a batch later delivers a reduced value: step 0 at the end of batch 2.
+    out = io.StringIO()
+    logger = Logger([ConsoleLogger(log_interval=2, stream=out)], run_name='r')
+    logger.log_metrics({'loss': 1.0})
+    logger.batch_end()
+    logger.log_metrics({'rank_loss': 2.0})
+    logger.log_metrics({'loss': 0.5}, step=0)
+    logger.batch_end()
+    logger.close()
+    assert '[epoch=1][batch=2]:\n\t Train rank_loss: 2.0\n\t Train loss: 0.5 (batch 0)\n' in out.getvalue()
+
+
 @pytest.mark.parametrize('interval,expected', [('1ba', 4), ('2ba', 3), (3, 3), ('1ep', 2), ('2ep', 2)])
 def test_interval_units(interval, expected):
     # 2 epochs of 2 batches. 'ep' prints at epoch ends only; the first batch/epoch is always printed.
