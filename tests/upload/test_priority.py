@@ -59,3 +59,25 @@ def test_normal_priority_leaves_workers_alone(tmp_path, use_procs):
 def test_bad_priority_is_refused_at_construction(tmp_path, bad):
     with pytest.raises(ValueError, match=repr(bad).replace('(', r'\(')):
         RemoteUploaderDownloader(str(tmp_path / 'bucket'), upload_priority=bad)
+
+
+def test_unknown_architecture_degrades_to_cpu_priority_only(monkeypatch, caplog):
+    from dist_logging.upload import priority
+
+    monkeypatch.setattr(priority.platform, 'machine', lambda: 'riscv64')
+    monkeypatch.setattr(priority, '_warned', set())
+    seen = {}
+
+    def worker():
+        priority.lower_current_thread()
+        priority.lower_current_thread()
+        seen['nice'] = thread_nice()
+
+    with caplog.at_level('DEBUG', logger=priority.__name__):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join(10)
+    assert seen['nice'] == WORKER_NICE
+    assert priority.get_ioprio() is None
+    notes = [r for r in caplog.records if 'ioprio_set' in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelname == 'DEBUG'  # said once, quietly
