@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 __all__ = ['to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_masks', 'overlay_masks',
-           'encode_png', 'write_png']
+           'snapshot_images', 'encode_png', 'write_png']
 
 
 # Floating dtypes numpy has; others (bfloat16, the float8 types) are widened to float32 first.
@@ -159,6 +159,18 @@ def validate_masks(masks: Any, batch: np.ndarray) -> dict[str, np.ndarray]:
             raise TypeError(f'mask names must be non-empty str, got {mask_name!r}')
         out[mask_name] = to_mask_batch(value, batch.shape, mask_name)
     return out
+
+
+def snapshot_images(images: Any, channels_last: bool, masks: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A uint8 NHWC copy of ``images`` and their validated ``masks``, for a background thread to log later.
+
+    The batch is always a copy, so the caller may reuse its tensor or array at once.
+
+    Raises:
+        ValueError, TypeError: as :func:`to_image_batch` and :func:`validate_masks`.
+    """
+    batch = np.array(to_uint8(to_image_batch(images, channels_last)))
+    return batch, validate_masks(masks, batch)
 
 
 def encode_png(image: np.ndarray) -> bytes:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import io
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from dist_logging import dist
 from dist_logging._artifacts import jsonable, table_json
 from dist_logging._values import format_log_data_value, metric_scalar
-from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
-from dist_logging.destinations._worker import SerialWorker
+from dist_logging.destinations._tracker import TrackerDestination
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
 
 if TYPE_CHECKING:
@@ -46,7 +45,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-class CometMLLogger(LoggerDestination):
+class CometMLLogger(TrackerDestination):
     """Logs to a `Comet <https://www.comet.com>`_ experiment (Composer's ``CometMLLogger`` API).
 
     The experiment is created when the Logger opens this destination and ended at
@@ -97,14 +96,14 @@ class CometMLLogger(LoggerDestination):
         TypeError: ``exp_kwargs`` not a mapping with str keys, ``online`` not a bool or None.
     """
 
+    tracker_owner = 'CometMLLogger'
+
     def __init__(self, workspace: Optional[str] = None, project_name: Optional[str] = None, log_code: bool = False,
                  log_graph: bool = False, name: Optional[str] = None, rank_zero_only: bool = True,
                  exp_kwargs: Optional[Mapping[str, Any]] = None, *, online: Optional[bool] = None,
                  ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None):
         owner = type(self).__name__
-        # As WandBLogger: the default rank_zero_only=True only counts against ranks= when it says False.
-        ranks = ranks_from_rank_zero_only(ranks, None if ranks is not None and rank_zero_only is True
-                                          else rank_zero_only, 'zero', owner)
+        ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         _check_installed()
         for arg, value in (('workspace', workspace), ('project_name', project_name), ('name', name)):
@@ -139,9 +138,6 @@ class CometMLLogger(LoggerDestination):
         self.rank_zero_only = self.ranks == 'zero'
         self.exp_kwargs = kwargs
         self.experiment: Any = None
-        self._worker: Optional[SerialWorker] = None
-        self._state: Optional['State'] = None
-        self._ended = False
 
     # ------------------------------------------------------------------ lifecycle
     def experiment_name(self, run_name: str) -> str:
@@ -165,42 +161,12 @@ class CometMLLogger(LoggerDestination):
         self.name = self.experiment_name(state.run_name)
         experiment.set_name(self.name)
         experiment.log_other('Created from', 'dist_logging')
-        self.experiment, self._state, self._ended = experiment, state, False
-        self._worker = SerialWorker('CometMLLogger')
+        self.experiment = experiment
+        self._start_worker(state)
 
-    def close(self, state: 'State', logger: 'Logger') -> None:
-        self._end()
-
-    def post_close(self, state: Optional['State'] = None, logger: Optional['Logger'] = None) -> None:
-        """End the experiment if :meth:`close` did not (Composer ends it here)."""
-        self._end()
-
-    def _end(self) -> None:
-        """Run what is queued, end the experiment (an offline one writes its archive), stop the worker.
-
-        Raises:
-            RuntimeError: a background comet_ml call failed (its error is the cause).
-        """
-        worker, experiment = self._worker, self.experiment
-        if worker is None or self._ended:
-            return
-        self._ended = True
-        worker.submit(experiment.end)
-        worker.close()
-        worker.raise_errors()
-
-    # ------------------------------------------------------------------ helpers
-    def _submit(self, job: Any) -> None:
-        worker = self._worker
-        if worker is None or self._ended:
-            raise RuntimeError('CometMLLogger is not open: it is opened by the Logger (init) and closed at close()')
-        worker.raise_errors()
-        worker.submit(job)
-
-    def _step(self, step: Optional[int]) -> int:
-        if step is not None:
-            return int(step)
-        return self._state.timestamp.batch if self._state is not None else 0
+    def _final_jobs(self, failed: bool) -> list[Callable[[], None]]:
+        """End the experiment (an offline one writes its archive); Comet has no failed status to set."""
+        return [self.experiment.end]
 
     # ------------------------------------------------------------------ data hooks
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
@@ -210,7 +176,7 @@ class CometMLLogger(LoggerDestination):
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         values = {str(k): metric_scalar(str(k), v) for k, v in metrics.items()}  # NaN stays a float NaN
-        at = self._step(step)
+        at = self._training_step(step)
         experiment = self.experiment
         self._submit(lambda: experiment.log_metrics(values, step=at))
 
@@ -221,7 +187,7 @@ class CometMLLogger(LoggerDestination):
                 numbers[f'traces/{key}'] = float(value)
             else:
                 others[f'traces/{key}'] = value if isinstance(value, str) else format_log_data_value(value)
-        at = self._step(None)
+        at = self._training_step(None)
         experiment = self.experiment
 
         def log() -> None:
@@ -235,7 +201,7 @@ class CometMLLogger(LoggerDestination):
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
                   step: Optional[int] = None) -> None:
         text = table_json([str(c) for c in columns], [list(r) for r in rows], ascii=False)
-        at = self._step(step)
+        at = self._training_step(step)
         experiment = self.experiment
 
         def log() -> None:
@@ -249,12 +215,11 @@ class CometMLLogger(LoggerDestination):
                    mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
         import numpy as np
 
-        from dist_logging._images import encode_png, overlay_masks, to_image_batch, to_uint8, validate_masks
+        from dist_logging._images import encode_png, overlay_masks, snapshot_images
 
         del use_table, mask_class_labels  # W&B-only options, as in Composer
-        batch = np.array(to_uint8(to_image_batch(images, channels_last)))  # a copy: the caller may reuse its tensor
-        mask_batches = validate_masks(masks, batch)
-        at = self._step(step)
+        batch, mask_batches = snapshot_images(images, channels_last, masks)
+        at = self._training_step(step)
         experiment = self.experiment
 
         def log() -> None:

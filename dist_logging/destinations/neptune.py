@@ -6,18 +6,16 @@ import importlib.util
 import os
 import pathlib
 import shutil
-import sys
 import tempfile
 import threading
 import uuid
 import warnings
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from dist_logging import dist
 from dist_logging._artifacts import jsonable, table_json
 from dist_logging._values import format_log_data_value, metric_scalar
-from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
-from dist_logging.destinations._worker import SerialWorker
+from dist_logging.destinations._tracker import TrackerDestination
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -55,7 +53,7 @@ def _plain(value: Any) -> Any:
     return format_log_data_value(value) if value is not None else 'None'
 
 
-class NeptuneLogger(LoggerDestination):
+class NeptuneLogger(TrackerDestination):
     """Logs to a `neptune.ai <https://neptune.ai>`_ run (Composer's ``NeptuneLogger`` API, neptune 1.x).
 
     The run is created when the Logger opens this destination (``neptune.init_run``) and
@@ -108,6 +106,7 @@ class NeptuneLogger(LoggerDestination):
             ``rank_zero_only=False`` with a rank-zero ``ranks`` policy.
     """
 
+    tracker_owner = 'NeptuneLogger'
     metric_namespace = 'metrics'
     hyperparam_namespace = 'hyperparameters'
     trace_namespace = 'traces'
@@ -119,8 +118,7 @@ class NeptuneLogger(LoggerDestination):
                  ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None,
                  **neptune_kwargs: Any):
         owner = type(self).__name__
-        ranks = ranks_from_rank_zero_only(ranks, None if ranks is not None and rank_zero_only is True
-                                          else rank_zero_only, 'zero', owner)
+        ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         _check_installed()
         for arg, value in (('project', project), ('api_token', api_token), ('mode', mode)):
@@ -147,9 +145,6 @@ class NeptuneLogger(LoggerDestination):
         self.rank_zero_only = self.ranks == 'zero'
         self._neptune_run: Any = None
         self._file_type: Any = None
-        self._worker: Optional[SerialWorker] = None
-        self._state: Optional['State'] = None
-        self._stopped = False
         self._pending: dict[str, tuple[int, Any]] = {}  # metric key -> (step, value) not yet written
         self._last_step: dict[str, int] = {}  # metric key -> last step written
         self._warned: set[str] = set()
@@ -179,7 +174,7 @@ class NeptuneLogger(LoggerDestination):
         return self.neptune_run[self.base_namespace]
 
     def init(self, state: 'State', logger: 'Logger') -> None:
-        if self._neptune_run is not None and not self._stopped:
+        if self._neptune_run is not None and not self._ended:
             return  # already open
         neptune, self._file_type = _import_neptune()
         kwargs = dict(self.neptune_kwargs)
@@ -189,9 +184,9 @@ class NeptuneLogger(LoggerDestination):
 
         run[f'{self.base_namespace}/rank'] = dist.get_global_rank()
         run[self.integration_version_key] = __version__
-        self._neptune_run, self._state, self._stopped = run, state, False
+        self._neptune_run = run
         self._pending, self._last_step, self._queued_files = {}, {}, set()
-        self._worker = SerialWorker('NeptuneLogger')
+        self._start_worker(state)
 
     def batch_end(self, state: 'State', logger: 'Logger') -> None:
         self._write_before(state.timestamp.batch)
@@ -202,7 +197,7 @@ class NeptuneLogger(LoggerDestination):
     def _write_before(self, step: int) -> None:
         """Write the waiting points of steps before ``step`` (batches that ended): one that
         logs once an epoch shows up now, not when its key is next logged."""
-        if not self._pending or self._worker is None or self._stopped:
+        if not self._pending or self._worker is None or self._ended:
             return
         ready = {key: point for key, point in self._pending.items() if point[0] < step}
         if ready:
@@ -212,58 +207,37 @@ class NeptuneLogger(LoggerDestination):
             run = self._neptune_run
             self._submit(lambda: self._write_points(run, ready))
 
-    def close(self, state: 'State', logger: 'Logger') -> None:
-        self._stop()
-
-    def post_close(self, state: Optional['State'] = None, logger: Optional['Logger'] = None) -> None:
-        """Stop the run if :meth:`close` did not (Composer stops it here)."""
-        self._stop()
-
-    def _stop(self) -> None:
-        """Write the waiting metric points, stop the run (an offline run is then complete), stop the worker.
-
-        Raises:
-            RuntimeError: a background neptune call failed (its error is the cause).
-        """
-        worker, run = self._worker, self._neptune_run
-        if worker is None or self._stopped:
-            return
-        self._stopped = True
+    def _final_jobs(self, failed: bool) -> list[Callable[[], None]]:
+        """Write the waiting metric points, mark a failed run ``sys/failed``, and stop the run
+        (an offline run is then complete)."""
+        run = self._neptune_run
+        jobs: list[Callable[[], None]] = []
         pending, self._pending = self._pending, {}
         if pending:
-            worker.submit(lambda: self._write_points(run, pending))
-        if sys.exc_info()[0] is not None:
-            worker.submit(lambda: run.__setitem__('sys/failed', True))
-        worker.submit(run.stop)
-        worker.close()
+            jobs.append(lambda: self._write_points(run, pending))
+        if failed:
+            jobs.append(lambda: run.__setitem__('sys/failed', True))
+        jobs.append(run.stop)
+        return jobs
+
+    def _worker_stopped(self) -> None:
+        """Remove the folder of ``upload_file`` snapshots (the worker removed each one it handed over)."""
         if self._snapshot_dir is not None:
             shutil.rmtree(self._snapshot_dir, ignore_errors=True)
             self._snapshot_dir = None
-        worker.raise_errors()
 
     # ------------------------------------------------------------------ helpers
-    def _submit(self, job: Any) -> None:
-        worker = self._worker
-        if worker is None or self._stopped:
-            raise RuntimeError('NeptuneLogger is not open: it is opened by the Logger (init) and closed at close()')
-        worker.raise_errors()
-        worker.submit(job)
-
-    def _step(self, step: Optional[int]) -> int:
-        if step is not None:
-            return int(step)
-        return self._state.timestamp.batch if self._state is not None else 0
 
     def _path(self, *parts: str) -> str:
         return '/'.join((self.base_namespace,) + parts)
 
     def _drain(self) -> None:
         """Wait until every call queued so far ran; raise what failed."""
-        self._worker_check()
+        self._check_open()
         done = threading.Event()
         self._worker.submit(done.set)  # type: ignore[union-attr]
         done.wait()
-        self._worker_check()
+        self._check_open()
 
     def _write_points(self, run: Any, points: dict[str, tuple[int, Any]]) -> None:
         for key, (step, value) in points.items():
@@ -276,8 +250,8 @@ class NeptuneLogger(LoggerDestination):
         self._submit(lambda: run.__getitem__(path).assign(values) if values else None)
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
-        self._worker_check()
-        at = self._step(step)
+        self._check_open()
+        at = self._training_step(step)
         ready: dict[str, tuple[int, Any]] = {}
         for key, value in metrics.items():
             key = str(key)
@@ -299,12 +273,6 @@ class NeptuneLogger(LoggerDestination):
             run = self._neptune_run
             self._submit(lambda: self._write_points(run, ready))
 
-    def _worker_check(self) -> None:
-        worker = self._worker
-        if worker is None or self._stopped:
-            raise RuntimeError('NeptuneLogger is not open: it is opened by the Logger (init) and closed at close()')
-        worker.raise_errors()
-
     def log_traces(self, traces: dict[str, Any]) -> None:
         values = _plain(jsonable(dict(traces)))
         run, path = self._neptune_run, self._path(self.trace_namespace)
@@ -320,14 +288,11 @@ class NeptuneLogger(LoggerDestination):
     def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
                    mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
-        import numpy as np
-
-        from dist_logging._images import overlay_masks, to_image_batch, to_rgb, to_uint8, validate_masks
+        from dist_logging._images import overlay_masks, snapshot_images, to_rgb
 
         del use_table, mask_class_labels  # W&B-only options, as in Composer
-        batch = np.array(to_uint8(to_image_batch(images, channels_last)))  # a copy: the caller may reuse its tensor
-        mask_batches = validate_masks(masks, batch)
-        at = self._step(step)
+        batch, mask_batches = snapshot_images(images, channels_last, masks)
+        at = self._training_step(step)
         run, file_type = self._neptune_run, self._file_type
         series = self._path(name)
 
@@ -363,7 +328,7 @@ class NeptuneLogger(LoggerDestination):
         """
         from dist_logging.upload.snapshot import copy_file
 
-        self._worker_check()
+        self._check_open()
         path = pathlib.Path(file_path)
         if path.is_symlink() or path.suffix.lower() == '.symlink':
             return

@@ -7,17 +7,15 @@ import importlib.util
 import os
 import posixpath
 import re
-import sys
 import tempfile
 import uuid
 import warnings
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging import dist
 from dist_logging._artifacts import jsonable
 from dist_logging._values import format_log_data_value
-from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
-from dist_logging.destinations._worker import SerialWorker
+from dist_logging.destinations._tracker import TrackerDestination
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
 
 if TYPE_CHECKING:
@@ -62,7 +60,7 @@ def _optional_str(owner: str, name: str, value: Any) -> Optional[str]:
     return value
 
 
-class WandBLogger(LoggerDestination):
+class WandBLogger(TrackerDestination):
     """Logs to a `Weights & Biases <https://wandb.ai>`_ run (Composer's ``WandBLogger`` API).
 
     The run is created when the Logger opens this destination (``wandb.init``) and finished
@@ -132,15 +130,14 @@ class WandBLogger(LoggerDestination):
         TypeError: ``tags`` not a sequence of strings, ``init_kwargs`` not a mapping.
     """
 
+    tracker_owner = 'WandBLogger'
+
     def __init__(self, project: Optional[str] = None, group: Optional[str] = None, name: Optional[str] = None,
                  entity: Optional[str] = None, tags: Optional[Sequence[str]] = None, log_artifacts: bool = False,
                  rank_zero_only: bool = True, init_kwargs: Optional[Mapping[str, Any]] = None, *,
                  ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None):
         owner = type(self).__name__
-        # rank_zero_only=True is the default of Composer's signature, so with ranks= given it only
-        # counts when it says False (every rank), which contradicts 'zero' or 'local_zero'.
-        ranks = ranks_from_rank_zero_only(ranks, None if ranks is not None and rank_zero_only is True
-                                          else rank_zero_only, 'zero', owner)
+        ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         _check_installed()
         project = _optional_str(owner, 'project', project)
@@ -192,14 +189,11 @@ class WandBLogger(LoggerDestination):
         self.run_dir: Optional[str] = None
         self.run_url: Optional[str] = None
         self._wandb: Any = None
-        self._worker: Optional[SerialWorker] = None
-        self._state: Optional['State'] = None
         self._staging_dir: Optional[str] = None
         self._last_wandb_step = -1
         self._row_step: Optional[int] = None  # training step of the row at _last_wandb_step
         self._row_keys: set[str] = set()  # keys logged to that row
         self._warned: set[str] = set()
-        self._finished = False
         self._disabled = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -220,7 +214,7 @@ class WandBLogger(LoggerDestination):
         return name, group
 
     def init(self, state: 'State', logger: 'Logger') -> None:
-        if self.run is not None and not self._finished:
+        if self.run is not None and not self._ended:
             return  # already open
         wandb = _import_wandb()
         from wandb.sdk.artifacts.staging import get_staging_dir
@@ -230,7 +224,7 @@ class WandBLogger(LoggerDestination):
         if group is not None:
             kwargs['group'] = group
         run = wandb.init(**kwargs)
-        self._wandb, self._state, self.run = wandb, state, run
+        self._wandb, self.run = wandb, run
         self.run_dir = getattr(run, 'dir', None)
         self.entity = getattr(run, 'entity', None) or self.entity
         self.project = getattr(run, 'project', None) or self.project
@@ -245,58 +239,22 @@ class WandBLogger(LoggerDestination):
         run.define_metric('*', step_metric=STEP_METRIC, step_sync=True)
         if self.log_artifacts and not self._disabled:
             self._staging_dir = get_staging_dir()
-        self._finished = False
-        self._worker = SerialWorker('WandBLogger')
+        self._start_worker(state)
 
-    def close(self, state: 'State', logger: 'Logger') -> None:
-        self._finish()
-
-    def post_close(self, state: Optional['State'] = None, logger: Optional['Logger'] = None) -> None:
-        """Finish the run if :meth:`close` did not (Composer finishes it here)."""
-        self._finish()
-
-    def _finish(self) -> None:
-        """Run what is queued, finish the run (exit code 1 while an exception propagates), stop the worker.
-
-        Raises:
-            RuntimeError: a background wandb call failed (its error is the cause).
-        """
-        worker, run = self._worker, self.run
-        if worker is None or self._finished:
-            return
-        self._finished = True
-        exit_code = 0 if sys.exc_info()[0] is None else 1
+    def _final_jobs(self, failed: bool) -> list[Callable[[], None]]:
+        """Finish the run, with exit code 1 while an exception propagates."""
+        run, exit_code = self.run, 1 if failed else 0
 
         def finish() -> None:
             run.finish(exit_code=exit_code)
 
-        worker.submit(finish)
-        worker.close()
-        worker.raise_errors()
+        return [finish]
 
     # ------------------------------------------------------------------ helpers
-    def _submit(self, job: Any) -> None:
-        worker = self._worker
-        if worker is None or self._finished:
-            raise RuntimeError('WandBLogger is not open: it is opened by the Logger (init) and closed at close()')
-        worker.raise_errors()
-        worker.submit(job)
-
-    def _check_open(self) -> None:
-        worker = self._worker
-        if worker is None or self._finished:
-            raise RuntimeError('WandBLogger is not open: it is opened by the Logger (init) and closed at close()')
-        worker.raise_errors()
-
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, RuntimeWarning, stacklevel=4)
-
-    def _training_step(self, step: Optional[int]) -> int:
-        if step is not None:
-            return int(step)
-        return self._state.timestamp.batch if self._state is not None else 0
 
     def _wandb_step(self, step: int, keys: Any, explicit: bool) -> int:
         """The wandb row for data with ``keys`` at training step ``step`` (see the class docstring).
@@ -370,12 +328,12 @@ class WandBLogger(LoggerDestination):
                    mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
         import numpy as np
 
-        from dist_logging._images import to_image_batch, to_uint8, validate_masks
+        from dist_logging._images import snapshot_images
 
         self._check_open()
-        batch = np.array(to_uint8(to_image_batch(images, channels_last)))  # a copy: the caller may reuse its tensor
+        batch, validated_masks = snapshot_images(images, channels_last, masks)
         mask_batches = {}
-        for mask_name, mask in validate_masks(masks, batch).items():
+        for mask_name, mask in validated_masks.items():
             if mask.size and int(mask.max()) > _MAX_MASK_CLASS:
                 raise ValueError(f'WandBLogger: mask {mask_name!r} has class id {int(mask.max())}; W&B masks take '
                                  f'class ids 0-{_MAX_MASK_CLASS}')
