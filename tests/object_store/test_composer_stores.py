@@ -7,6 +7,9 @@ The stores (``object_store/_composer_store.py``) have only Composer's methods an
 
 from __future__ import annotations
 
+import functools
+import threading
+
 import pytest
 
 from dist_logging import Logger, UploadError
@@ -66,10 +69,22 @@ def test_overwrite_rules(tmp_path, store_class):
     store.upload_object('taken.txt', seed)
     store.upload_object('replace.txt', seed)
     logger = Logger(rud, run_name='r')
+    # Hold the upload of once.txt so that it is still queued at its second call (else it may land first).
+    release = threading.Event()
+    upload_object = store.upload_object
+
+    @functools.wraps(upload_object)  # keeps the signature the uploader inspects
+    def held_upload_object(*args, **kwargs):
+        if kwargs.get('object_name', args[0] if args else None) == 'once.txt':
+            release.wait(30)
+        return upload_object(*args, **kwargs)
+
+    store.upload_object = held_upload_object
     logger.upload_file('replace.txt', write(tmp_path / 'new', b'new bytes'), overwrite=True)
     logger.upload_file('once.txt', str(tmp_path / 'new'))
     with pytest.raises(FileExistsError, match='once.txt'):  # a name this rank queued: refused at the call
         logger.upload_file('once.txt', str(tmp_path / 'new'))
+    release.set()
     # last: its failure would otherwise be raised by whichever upload_file call comes next
     logger.upload_file('taken.txt', str(tmp_path / 'new'))  # overwrite=False by default
     with pytest.raises(UploadError) as info:
