@@ -32,6 +32,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
@@ -173,6 +174,11 @@ class Dist:
         box = [obj]
         torch_dist.broadcast_object_list(box, src=src, group=self.cpu_group)
         return box[0]
+
+    def shared_temp_dir(self, prefix: str) -> str:
+        """A new folder in the system temp dir, made by rank zero only and shared with every rank
+        (each rank making its own and keeping rank zero's would leave the others behind)."""
+        return self.broadcast_object(tempfile.mkdtemp(prefix=prefix) if self.rank == 0 else None)
 
     def log(self, *parts: Any) -> None:
         """Progress line on rank zero (stderr, so stdout stays the JSON summary)."""

@@ -25,7 +25,6 @@ import os
 import pathlib
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Optional
@@ -253,7 +252,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     endpoint, moto = (None, None)
     if 's3' in args.stores.split(','):
         endpoint, moto = C.start_moto(d)
-    workdir = pathlib.Path(d.broadcast_object(args.workdir or tempfile.mkdtemp(prefix='dist_logging-soak-')))
+    workdir = pathlib.Path(args.workdir or d.shared_temp_dir('dist_logging-soak-'))
     d.log(f'soak: {d.world_size} ranks for {args.minutes} min, stores {args.stores}, workdir {workdir}')
     try:
         mine = run_rank(args, d, workdir, endpoint)

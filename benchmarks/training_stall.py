@@ -33,7 +33,6 @@ import os
 import pathlib
 import shutil
 import sys
-import tempfile
 import uuid
 from typing import Any, Callable, Optional
 
@@ -84,7 +83,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     d = C.init_distributed(args.backend)
     torch.manual_seed(1234 + d.rank)
-    base = d.broadcast_object(args.workdir or tempfile.mkdtemp(prefix='dist_logging-bench-stall-'))
+    base = args.workdir or d.shared_temp_dir('dist_logging-bench-stall-')
     work = pathlib.Path(base) / f'node-{d.node}'
     (work / 'ckpt').mkdir(parents=True, exist_ok=True)
 

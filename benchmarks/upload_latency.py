@@ -43,7 +43,6 @@ import os
 import pathlib
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from typing import Any, Callable, Optional
@@ -422,7 +421,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     s3_max = C.parse_size(args.s3_max_size)
 
     d = C.init_distributed(args.backend)
-    base = d.broadcast_object(args.workdir or tempfile.mkdtemp(prefix='dist_logging-bench-upload-'))
+    base = args.workdir or d.shared_temp_dir('dist_logging-bench-upload-')
     work = pathlib.Path(base) / f'node-{d.node}'
     work.mkdir(parents=True, exist_ok=True)
     d.log(f'upload_latency: {d.world_size} ranks, sizes {[C.format_size(s) for s in sizes]}, stores {stores}, '
