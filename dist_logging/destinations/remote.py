@@ -19,7 +19,7 @@ from dist_logging import dist
 from dist_logging.destination import LoggerDestination
 from dist_logging.errors import UploadError
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_object_name, validate_template
-from dist_logging.object_store import ObjectStore, persistable_kwargs, split_bucket_uri, store_from_uri
+from dist_logging.object_store import ObjectStore, persistable_kwargs, persistable_uri, split_bucket_uri, store_from_uri
 from dist_logging.upload.node_slots import node_slots_from_env
 from dist_logging.upload.priority import check_priority
 from dist_logging.upload.journal import StoreRecord
@@ -81,6 +81,7 @@ def _store_record(store: ObjectStore, backend_kwargs: Optional[Mapping[str, Any]
         cls = type(store)
         custom = f'{cls.__module__}.{cls.__qualname__}'
         return StoreRecord('c' + hashlib.sha1(custom.encode()).hexdigest()[:10], None, {}, custom)
+    uri = persistable_uri(uri)
     kwargs = persistable_kwargs(backend_kwargs)
     if 'endpoint_url' not in kwargs and getattr(store, 'endpoint_url', None):
         kwargs['endpoint_url'] = store.endpoint_url  # type: ignore[attr-defined]

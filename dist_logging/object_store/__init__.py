@@ -334,6 +334,21 @@ def store_from_uri(bucket_uri: str, backend_kwargs: Optional[Mapping[str, Any]] 
     return cls.from_location(location, **dict(backend_kwargs or {}))
 
 
+def persistable_uri(uri: str) -> str:
+    """``uri`` without the password of its user-info (``sftp://alice:pw@host/x`` -> ``sftp://alice@host/x``).
+
+    Staging journals record the bucket URI so ``drain`` can rebuild the store; a password in it
+    must not reach the disk (at drain time it comes from the backend's own configuration:
+    an SSH agent, a key file, the environment).
+    """
+    scheme, sep, rest = uri.partition('://')
+    authority, slash, path = rest.partition('/')
+    userinfo, at, host = authority.rpartition('@')
+    if not sep or not at or ':' not in userinfo:
+        return uri
+    return f"{scheme}://{userinfo.split(':', 1)[0]}@{host}{slash}{path}"
+
+
 def persistable_kwargs(backend_kwargs: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     """The part of ``backend_kwargs`` that may be written to disk: JSON scalars whose names do not look secret.
 

@@ -380,3 +380,13 @@ def test_post_close_takes_no_arguments_as_in_composer(tmp_path):
     uploader.post_close()  # waits for the upload, as Composer's does
     assert (tmp_path / 'bucket' / 'f.txt').read_text() == '1'
     logger.close()
+
+
+def test_the_journal_records_the_bucket_uri_without_its_password():
+    from dist_logging.destinations.remote import _store_record
+
+    class SftpLike:
+        bucket_uri = 'sftp://alice:s3cr3t@host/runs'
+
+    record = _store_record(SftpLike(), {'port': 22, 'password': 's3cr3t'})
+    assert record.uri == 'sftp://alice@host/runs' and record.kwargs == {'port': 22}

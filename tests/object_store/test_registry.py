@@ -8,7 +8,7 @@ import pytest
 
 from dist_logging import object_store
 from dist_logging.object_store import (LocalObjectStore, S3ObjectStore, get_store_class, persistable_kwargs,
-                                       split_bucket_uri, store_from_uri)
+                                       persistable_uri, split_bucket_uri, store_from_uri)
 from dist_logging.upload.retry import is_transient
 from s3_server import aws_credentials, s3_server  # noqa: F401 - fixtures
 
@@ -85,3 +85,15 @@ def test_s3_error_classification(s3_server, tmp_path):
     with pytest.raises(Exception) as info:
         down.upload_object('x', str(src))
     assert is_transient(info.value)  # connection refused: transient
+
+
+@pytest.mark.parametrize('uri,expected', [
+    ('sftp://alice:s3cr3t@host:22/data/runs', 'sftp://alice@host:22/data/runs'),
+    ('sftp://alice:p@ss@host/x', 'sftp://alice@host/x'),  # the last '@' ends the user-info
+    ('sftp://alice@host/x', 'sftp://alice@host/x'),  # a user without a password is kept
+    ('s3://bucket/prefix', 's3://bucket/prefix'),
+    ('gs://bucket/a@b:c', 'gs://bucket/a@b:c'),  # '@' and ':' in the path are not user-info
+    ('/a/local/path', '/a/local/path'),
+])
+def test_a_password_in_the_bucket_uri_is_not_persisted(uri, expected):
+    assert persistable_uri(uri) == expected
