@@ -421,8 +421,12 @@ class MetricGatherer:
             flight.event.record()
         return flight
 
-    def _finish(self, flight: _Flight) -> Results:
-        """Wait for ``flight`` and turn its results into ``(metrics, step, level)`` groups."""
+    def _wait(self, flight: _Flight) -> dict:
+        """Wait for ``flight``'s collectives (and its device event) within its deadline; its host buffers.
+
+        Raises:
+            DistributedLoggingError: a rank did not arrive in time (the gatherer is reset first).
+        """
         try:
             self._group.wait_all(flight.works, flight.what, flight.deadline)
             if flight.event is not None:
@@ -430,7 +434,11 @@ class MetricGatherer:
         except DistributedLoggingError:
             self._reset()
             raise
-        host = flight.host if flight.host is not None else dict(flight.tensors, gather_out=flight.gather_out)
+        return flight.host if flight.host is not None else dict(flight.tensors, gather_out=flight.gather_out)
+
+    def _finish(self, flight: _Flight) -> Results:
+        """Wait for ``flight`` and turn its results into ``(metrics, step, level)`` groups."""
+        host = self._wait(flight)
         layout = flight.layout
         K, S, E = len(layout.keys), layout.n_sum, layout.n_ext
         top = host['max'].tolist()
@@ -505,16 +513,9 @@ class MetricGatherer:
         return new_layout, values, new_used
 
     def _finish_sub(self, flight: _Flight) -> dict[str, tuple[float, float, float]]:
-        try:
-            self._group.wait_all(flight.works, flight.what, flight.deadline)
-            if flight.event is not None:
-                _wait_event(flight.event, flight.deadline, flight.what, self._group)
-        except DistributedLoggingError:
-            self._reset()
-            raise
+        host = self._wait(flight)
         if self._group.rank != 0:
             return {}
-        host = flight.host if flight.host is not None else dict(flight.tensors, gather_out=flight.gather_out)
         layout = flight.layout
         K, S, E = len(layout.keys), layout.n_sum, layout.n_ext
         top = host['max'].tolist()
