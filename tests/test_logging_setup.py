@@ -384,7 +384,9 @@ def test_four_ranks_under_torchrun(tmp_path, capsys):
     for rank in range(4):
         assert (tmp_path / 'file-logs' / f'logs-rank{rank}.txt').read_text().count(
             f'[stdout]: print from rank {rank}\n') == 1
-        assert f'print from rank {rank}\n' in result.stdout
+        # Four processes share the pipe and print() writes the text and its newline separately,
+        # so another rank's line may land between them: look for the text only.
+        assert f'print from rank {rank}' in result.stdout
 
     # dist-logging logs over those files.
     def logs(*options):
