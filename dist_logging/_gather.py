@@ -216,7 +216,7 @@ class MetricGatherer:
         self._idle = np.zeros(0, dtype=np.int64)
         self._seq = 0
         self._in_flight: Optional[_Flight] = None
-        self._target: Optional[tuple[Any, torch.device]] = None
+        self._device: Optional[torch.device] = None  # where reductions run, once known
         # Whether tensors stay on their device until the reduction (the device-native path).
         self._keep_tensors = False
         self.last_had_data: Optional[bool] = None
@@ -360,10 +360,11 @@ class MetricGatherer:
         return self._finish(flight)
 
     def _reduction_target(self) -> tuple[Any, torch.device]:
-        if self._target is None:
-            self._target = self._group.reduction_target()
-            self._keep_tensors = self._target[1].type != 'cpu'
-        return self._target
+        # The group is looked up at every flush, never kept: see LoggingGroup.group().
+        group, device = self._group.reduction_target()
+        if self._device is None:
+            self._device, self._keep_tensors = device, device.type != 'cpu'
+        return group, device
 
     def _issue(self, buffered: dict[str, list[Any]], position: int, layout: _Layout,
                seq: Optional[int] = None) -> _Flight:

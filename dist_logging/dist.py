@@ -16,10 +16,12 @@ naming the missing ranks instead of blocking forever.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import itertools
 import os
 import threading
+import weakref
 from typing import Any, Optional, Sequence
 
 import torch
@@ -123,6 +125,19 @@ def _rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
 
 
 _GROUP_INSTANCES = itertools.count()
+_DEFAULT_GROUP = object()  # LoggingGroup._group when the default group is used: looked up, never held
+_LIVE_GROUPS: 'weakref.WeakSet[LoggingGroup]' = weakref.WeakSet()
+
+
+@atexit.register
+def _release_process_groups() -> None:
+    """At interpreter exit, drop the dedicated groups and stores of Loggers never closed.
+
+    atexit runs while the interpreter is whole; a process group's C++ object destroyed
+    later, during finalization, takes the process down with SIGABRT.
+    """
+    for group in list(_LIVE_GROUPS):
+        group.destroy()
 
 
 class LoggingGroup:
@@ -160,6 +175,8 @@ class LoggingGroup:
         self._prefix = f'dist_logging/group{next(_GROUP_INSTANCES)}/arrived/'
         self._sequence = 0
         self._store: Any = None
+        self._device: Optional[torch.device] = None
+        _LIVE_GROUPS.add(self)
 
     @property
     def active(self) -> bool:
@@ -180,29 +197,36 @@ class LoggingGroup:
         With an NCCL default group and CUDA available, the default group on the current
         CUDA device (device-native: no gloo group, no host synchronization until values
         are read). Otherwise the logging gloo group on the CPU. The choice depends only
-        on the backend, which every rank shares, so every rank picks the same one.
+        on the backend, which every rank shares, so every rank picks the same one; it is
+        made once, the group is looked up at each call (see :meth:`group`).
         """
-        device = select_reduction_device(torch_dist.get_backend(), torch.cuda.is_available())
-        if device.type == 'cuda':
-            return torch_dist.group.WORLD, device
-        return self.group(), device
+        if self._device is None:
+            self._device = select_reduction_device(torch_dist.get_backend(), torch.cuda.is_available())
+        if self._device.type == 'cuda':
+            return torch_dist.group.WORLD, self._device
+        return self.group(), self._device
 
     def group(self) -> Any:
-        """The dedicated gloo group, created on first call (a collective)."""
+        """The logging gloo group; the first call creates it (a collective).
+
+        When the default group already is gloo it is used (a second one would only cost
+        ports and threads; our own ``Work.wait(timeout)`` bounds each call), and it is
+        looked up at every call rather than held: a reference kept after the user's
+        ``destroy_process_group()`` leaves gloo's threads to be torn down at interpreter
+        exit, which aborts the process ("terminate called without an active exception").
+        """
         with self._lock:
             if self._group is None:
                 what = 'creating the logging gloo process group'
                 self._arrive()
                 try:
                     if torch_dist.get_backend() == 'gloo':
-                        # The default group already is gloo on CPU; a second one would only
-                        # cost ports and threads. Our own Work.wait(timeout) bounds each call.
-                        self._group = torch_dist.group.WORLD
+                        self._group = _DEFAULT_GROUP
                     else:
                         self._group = torch_dist.new_group(backend='gloo', timeout=self._timedelta())
                 except RuntimeError as exc:
                     raise self._failure(what, exc) from exc
-            return self._group
+            return torch_dist.group.WORLD if self._group is _DEFAULT_GROUP else self._group
 
     # ------------------------------------------------------------------ arrival marks
     def arrive(self) -> None:
@@ -433,7 +457,9 @@ class LoggingGroup:
         """Release the dedicated group (not the default group)."""
         with self._lock:
             group, self._group = self._group, None
-        if group is not None and is_initialized() and group is not torch_dist.group.WORLD:
+            self._device = None
+            self._store = None
+        if group is not None and group is not _DEFAULT_GROUP and is_initialized():
             try:
                 torch_dist.destroy_process_group(group)
             except (RuntimeError, ValueError):

@@ -3,9 +3,11 @@ a fake world of threads whose group reduces in memory, the device-native packing
 stand-ins, and a simulated 4,096-rank world on torch's fake process group (the real thing
 runs under torchrun in tests/multiprocess/test_gather.py)."""
 
+import gc
 import math
 import re
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -18,6 +20,8 @@ from dist_logging._consistency import canonical_json, check_hyperparameters
 from dist_logging._gather import MetricGatherer
 from dist_logging.destinations.in_memory import InMemoryLogger
 from dist_logging.dist import LoggingGroup
+
+REAL_GROUP_LOOKUP = LoggingGroup.group  # the fake_process_group fixture replaces it
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -464,7 +468,7 @@ def test_device_native_packing_matches_the_host_path():
         _fill_with_kept_tensors(host, rank)
         on_host = host.flush(0)
         device = MetricGatherer(group)
-        device._target, device._keep_tensors = (None, torch.device('cpu')), True  # the CUDA path, on the CPU
+        device._device, device._keep_tensors = torch.device('cpu'), True  # the CUDA path, on the CPU
         _fill_with_kept_tensors(device, rank)
         return on_host, device.flush(0)
 
@@ -648,6 +652,42 @@ def test_simulated_4096_rank_flush_costs_o_of_k(fake_process_group):
     assert steady == per_world[(4, 0)] == per_world[(4096, 0)]  # the same collectives and bytes whatever N
     assert [name for name, _, _ in steady] == ['all_reduce', 'all_reduce', 'gather'] * 3
     assert sum(nbytes for _, _, nbytes in steady[:3]) == 8 * (2 * 100 + 8 + 2 * 101 + 3)
+
+
+def _reaches(root, target) -> bool:
+    """Whether ``target`` is reachable from ``root`` through object references (not through
+    modules, classes or functions, which reach everything)."""
+    skip = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+    seen, stack = set(), [root]
+    while stack:
+        obj = stack.pop()
+        if obj is target:
+            return True
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        stack.extend(gc.get_referents(obj))
+    return False
+
+
+def test_the_logger_never_holds_the_default_process_group(fake_process_group, monkeypatch):
+    """A reference kept past the user's destroy_process_group() has gloo's threads torn down
+    at interpreter exit, which aborts the process ("terminate called without an active
+    exception"): the group is looked up at each flush, never kept."""
+    monkeypatch.setattr(LoggingGroup, 'group', REAL_GROUP_LOOKUP)
+    monkeypatch.setattr(torch_dist, 'get_backend', lambda group=None: 'gloo')  # the default group is gloo
+    fake_process_group(2, 0)
+    world = torch_dist.group.WORLD
+    logger = Logger(InMemoryLogger(), run_name='held', flush_every=1)
+    logger.log_metrics({'loss': 1.0}, reduce='mean')
+    logger.flush()
+    assert logger._gatherer.flushes_issued == 1 and not _reaches(logger, world)
+    for _ in range(3):
+        logger.log_metrics({'loss': 1.0}, reduce='mean')
+        logger.batch_end()  # issued asynchronously: the flush in flight holds it until completed
+    assert logger._gatherer.in_flight
+    logger.close()
+    assert not _reaches(logger, world)
 
 
 def test_flush_every_from_config():

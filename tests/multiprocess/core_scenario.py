@@ -18,7 +18,7 @@ local_zero = InMemoryLogger(ranks='local_zero')
 everywhere = InMemoryLogger(ranks='all')
 files = FileLogger(filename='{run_name}/logs-node{node_rank}-local{local_rank}-rank{rank}.txt', ranks='all',
                    flush_interval=1)
-logger = Logger([zero, local_zero, everywhere, files])
+logger = Logger([zero, local_zero, everywhere, files], sync_timeout=60)  # a stuck collective is reported well within the test's time
 logger.log_hyperparameters({'lr': 0.01, 'world': dist.get_world_size(), 'password': 'p'})
 for step in range(3):
     logger.log_metrics({'loss': float(step + 10 * dist.get_global_rank())})

@@ -283,7 +283,7 @@ for batch in range(1, 5):
     logger.batch_end()
 logger.flush()
 out = {'gloo_group_created': logger._group._group is not None,
-       'device': str(logger._gatherer._target[1])}
+       'device': str(logger._gatherer._device)}
 if r == 0:
     out['data'] = sink.data
 logger.close()
