@@ -44,8 +44,10 @@ import torch  # noqa: E402
 
 NAME = 'training_stall'
 ALL_MODES = ('none', 'ours_nocopy', 'ours_procs_nocopy', 'ours_copy', 'ours_procs', 'sync_upload', 'composer_design')
-# Not in the default list: ours with upload_priority='normal' (workers not lowered), for comparison.
-EXTRA_MODES = ('ours_nocopy_prio_normal', 'ours_copy_prio_normal')
+# Not in the default list: ours with upload_priority='normal' (workers not lowered) or 'low'
+# (nice 19 without SCHED_IDLE, the default before), for comparison.
+EXTRA_MODES = {'normal': ('ours_nocopy_prio_normal', 'ours_copy_prio_normal'),
+               'low': ('ours_nocopy_prio_low', 'ours_copy_prio_low')}
 
 
 def build_model(width: int, depth: int, device: torch.device) -> torch.nn.Module:
@@ -135,9 +137,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         for m in wanted:
             if m.startswith('ours'):
                 skipped[m] = f'RemoteUploaderDownloader not importable: {exc}'
-    for use_procs, priority in ((False, 'low'), (True, 'low'), (False, 'normal')):
+    for use_procs, priority in ((False, 'idle'), (True, 'idle'), (False, 'normal'), (False, 'low')):
         names = (('ours_procs_nocopy', 'ours_procs') if use_procs else ('ours_nocopy', 'ours_copy')
-                 if priority == 'low' else EXTRA_MODES)
+                 if priority == 'idle' else EXTRA_MODES[priority])
         if RemoteUploaderDownloader is None or not any(n in wanted for n in names):
             continue
         dest = RemoteUploaderDownloader(uri, backend_kwargs=backend_kwargs, num_concurrent_uploads=args.workers,

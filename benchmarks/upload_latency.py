@@ -134,7 +134,7 @@ class Modes:
         floor_dir.mkdir(parents=True, exist_ok=True)
         self.floor_dir = floor_dir
 
-        def ours(use_procs: bool, priority: str = 'low') -> Optional[Any]:
+        def ours(use_procs: bool, priority: str = 'idle') -> Optional[Any]:
             try:
                 from dist_logging.destinations import RemoteUploaderDownloader
             except ImportError as exc:

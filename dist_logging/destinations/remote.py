@@ -119,10 +119,12 @@ class RemoteUploaderDownloader(LoggerDestination):
         ranks: rank policy (default ``'all'``: every rank uploads its own files).
         max_staged_bytes: when set, ``upload_file(copy=True)`` waits (warning once) while the
             snapshots waiting to be uploaded would exceed this many bytes. Nothing is dropped.
-        upload_priority: ``'low'`` (default): workers run at the lowest CPU priority (nice 19)
-            and the lowest best-effort I/O priority, per worker thread on Linux, so uploads yield
-            to the training step (see ``docs/uploads.md`` for other platforms). ``'normal'``:
-            workers keep the priority of the process.
+        upload_priority: ``'idle'`` (default): workers run under ``SCHED_IDLE`` at nice 19 and
+            the lowest best-effort I/O priority, per worker thread on Linux, so uploads use the
+            CPU the training step leaves idle and hand a core back at once when a training
+            thread wakes. ``'low'``: nice 19 and the lowest I/O priority only. ``'normal'``:
+            workers keep the priority of the process. See ``docs/uploads.md`` (other platforms,
+            measurements).
 
     Attributes:
         retry_policy: the :class:`~dist_logging.upload.retry.RetryPolicy` (may be replaced before
@@ -147,7 +149,7 @@ class RemoteUploaderDownloader(LoggerDestination):
                  backend_kwargs: Optional[dict[str, Any]] = None,
                  file_path_format_string: str = '{remote_file_name}', num_concurrent_uploads: int = 4,
                  upload_staging_folder: Optional[str] = None, num_attempts: int = 3, use_procs: bool = False,
-                 ranks: str = 'all', max_staged_bytes: Optional[int] = None, upload_priority: str = 'low'):
+                 ranks: str = 'all', max_staged_bytes: Optional[int] = None, upload_priority: str = 'idle'):
         super().__init__(ranks=ranks)
         try:
             self.upload_priority = check_priority(upload_priority)

@@ -40,10 +40,10 @@ def serve(fd: int, priority: str = 'normal') -> None:
     _die_with_parent()
     if os.getppid() == 1:  # the parent died before prctl took effect
         return
-    if priority == 'low':
+    if priority in ('idle', 'low'):
         from dist_logging.upload.priority import lower_current_thread
 
-        lower_current_thread(whole_process=True)
+        lower_current_thread(priority, whole_process=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     conn = Connection(fd)
     sys.path[:] = list(dict.fromkeys(conn.recv() + sys.path))

@@ -1,7 +1,8 @@
 """Running upload workers below the training loop: lower CPU and I/O priority for the calling thread.
 
 :func:`lower_current_thread` is called by each upload worker (thread or child process) as it
-starts, unless the uploader was built with ``upload_priority='normal'``. What it does:
+starts, unless the uploader was built with ``upload_priority='normal'``. What ``'low'`` does
+(``'idle'``, the default, adds ``SCHED_IDLE``: see below):
 
 * **Linux**: ``nice`` is per thread (a kernel task), so ``os.setpriority(PRIO_PROCESS, tid, 19)``
   lowers this thread only -- the training threads of the same process keep their priority.
@@ -19,6 +20,16 @@ starts, unless the uploader was built with ``upload_priority='normal'``. What it
   there; worker *processes* (``use_procs=True``) lower their own CPU priority.
 * **Windows**: nothing is changed.
 
+``upload_priority='idle'`` adds, on Linux, the ``SCHED_IDLE`` scheduling policy per worker thread
+(``sched_setscheduler(tid, SCHED_IDLE)``; unprivileged, it only lowers). The difference to nice 19
+is when the step's threads get the core back: a training thread that wakes (an intra-op worker
+at the start of a parallel region, the main thread after a collective) preempts a ``SCHED_IDLE``
+task at once, whereas a nice-19 task may finish its time slice first (a few ms with EEVDF). For
+a step made of parallel regions, which run as fast as their slowest thread, those slices add
+up. ``SCHED_IDLE`` is not strict idleness: the scheduler still gives such a task a minimal share
+(weight 3 against 1024 for nice 0), so uploads progress even on a saturated node. Elsewhere
+``'idle'`` is ``'low'``.
+
 A failure (an unknown architecture for ``ioprio_set``, a seccomp filter, ...) is logged once at
 debug level and the worker runs at normal priority: priority is an optimisation, never a reason
 for an upload to fail.
@@ -33,12 +44,13 @@ import sys
 import threading
 from typing import Optional
 
-__all__ = ['PRIORITIES', 'WORKER_NICE', 'IOPRIO_CLASS_BE', 'IOPRIO_LOWEST_LEVEL', 'check_priority',
-           'lower_current_thread', 'get_ioprio', 'thread_nice']
+__all__ = ['PRIORITIES', 'LOWERED', 'WORKER_NICE', 'IOPRIO_CLASS_BE', 'IOPRIO_LOWEST_LEVEL', 'check_priority',
+           'lower_current_thread', 'get_ioprio', 'thread_nice', 'thread_policy']
 
 log = logging.getLogger(__name__)
 
-PRIORITIES = ('low', 'normal')
+PRIORITIES = ('idle', 'low', 'normal')
+LOWERED = ('idle', 'low')  # the levels at which workers lower their priority
 WORKER_NICE = 19
 IOPRIO_CLASS_BE = 2
 IOPRIO_LOWEST_LEVEL = 7
@@ -57,10 +69,10 @@ def check_priority(value: object) -> str:
     """Return ``value`` if it is a valid ``upload_priority``.
 
     Raises:
-        ValueError: anything but ``'low'`` or ``'normal'`` (naming the bad value).
+        ValueError: anything but ``'idle'``, ``'low'`` or ``'normal'`` (naming the bad value).
     """
     if not isinstance(value, str) or value not in PRIORITIES:
-        raise ValueError(f"upload_priority must be 'low' or 'normal', got {value!r}")
+        raise ValueError(f"upload_priority must be one of {', '.join(map(repr, PRIORITIES))}, got {value!r}")
     return value
 
 
@@ -119,10 +131,20 @@ def thread_nice(tid: Optional[int] = None) -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
-def lower_current_thread(*, whole_process: bool = False) -> None:
+def thread_policy(tid: Optional[int] = None) -> Optional[int]:
+    """The scheduling policy of thread ``tid`` (default: the calling thread; e.g. ``os.SCHED_IDLE``),
+    or None where it cannot be read."""
+    if not hasattr(os, 'sched_getscheduler'):
+        return None
+    return os.sched_getscheduler(tid if tid is not None else threading.get_native_id())
+
+
+def lower_current_thread(level: str = 'low', *, whole_process: bool = False) -> None:
     """Lower the CPU and I/O priority of the calling thread (see the module docstring). Never raises.
 
     Args:
+        level: ``'low'`` (nice 19, best-effort I/O level 7) or ``'idle'`` (the same plus
+            ``SCHED_IDLE`` on Linux).
         whole_process: the caller is a worker *process* whose every thread is a worker: on
             platforms where priorities are per process (macOS), lower the process then.
     """
@@ -131,6 +153,11 @@ def lower_current_thread(*, whole_process: bool = False) -> None:
             tid = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, tid, max(WORKER_NICE, os.getpriority(os.PRIO_PROCESS, tid)))
             _set_ioprio(IOPRIO_CLASS_BE, IOPRIO_LOWEST_LEVEL)
+            if level == 'idle':
+                try:
+                    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                except (OSError, AttributeError) as exc:
+                    _debug_once('sched-idle-failed', 'upload workers keep their scheduling policy: %s', exc)
         elif whole_process and hasattr(os, 'setpriority'):
             os.setpriority(os.PRIO_PROCESS, 0, max(WORKER_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
         else:

@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from dist_logging.object_store import supports_overwrite
 from dist_logging.upload.node_slots import node_slots_from_env
-from dist_logging.upload.priority import lower_current_thread
+from dist_logging.upload.priority import LOWERED, lower_current_thread
 from dist_logging.upload.retry import Interrupted, RetryPolicy, call_with_retries
 
 __all__ = ['UploadTask', 'WorkerDied', 'UploadScheduler', 'ThreadExecutor', 'ProcessExecutor', 'run_upload']
@@ -179,14 +179,14 @@ ResultCallback = Callable[[UploadTask, Optional[BaseException]], None]
 class ThreadExecutor:
     """Runs tasks on ``num_workers`` daemon threads; calls ``on_result(task, exc_or_None)`` on the worker.
 
-    With ``priority='low'`` each thread lowers its own CPU and I/O priority as it starts
-    (:mod:`dist_logging.upload.priority`).
+    With ``priority='low'`` or ``'idle'`` each thread lowers its own CPU and I/O priority as it
+    starts (:mod:`dist_logging.upload.priority`).
     """
 
     def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, on_result: ResultCallback,
                  name: str = 'upload', priority: str = 'normal'):
         self._store, self._policy, self._on_result, self._name = store, policy, on_result, name
-        self._low = priority == 'low'
+        self._priority = priority
         self._queue: 'queue.SimpleQueue[Optional[UploadTask]]' = queue.SimpleQueue()
         self._stop = threading.Event()
         self._stopping = False
@@ -207,8 +207,8 @@ class ThreadExecutor:
 
     def _loop(self) -> None:
         task: Optional[UploadTask] = None
-        if self._low:
-            lower_current_thread()
+        if self._priority in LOWERED:
+            lower_current_thread(self._priority)
         try:
             while True:
                 task = self._queue.get()
@@ -284,7 +284,7 @@ class ProcessExecutor:
 
     The store and policy are pickled once here (so a store that cannot be pickled
     fails at construction) and unpickled in each child, which builds its own clients.
-    With ``priority='low'`` each child lowers its own CPU and I/O priority as it starts.
+    With ``priority='low'`` or ``'idle'`` each child lowers its own CPU and I/O priority as it starts.
     """
 
     def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, on_result: ResultCallback,
@@ -464,7 +464,7 @@ class UploadScheduler:
         policy: the retry policy.
         num_workers: threads or processes.
         use_procs: processes instead of threads.
-        priority: ``'low'`` (workers lower their CPU and I/O priority) or ``'normal'``.
+        priority: ``'idle'`` or ``'low'`` (workers lower their CPU and I/O priority) or ``'normal'``.
     """
 
     def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, *, use_procs: bool = False,

@@ -10,11 +10,12 @@ import os
 import threading
 
 from dist_logging.object_store import LocalObjectStore
-from dist_logging.upload.priority import get_ioprio, thread_nice
+from dist_logging.upload.priority import get_ioprio, thread_nice, thread_policy
 
 
 class PriorityProbeStore(LocalObjectStore):
-    """Writes ``<state_dir>/<name>.json`` with the nice value and I/O priority of the thread that uploads."""
+    """Writes ``<state_dir>/<name>.json`` with the nice value, scheduling policy and I/O priority of
+    the thread that uploads."""
 
     def __init__(self, root: str, state_dir: str):
         super().__init__(root)
@@ -23,7 +24,7 @@ class PriorityProbeStore(LocalObjectStore):
 
     def upload_object(self, object_name, filename, callback=None, *, overwrite=True, owned=False):
         seen = {'pid': os.getpid(), 'tid': threading.get_native_id(), 'nice': thread_nice(),
-                'ioprio': get_ioprio()}
+                'policy': thread_policy(), 'ioprio': get_ioprio()}
         with open(os.path.join(self.state_dir, object_name.replace('/', '_') + '.json'), 'w') as handle:
             json.dump(seen, handle)
         return super().upload_object(object_name, filename, callback, overwrite=overwrite, owned=owned)

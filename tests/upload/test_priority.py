@@ -1,4 +1,4 @@
-"""Upload workers run below the training loop: nice 19 and best-effort I/O level 7, per worker thread or process."""
+"""Upload workers run below the training loop: SCHED_IDLE, nice 19 and best-effort I/O level 7, per worker thread or process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from dist_logging.destinations import RemoteUploaderDownloader
-from dist_logging.upload.priority import IOPRIO_CLASS_BE, IOPRIO_LOWEST_LEVEL, WORKER_NICE, get_ioprio, thread_nice
+from dist_logging.upload.priority import (IOPRIO_CLASS_BE, IOPRIO_LOWEST_LEVEL, WORKER_NICE, get_ioprio, thread_nice,
+                                          thread_policy)
 from upload._probes import PriorityProbeStore
 
 pytestmark = [pytest.mark.timeout(60),
@@ -31,27 +32,30 @@ def _upload_and_probe(tmp_path, **kwargs):
 
 
 def _main_thread():
-    return thread_nice(), get_ioprio()
+    return thread_nice(), thread_policy(), get_ioprio()
 
 
 @pytest.mark.parametrize('use_procs', [False, True], ids=['threads', 'procs'])
-def test_workers_run_at_the_lowest_priority_by_default(tmp_path, use_procs):
+@pytest.mark.parametrize('level', [None, 'idle', 'low'])
+def test_workers_run_at_the_lowest_priority_by_default(tmp_path, use_procs, level):
     before = _main_thread()
-    seen = _upload_and_probe(tmp_path, use_procs=use_procs)
+    seen = _upload_and_probe(tmp_path, use_procs=use_procs, **({'upload_priority': level} if level else {}))
     assert (seen['pid'] != os.getpid()) == use_procs
     assert seen['tid'] != threading.get_native_id()
     assert seen['nice'] == WORKER_NICE
+    # 'idle' (the default) adds SCHED_IDLE; 'low' keeps the normal policy.
+    assert seen['policy'] == (os.SCHED_OTHER if level == 'low' else os.SCHED_IDLE)
     if seen['ioprio'] is not None:  # x86_64 / aarch64
         assert tuple(seen['ioprio']) == (IOPRIO_CLASS_BE, IOPRIO_LOWEST_LEVEL)
-    # The training thread is untouched: nice and ioprio are per thread on Linux.
+    # The training thread is untouched: nice, policy and ioprio are per thread on Linux.
     assert _main_thread() == before
 
 
 @pytest.mark.parametrize('use_procs', [False, True], ids=['threads', 'procs'])
 def test_normal_priority_leaves_workers_alone(tmp_path, use_procs):
-    nice, ioprio = _main_thread()
+    nice, policy, ioprio = _main_thread()
     seen = _upload_and_probe(tmp_path, use_procs=use_procs, upload_priority='normal')
-    assert seen['nice'] == nice
+    assert seen['nice'] == nice and seen['policy'] == policy
     assert (tuple(seen['ioprio']) if seen['ioprio'] is not None else None) == ioprio
 
 
@@ -81,3 +85,28 @@ def test_unknown_architecture_degrades_to_cpu_priority_only(monkeypatch, caplog)
     assert priority.get_ioprio() is None
     notes = [r for r in caplog.records if 'ioprio_set' in r.getMessage()]
     assert len(notes) == 1 and notes[0].levelname == 'DEBUG'  # said once, quietly
+
+
+def test_a_refused_sched_idle_keeps_nice_19(monkeypatch, caplog):
+    """A sandbox that refuses sched_setscheduler: the worker still runs at nice 19, said once at debug level."""
+    from dist_logging.upload import priority
+
+    def refuse(*args):
+        raise PermissionError(1, 'Operation not permitted')
+
+    monkeypatch.setattr(priority.os, 'sched_setscheduler', refuse)
+    monkeypatch.setattr(priority, '_warned', set())
+    seen = {}
+
+    def worker():
+        priority.lower_current_thread('idle')
+        priority.lower_current_thread('idle')
+        seen.update(nice=thread_nice(), policy=thread_policy())
+
+    with caplog.at_level('DEBUG', logger=priority.__name__):
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join(10)
+    assert seen == {'nice': WORKER_NICE, 'policy': os.SCHED_OTHER}
+    notes = [r for r in caplog.records if 'scheduling policy' in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelname == 'DEBUG'
