@@ -131,13 +131,15 @@ _LIVE_GROUPS: 'weakref.WeakSet[LoggingGroup]' = weakref.WeakSet()
 
 @atexit.register
 def _release_process_groups() -> None:
-    """At interpreter exit, drop the dedicated groups and stores of Loggers never closed.
+    """At interpreter exit, drop our references to the dedicated groups and stores of Loggers
+    never closed (no torch call: nothing here may block at exit).
 
-    atexit runs while the interpreter is whole; a process group's C++ object destroyed
-    later, during finalization, takes the process down with SIGABRT.
+    atexit runs while the interpreter is whole; a process group's C++ object freed later,
+    during finalization, takes the process down with SIGABRT.
     """
     for group in list(_LIVE_GROUPS):
-        group.destroy()
+        with group._lock:
+            group._group = group._store = None
 
 
 class LoggingGroup:

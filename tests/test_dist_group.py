@@ -83,3 +83,15 @@ def test_wait_all_waits_until_the_deadline_and_never_without_a_timeout():
     for outcome in (RuntimeError('Operation timed out!'), False):
         with pytest.raises(DistributedLoggingError, match='flush at step 3'):
             group.wait_all([_Work(outcome)], 'flush at step 3')
+
+
+def test_exit_hook_drops_the_groups_of_loggers_never_closed():
+    """At interpreter exit (atexit), a LoggingGroup never destroyed lets go of its dedicated group
+    and store, so they are not freed during finalization (which aborts a gloo process)."""
+    from dist_logging import dist
+
+    group = LoggingGroup()
+    dedicated, store = object(), object()
+    group._group, group._store = dedicated, store
+    dist._release_process_groups()
+    assert group._group is None and group._store is None
