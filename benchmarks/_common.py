@@ -360,9 +360,12 @@ def composer_available() -> Optional[str]:
 _MOTO_CHILD = r'''
 import ctypes, os, platform, sys
 if sys.argv[2] == 'low':
-    # The server stands for another machine: run it below everything benchmarked (nice 19, idle
-    # I/O class), so its CPU is not charged to the job it serves. Its threads inherit both.
+    # The server stands for another machine: run it below everything benchmarked (SCHED_IDLE,
+    # nice 19, idle I/O class), so its CPU is not charged to the job it serves. Its threads
+    # inherit all three.
     os.setpriority(os.PRIO_PROCESS, 0, 19)
+    if hasattr(os, 'SCHED_IDLE'):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     number = {'x86_64': 251, 'aarch64': 30}.get(platform.machine())
     if number is not None and sys.platform.startswith('linux'):
         ctypes.CDLL(None, use_errno=True).syscall(ctypes.c_long(number), ctypes.c_long(1), ctypes.c_long(0),
@@ -393,7 +396,8 @@ def start_moto(d: Dist, priority: str = 'low') -> tuple[str, Optional[subprocess
 
     The server runs in a child process rather than a thread of a benchmarked process: a
     thread would make that rank's timings pay for serving every rank's requests (the GIL).
-    With ``priority='low'`` (default) it runs at nice 19 and the idle I/O class: it stands for
+    With ``priority='low'`` (default) it runs under SCHED_IDLE at nice 19 and in the idle I/O
+    class (the lowest CPU and I/O priority there is): it stands for
     a remote machine, so the two cores go to the job first; ``'normal'`` keeps the old rig,
     where the server competes with the job as an equal. The bucket :data:`MOTO_BUCKET` is
     created before the endpoint is shared.

@@ -29,6 +29,7 @@ and I/O priority (it stands for a remote machine) unless ``--s3-server-priority 
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -72,6 +73,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--workers', type=int, default=4, help='num_concurrent_uploads for ours')
     parser.add_argument('--composer-workers', type=int, default=1)
     parser.add_argument('--workdir', default=None)
+    parser.add_argument('--backend-kwargs', type=json.loads, default={},
+                        help='JSON object merged into the backend_kwargs of our modes, e.g. \'{"max_concurrency": 1}\' '
+                             '(S3 part threads per upload)')
     parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
                         help='CPU/I/O priority of the moto S3 server (low: it stands for a remote machine)')
     args = parser.parse_args(argv)
@@ -118,11 +122,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     endpoint = None
     if args.store == 's3':
         endpoint, moto_proc = C.start_moto(d, args.s3_server_priority)
-        uri, backend_kwargs = f's3://{C.MOTO_BUCKET}', {'endpoint_url': endpoint}
+        uri, backend_kwargs = f's3://{C.MOTO_BUCKET}', {'endpoint_url': endpoint, **args.backend_kwargs}
         spec = {'kind': 's3', 'bucket': C.MOTO_BUCKET, 'endpoint': endpoint}
     else:
         (work / 'bucket').mkdir(exist_ok=True)
-        uri, backend_kwargs = f'file://{work / "bucket"}', None
+        uri, backend_kwargs = f'file://{work / "bucket"}', dict(args.backend_kwargs) or None
         spec = {'kind': 'local', 'root': str(work / 'bucket')}
     calls: dict[str, Callable[[str, str], None]] = {'none': lambda name, path: None}
     waits: dict[str, Callable[[list[str]], None]] = {'none': lambda names: None}
@@ -259,6 +263,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         'checkpoints_per_segment': args.checkpoints,
         'rounds': args.rounds,
         'store': args.store,
+        'workers': args.workers,
+        'backend_kwargs': args.backend_kwargs,
         's3_server_priority': args.s3_server_priority if args.store == 's3' else None,
         'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'device': str(d.device),
                   'ddp': d.world_size > 1},
