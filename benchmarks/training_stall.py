@@ -17,7 +17,9 @@ round; between segments the uploads are awaited (not timed) so each segment star
 * ``ours_nocopy`` / ``ours_copy``: ``Logger.upload_file(copy=False/True)``, worker threads;
 * ``ours_procs_nocopy`` / ``ours_procs``: the same with ``use_procs=True``;
 * ``sync_upload``: the upload on the training thread;
-* ``composer_design``: copy2 to staging + spawn-queue worker processes (Composer's design).
+* ``composer_design``: copy2 to staging + spawn-queue worker processes (Composer's design);
+* not by default: ``ours_*_prio_normal`` / ``ours_*_prio_low`` (other ``upload_priority``) and
+  ``ours_*_variant`` (worker threads with ``--variant-backend-kwargs`` / ``--variant-workers``).
 
 Step time is the training step plus the ``upload_file`` call (the checkpoint write is timed
 separately: it is the same in every mode). Inflation = mean step time of a mode / mean step
@@ -49,6 +51,8 @@ ALL_MODES = ('none', 'ours_nocopy', 'ours_procs_nocopy', 'ours_copy', 'ours_proc
 # (nice 19 without SCHED_IDLE, the default before), for comparison.
 EXTRA_MODES = {'normal': ('ours_nocopy_prio_normal', 'ours_copy_prio_normal'),
                'low': ('ours_nocopy_prio_low', 'ours_copy_prio_low')}
+# Worker threads with other backend kwargs / worker count (--variant-backend-kwargs, --variant-workers).
+VARIANT_MODES = ('ours_nocopy_variant', 'ours_copy_variant')
 
 
 def build_model(width: int, depth: int, device: torch.device) -> torch.nn.Module:
@@ -76,6 +80,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--backend-kwargs', type=json.loads, default={},
                         help='JSON object merged into the backend_kwargs of our modes, e.g. \'{"max_concurrency": 1}\' '
                              '(S3 part threads per upload)')
+    parser.add_argument('--variant-backend-kwargs', type=json.loads, default=None,
+                        help='JSON merged into backend_kwargs for the ours_*_variant modes (worker threads), '
+                             'compared in the same run with the defaults')
+    parser.add_argument('--variant-workers', type=int, default=None, help='num_concurrent_uploads of the variant')
     parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
                         help='CPU/I/O priority of the moto S3 server (low: it stands for a remote machine)')
     args = parser.parse_args(argv)
@@ -141,14 +149,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         for m in wanted:
             if m.startswith('ours'):
                 skipped[m] = f'RemoteUploaderDownloader not importable: {exc}'
-    for use_procs, priority in ((False, 'idle'), (True, 'idle'), (False, 'normal'), (False, 'low')):
-        names = (('ours_procs_nocopy', 'ours_procs') if use_procs else ('ours_nocopy', 'ours_copy')
-                 if priority == 'idle' else EXTRA_MODES[priority])
+    # (use_procs, priority, mode names, backend kwargs, workers, staging tag)
+    configs = [(False, 'idle', ('ours_nocopy', 'ours_copy'), backend_kwargs, args.workers, 'threads-idle'),
+               (True, 'idle', ('ours_procs_nocopy', 'ours_procs'), backend_kwargs, args.workers, 'procs-idle'),
+               (False, 'normal', EXTRA_MODES['normal'], backend_kwargs, args.workers, 'threads-normal'),
+               (False, 'low', EXTRA_MODES['low'], backend_kwargs, args.workers, 'threads-low')]
+    if args.variant_backend_kwargs is not None or args.variant_workers is not None:
+        variant_kwargs = {**(backend_kwargs or {}), **(args.variant_backend_kwargs or {})} or None
+        configs.append((False, 'idle', VARIANT_MODES, variant_kwargs, args.variant_workers or args.workers,
+                        'threads-variant'))
+    for use_procs, priority, names, kwargs, workers, tag in configs:
         if RemoteUploaderDownloader is None or not any(n in wanted for n in names):
             continue
-        dest = RemoteUploaderDownloader(uri, backend_kwargs=backend_kwargs, num_concurrent_uploads=args.workers,
+        dest = RemoteUploaderDownloader(uri, backend_kwargs=kwargs, num_concurrent_uploads=workers,
                                         use_procs=use_procs, upload_priority=priority,
-                                        upload_staging_folder=str(work / f'staging-{"procs" if use_procs else "threads"}-{priority}'))
+                                        upload_staging_folder=str(work / f'staging-{tag}'))
         logger = Logger([dest], run_name='bench-stall')
         closers.append(logger.close)
 
@@ -265,6 +280,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'store': args.store,
         'workers': args.workers,
         'backend_kwargs': args.backend_kwargs,
+        'variant': {'backend_kwargs': args.variant_backend_kwargs, 'workers': args.variant_workers},
         's3_server_priority': args.s3_server_priority if args.store == 's3' else None,
         'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'device': str(d.device),
                   'ddp': d.world_size > 1},
