@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from dist_logging import dist
 from dist_logging._artifacts import jsonable, table_json
 from dist_logging._values import format_log_data_value, metric_scalar
+from dist_logging.destinations._optional import import_installed, require_installed
 from dist_logging.destinations._tracker import TrackerDestination
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
 
@@ -19,20 +19,6 @@ if TYPE_CHECKING:
 __all__ = ['CometMLLogger']
 
 INSTALL_HINT = 'CometMLLogger needs the comet_ml package: pip install dist-logging[comet]'
-
-
-def _check_installed() -> None:
-    # Cheap at construction; importing comet_ml (seconds) happens when the Logger opens the destination.
-    if importlib.util.find_spec('comet_ml') is None:
-        raise ImportError(INSTALL_HINT)
-
-
-def _import_comet_ml() -> Any:
-    try:
-        import comet_ml
-    except ImportError as exc:
-        raise ImportError(f'{INSTALL_HINT} ({exc})') from exc
-    return comet_ml
 
 
 def _check_logged(result: Any, what: str) -> None:
@@ -105,7 +91,7 @@ class CometMLLogger(TrackerDestination):
         owner = type(self).__name__
         ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
-        _check_installed()
+        require_installed('comet_ml', INSTALL_HINT)
         for arg, value in (('workspace', workspace), ('project_name', project_name), ('name', name)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f'{owner}: {arg} must be a non-empty string or None, got {value!r}')
@@ -155,7 +141,7 @@ class CometMLLogger(TrackerDestination):
     def init(self, state: 'State', logger: 'Logger') -> None:
         if self.experiment is not None and not self._ended:
             return  # already open
-        comet_ml = _import_comet_ml()
+        comet_ml = import_installed('comet_ml', INSTALL_HINT)
         factory = comet_ml.Experiment if self.online else comet_ml.OfflineExperiment
         experiment = factory(**self.exp_kwargs)
         self.name = self.experiment_name(state.run_name)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 from dist_logging._artifacts import flatten, jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
+from dist_logging.destinations._optional import require_installed
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist, validate_template
 
@@ -57,11 +58,6 @@ def _check_file_store_allowed(tracking_uri: str) -> None:
         raise ValueError(f'MLFlowLogger: tracking_uri {tracking_uri!r} is a folder (MLflow\'s file store), which '
                          f'this MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true is set; use a database instead, '
                          f'e.g. tracking_uri=\'sqlite:///{os.path.join(folder, "mlflow.db")}\'')
-
-
-def _check_installed() -> None:
-    if importlib.util.find_spec('mlflow') is None:
-        raise ImportError(INSTALL_HINT)
 
 
 class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
@@ -148,7 +144,7 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                  log_duplicated_metric_every_n_steps: int = 0):
         ranks = ranks_from_rank_zero_only(ranks, rank_zero_only, 'zero', 'MLFlowLogger')
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
-        _check_installed()
+        require_installed('mlflow', INSTALL_HINT)
         if experiment_name is None:
             experiment_name = os.environ.get('MLFLOW_EXPERIMENT_NAME') or DEFAULT_EXPERIMENT_NAME
         if not isinstance(experiment_name, str) or not experiment_name.strip():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 import shutil
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from dist_logging import dist
 from dist_logging._artifacts import jsonable, table_json
 from dist_logging._values import format_log_data_value, metric_scalar
+from dist_logging.destinations._optional import import_installed, require_installed
 from dist_logging.destinations._tracker import TrackerDestination
 
 if TYPE_CHECKING:
@@ -27,21 +27,6 @@ INSTALL_HINT = 'NeptuneLogger needs the neptune package (1.x): pip install dist-
 
 NEPTUNE_MODES = ('async', 'sync', 'offline', 'read-only', 'debug')
 """The connection modes ``neptune.init_run`` accepts (``mode=``, or ``NEPTUNE_MODE``)."""
-
-
-def _check_installed() -> None:
-    # Cheap at construction; importing neptune (seconds) happens when the Logger opens the destination.
-    if importlib.util.find_spec('neptune') is None:
-        raise ImportError(INSTALL_HINT)
-
-
-def _import_neptune() -> Any:
-    try:
-        import neptune
-        from neptune.types import File
-    except ImportError as exc:
-        raise ImportError(f'{INSTALL_HINT} ({exc})') from exc
-    return neptune, File
 
 
 def _plain(value: Any) -> Any:
@@ -120,7 +105,7 @@ class NeptuneLogger(TrackerDestination):
         owner = type(self).__name__
         ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
-        _check_installed()
+        require_installed('neptune', INSTALL_HINT)
         for arg, value in (('project', project), ('api_token', api_token), ('mode', mode)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f'{owner}: {arg} must be a str or None, got {type(value).__name__}')
@@ -176,7 +161,8 @@ class NeptuneLogger(TrackerDestination):
     def init(self, state: 'State', logger: 'Logger') -> None:
         if self._neptune_run is not None and not self._ended:
             return  # already open
-        neptune, self._file_type = _import_neptune()
+        neptune = import_installed('neptune', INSTALL_HINT)
+        self._file_type = import_installed('neptune.types', INSTALL_HINT).File
         kwargs = dict(self.neptune_kwargs)
         kwargs.setdefault('name', state.run_name)  # on every rank, as Composer's: `<base>/rank` tells them apart
         run = neptune.init_run(project=self.project, api_token=self._api_token, mode=self.mode, **kwargs)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from dist_logging._artifacts import flatten, markdown_table
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
+from dist_logging.destinations._optional import import_installed, require_installed
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
                                  validate_object_name, validate_template)
@@ -20,20 +20,6 @@ if TYPE_CHECKING:
 __all__ = ['TensorboardLogger']
 
 INSTALL_HINT = 'TensorboardLogger needs the tensorboard package: pip install dist-logging[tensorboard]'
-
-
-def _check_installed() -> None:
-    # Cheap at construction (config load); the real, slower import happens when the Logger opens it.
-    if importlib.util.find_spec('tensorboard') is None:
-        raise ImportError(INSTALL_HINT)
-
-
-def _import_summary_writer() -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise ImportError(f'{INSTALL_HINT} ({exc})') from exc
-    return SummaryWriter
 
 
 class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
@@ -82,7 +68,7 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
             log_dir = '{run_name}/tensorboard' + per_rank
         if remote_dir == '{run_name}/tensorboard':  # the default: one folder per writing rank, like log_dir
             remote_dir += per_rank
-        _check_installed()
+        require_installed('tensorboard', INSTALL_HINT)
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f'TensorboardLogger: max_queue must be an int >= 1, got {max_queue!r}')
         validate_template(log_dir, DIST_PLACEHOLDERS)
@@ -110,7 +96,8 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
         if self.remote_dir_template:
             self.remote_dir = validate_object_name(format_name_with_dist(self.remote_dir_template, state.run_name))
         # flush_secs is a backstop for long batches; flushes normally follow flush_interval.
-        self.writer = _import_summary_writer()(log_dir=self.log_dir, max_queue=self.max_queue, flush_secs=120)
+        summary_writer = import_installed('torch.utils.tensorboard', INSTALL_HINT).SummaryWriter
+        self.writer = summary_writer(log_dir=self.log_dir, max_queue=self.max_queue, flush_secs=120)
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self.writer is None:

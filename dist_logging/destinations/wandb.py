@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import posixpath
 import re
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 from dist_logging import dist
 from dist_logging._artifacts import jsonable
 from dist_logging._values import format_log_data_value
+from dist_logging.destinations._optional import import_installed, require_installed
 from dist_logging.destinations._tracker import TrackerDestination
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
 
@@ -36,20 +36,6 @@ plotted where it belongs (see :class:`WandBLogger`)."""
 ARTIFACT_NAME_MAX = 128  # W&B's limit on artifact names
 _ARTIFACT_NAME_BAD = re.compile(r'[^A-Za-z0-9\-_.]')
 _MAX_MASK_CLASS = 255  # W&B stores masks as 8-bit PNGs
-
-
-def _check_installed() -> None:
-    # Cheap at construction (config load); the real import (about half a second) happens at init.
-    if importlib.util.find_spec('wandb') is None:
-        raise ImportError(INSTALL_HINT)
-
-
-def _import_wandb() -> Any:
-    try:
-        import wandb
-    except ImportError as exc:
-        raise ImportError(f'{INSTALL_HINT} ({exc})') from exc
-    return wandb
 
 
 def _optional_str(owner: str, name: str, value: Any) -> Optional[str]:
@@ -139,7 +125,7 @@ class WandBLogger(TrackerDestination):
         owner = type(self).__name__
         ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
-        _check_installed()
+        require_installed('wandb', INSTALL_HINT)
         project = _optional_str(owner, 'project', project)
         entity = _optional_str(owner, 'entity', entity)
         group = _optional_str(owner, 'group', group)
@@ -216,7 +202,7 @@ class WandBLogger(TrackerDestination):
     def init(self, state: 'State', logger: 'Logger') -> None:
         if self.run is not None and not self._ended:
             return  # already open
-        wandb = _import_wandb()
+        wandb = import_installed('wandb', INSTALL_HINT)
         from wandb.sdk.artifacts.staging import get_staging_dir
 
         kwargs = dict(self.init_kwargs)
@@ -477,7 +463,7 @@ class WandBLogger(TrackerDestination):
             RuntimeError: the artifact holds more than one file.
         """
         del progress_bar
-        wandb = _import_wandb()
+        wandb = import_installed('wandb', INSTALL_HINT)
         if not self.entity or not self.project:
             raise ValueError('WandBLogger.download_file needs entity and project (give them, or open the run first); '
                              f'got entity={self.entity!r}, project={self.project!r}')
