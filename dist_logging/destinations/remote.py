@@ -21,6 +21,7 @@ from dist_logging.errors import UploadError
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_object_name, validate_template
 from dist_logging.object_store import ObjectStore, persistable_kwargs, persistable_uri, split_bucket_uri, store_from_uri
 from dist_logging.upload.node_slots import node_slots_from_env
+from dist_logging.upload.rate_limit import node_rate_from_env
 from dist_logging.upload.priority import check_priority
 from dist_logging.upload.journal import StoreRecord
 from dist_logging.upload.retry import RetryPolicy, call_with_retries
@@ -198,6 +199,7 @@ class RemoteUploaderDownloader(LoggerDestination):
         self.retry_policy = RetryPolicy(num_attempts=num_attempts)
         self.fsync = os.environ.get('DIST_LOGGING_UPLOAD_FSYNC', '') not in ('', '0', 'false', 'False')
         node_slots_from_env()  # a bad DIST_LOGGING_NODE_UPLOAD_SLOTS fails here, not on a worker
+        node_rate_from_env()  # the same for DIST_LOGGING_UPLOAD_BYTES_PER_S
         self._store_record = _store_record(self.object_store, backend_kwargs)
 
         self._start_lock = threading.Lock()

@@ -88,7 +88,8 @@ class LocalObjectStore(ObjectStore):
         tmp = os.path.join(directory, f'.{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp')
         size = _link_as_new_file(filename, tmp) if owned else None
         if size is None:
-            size, _ = copy_file(filename, tmp, mode=0o666)  # objects get the user's umask, like `cp`
+            # Objects get the user's umask, like `cp`; progress in steps when someone listens.
+            size, _ = copy_file(filename, tmp, mode=0o666, progress=callback)
         try:
             if overwrite:
                 os.replace(tmp, path)

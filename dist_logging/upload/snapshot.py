@@ -22,7 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 __all__ = ['copy_file', 'link_file', 'FICLONE']
 
@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - not Linux/Unix
 _HAS_COPY_RANGE = hasattr(os, 'copy_file_range')
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_CLOEXEC', 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0)
+_PROGRESS_STEP = 8 << 20
 
 
 def _remember(cache: set, key: tuple[int, int]) -> None:
@@ -54,7 +55,7 @@ def _remember(cache: set, key: tuple[int, int]) -> None:
 
 
 def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int] = None,
-              mode: int = 0o600) -> tuple[int, str]:
+              mode: int = 0o600, progress: Optional[Callable[[int, int], None]] = None) -> tuple[int, str]:
     """Copy ``src`` to the new file ``dst`` as it is now, without a Python read/write loop.
 
     Args:
@@ -64,6 +65,8 @@ def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int]
         dst_dev: ``st_dev`` of the destination's filesystem, when the caller knows it (saves a syscall).
         mode: the new file's permission bits, masked by the process umask (0o600: private
             snapshots; 0o666 gives what ``cp`` would, e.g. for objects in a local bucket).
+        progress: called as ``progress(copied_so_far, size)`` after every 8 MiB copied (and once
+            for a reflink); the copy then goes in 8 MiB steps, so a slow callback paces it.
 
     Returns:
         ``(size, method)``: the bytes copied and ``'reflink'``, ``'copy_file_range'`` or ``'sendfile'``.
@@ -79,7 +82,7 @@ def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int]
         size = stat.st_size
         fout = os.open(dst, _OPEN_FLAGS, mode)
         try:
-            method = _copy_fds(fin, fout, size, stat.st_dev, dst_dev)
+            method = _copy_fds(fin, fout, size, stat.st_dev, dst_dev, progress)
             if fsync:
                 os.fsync(fout)
         except BaseException:
@@ -95,13 +98,17 @@ def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int]
     return size, method
 
 
-def _copy_fds(fin: int, fout: int, size: int, src_dev: int, dst_dev: Optional[int]) -> str:
+def _copy_fds(fin: int, fout: int, size: int, src_dev: int, dst_dev: Optional[int],
+              progress: Optional[Callable[[int, int], None]] = None) -> str:
     if size == 0:
         return 'copy_file_range'
+    step = size if progress is None else _PROGRESS_STEP
     key = (src_dev, os.fstat(fout).st_dev if dst_dev is None else dst_dev)
     if _fcntl is not None and key not in _no_clone:
         try:
             _fcntl.ioctl(fout, FICLONE, fin)
+            if progress is not None:
+                progress(size, size)
             return 'reflink'
         except OSError as exc:
             if exc.errno not in _UNSUPPORTED:
@@ -111,10 +118,12 @@ def _copy_fds(fin: int, fout: int, size: int, src_dev: int, dst_dev: Optional[in
         copied = 0
         try:
             while copied < size:
-                n = os.copy_file_range(fin, fout, size - copied)
+                n = os.copy_file_range(fin, fout, min(step, size - copied))
                 if n == 0:  # the source shrank meanwhile: the snapshot is what was there
                     break
                 copied += n
+                if progress is not None:
+                    progress(copied, size)
             return 'copy_file_range'
         except OSError as exc:
             if exc.errno not in _UNSUPPORTED or copied:
@@ -122,10 +131,12 @@ def _copy_fds(fin: int, fout: int, size: int, src_dev: int, dst_dev: Optional[in
             _remember(_no_copy_range, key)
     copied = 0
     while copied < size:
-        n = os.sendfile(fout, fin, copied, size - copied)
+        n = os.sendfile(fout, fin, copied, min(step, size - copied))
         if n == 0:
             break
         copied += n
+        if progress is not None:
+            progress(copied, size)
     return 'sendfile'
 
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 from dist_logging.object_store import supports_overwrite
 from dist_logging.upload.node_slots import node_slots_from_env
+from dist_logging.upload.rate_limit import node_rate_from_env
 from dist_logging.upload.priority import LOWERED, lower_current_thread
 from dist_logging.upload.retry import Interrupted, RetryPolicy, call_with_retries
 
@@ -80,7 +81,7 @@ def _already_landed(store: Any, task: UploadTask) -> bool:
         return False
 
 
-def _check_then_put(store: Any, task: UploadTask, put_started: list[bool]) -> None:
+def _check_then_put(store: Any, task: UploadTask, put_started: list[bool], callback: Any = None) -> None:
     """One attempt through a store whose ``upload_object`` has no ``overwrite`` keyword (Composer's protocol).
 
     ``overwrite=False`` is enforced here: the object must be missing (``get_object_size`` raises
@@ -96,7 +97,10 @@ def _check_then_put(store: Any, task: UploadTask, put_started: list[bool]) -> No
             raise FileExistsError(f'{store.get_uri(task.name)} already exists and overwrite=False (checked before '
                                   'the upload: this store has no atomic overwrite=False)')
     put_started.append(True)
-    store.upload_object(task.name, task.path)
+    if callback is None:
+        store.upload_object(task.name, task.path)
+    else:
+        store.upload_object(task.name, task.path, callback)
 
 
 _OWNED_SUPPORT: dict[type, bool] = {}
@@ -146,31 +150,49 @@ def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional
     """
 
     slots = node_slots_from_env()
+    rate = node_rate_from_env()
     owned = task.owned and _accepts_owned(store)
     native = supports_overwrite(store)
     put_started: list[bool] = []
 
     def attempt(number: int) -> None:
         with slots.hold(stop) if slots is not None else contextlib.nullcontext():
-            if not native:
-                try:
-                    _check_then_put(store, task, put_started)
-                except FileExistsError:
-                    if task.resumed and _already_landed(store, task):
-                        return
-                    raise
-                return
+            progress = None
+            if rate is not None:
+                rate.charge(0, stop)  # wait out the machine's debt (e.g. a store that reported late)
+                progress = rate.progress_callback(task.size, stop)
+            _attempt(number, progress)
+            if progress is not None:  # what the store moved but did not report
+                progress.settle(task.size if task.size >= 0 else _size_or_zero(task.path))
+
+    def _attempt(number: int, progress: Any) -> None:
+        kwargs = {} if progress is None else {'callback': progress}
+        if not native:
             try:
-                if owned:
-                    store.upload_object(task.name, task.path, overwrite=task.overwrite, owned=True)
-                else:
-                    store.upload_object(task.name, task.path, overwrite=task.overwrite)
+                _check_then_put(store, task, put_started, progress)
             except FileExistsError:
-                if not task.overwrite and (number > 1 or task.resumed) and _already_landed(store, task):
+                if task.resumed and _already_landed(store, task):
                     return
                 raise
+            return
+        try:
+            if owned:
+                store.upload_object(task.name, task.path, overwrite=task.overwrite, owned=True, **kwargs)
+            else:
+                store.upload_object(task.name, task.path, overwrite=task.overwrite, **kwargs)
+        except FileExistsError:
+            if not task.overwrite and (number > 1 or task.resumed) and _already_landed(store, task):
+                return
+            raise
 
     call_with_retries(attempt, policy, stop, store)
+
+
+def _size_or_zero(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 ResultCallback = Callable[[UploadTask, Optional[BaseException]], None]

@@ -1,0 +1,179 @@
+"""A per-machine cap on upload bandwidth, shared by every rank (process) of the node.
+
+Checkpoints uploaded at full speed compete with the training job for the NIC (NCCL's
+inter-node traffic, data loading) and for the disk. ``DIST_LOGGING_UPLOAD_BYTES_PER_S``
+caps the bytes per second that the uploads of all processes of a machine hand to their
+object stores together: ``100MB``, ``1.5GiB``, ``250000000`` (decimal ``k``/``M``/``G``/``T``
+and binary ``KiB``/``MiB``/``GiB``/``TiB`` suffixes, an optional trailing ``B``). Unset or empty:
+no cap. It sits next to ``DIST_LOGGING_NODE_UPLOAD_SLOTS`` (uploads in flight per machine).
+
+How it works: a shared schedule (the "virtual scheduling" form of a token bucket) lives in a
+small file in a per-user, node-local folder. Each chunk a worker sends reserves its share of
+the schedule under a file lock (``filelock``: works across processes, released if a process
+dies) and then waits, on the worker, until its turn; ``upload_file`` never waits for it. The
+bytes are counted as the stores report them through their progress callback (every store
+here reports as it goes; a store that reports only at the end is charged then, and the
+next upload of the machine waits for that debt); whatever a store never reports is charged
+when the attempt ends. A quiet machine may send up to a quarter of a second's worth at once.
+Every byte of an object counts, also for a ``copy=True`` snapshot that a local bucket places
+by hard link: the cap is on object bytes per second, whatever moves them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import struct
+import tempfile
+import threading
+import time
+from typing import Optional
+
+import filelock
+
+from dist_logging.upload.node_slots import _user
+from dist_logging.upload.retry import Interrupted
+
+__all__ = ['ENV_VAR', 'NodeUploadRate', 'parse_byte_rate', 'node_rate_from_env']
+
+ENV_VAR = 'DIST_LOGGING_UPLOAD_BYTES_PER_S'
+BURST_SECONDS = 0.25
+_STATE = struct.Struct('<d')  # the machine's schedule: when the bytes granted so far are paid for
+_UNITS = {'': 1, 'k': 10**3, 'm': 10**6, 'g': 10**9, 't': 10**12,
+          'ki': 2**10, 'mi': 2**20, 'gi': 2**30, 'ti': 2**40}
+_RATE = re.compile(r'^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]i?)?b?\s*$', re.IGNORECASE)
+
+
+def parse_byte_rate(text: str) -> float:
+    """``'100MB'`` -> 1e8, ``'1.5GiB'`` -> 1.5 * 2**30, ``'4096'`` -> 4096.0 (bytes per second).
+
+    Raises:
+        ValueError: not a positive number of bytes with an optional unit (names the text).
+    """
+    match = _RATE.match(text)
+    if match is None:
+        raise ValueError(f'{ENV_VAR}={text!r}: expected bytes per second, e.g. 250000000, 100MB or 1.5GiB')
+    rate = float(match.group(1)) * _UNITS[(match.group(2) or '').lower()]
+    if rate < 1:
+        raise ValueError(f'{ENV_VAR}={text!r}: the cap must be at least 1 byte per second')
+    return rate
+
+
+class NodeUploadRate:
+    """A machine-wide byte-rate schedule shared through a file in ``folder``.
+
+    Args:
+        bytes_per_s: the cap for the whole machine (> 0).
+        folder: where the schedule and its lock live; every rank of the node must use the same
+            one (default: a per-user folder in the system temp dir, which is node-local).
+        burst_seconds: how many seconds' worth of bytes a quiet machine may send at once.
+
+    Raises:
+        ValueError: ``bytes_per_s`` or ``burst_seconds`` out of range (names the value).
+    """
+
+    def __init__(self, bytes_per_s: float, folder: Optional[str] = None, *, burst_seconds: float = BURST_SECONDS):
+        if isinstance(bytes_per_s, bool) or not isinstance(bytes_per_s, (int, float)) or not bytes_per_s > 0:
+            raise ValueError(f'upload byte rate must be a number > 0, got {bytes_per_s!r}')
+        if not 0 <= burst_seconds < 3600:
+            raise ValueError(f'burst_seconds must be in [0, 3600), got {burst_seconds!r}')
+        self.bytes_per_s = float(bytes_per_s)
+        self.burst_seconds = burst_seconds
+        self.folder = folder or os.path.join(tempfile.gettempdir(), f'dist_logging-{_user()}', 'node-upload-rate')
+        os.makedirs(self.folder, exist_ok=True)
+        self._state_path = os.path.join(self.folder, 'schedule.bin')
+        # filelock excludes processes; threads of one process share its lock object, so they
+        # also queue on this one first.
+        self._file_lock = filelock.FileLock(os.path.join(self.folder, 'schedule.lock'), thread_local=False)
+        self._thread_lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> float:
+        """Book ``nbytes`` on the machine's schedule; returns the seconds to wait before sending them.
+
+        Reservations are served in the order they are made, across every process of the machine.
+        """
+        if nbytes <= 0:
+            nbytes = 0
+        with self._thread_lock, self._file_lock:
+            now = time.monotonic()
+            fd = os.open(self._state_path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+            try:
+                raw = os.pread(fd, _STATE.size, 0)
+                paid_until = _STATE.unpack(raw)[0] if len(raw) == _STATE.size else 0.0
+                # A schedule far in the future was written under another boot's clock: start afresh.
+                if not now - 1e9 < paid_until < now + 1e6:
+                    paid_until = now
+                start = max(paid_until, now)
+                os.pwrite(fd, _STATE.pack(start + nbytes / self.bytes_per_s), 0)
+            finally:
+                os.close(fd)
+        return max(0.0, start - self.burst_seconds - now)
+
+    def charge(self, nbytes: int, stop: Optional[threading.Event] = None) -> None:
+        """Reserve ``nbytes`` and wait for their turn (``charge(0)`` waits for the machine's debt).
+
+        Raises:
+            Interrupted: ``stop`` was set while waiting.
+        """
+        delay = self.reserve(nbytes)
+        if delay <= 0:
+            return
+        if stop is None:
+            time.sleep(delay)
+        elif stop.wait(delay):
+            raise Interrupted('upload stopped while waiting under the machine upload bandwidth cap '
+                              f'({ENV_VAR})')
+
+    def progress_callback(self, total: int, stop: Optional[threading.Event] = None) -> 'ChargingProgress':
+        """A ``callback(transferred_so_far, total)`` for one upload attempt that charges what it is told."""
+        return ChargingProgress(self, total, stop)
+
+    def __repr__(self) -> str:
+        return f'NodeUploadRate({self.bytes_per_s:.0f} B/s, {self.folder!r})'
+
+
+class ChargingProgress:
+    """Charges a :class:`NodeUploadRate` for the bytes an object store reports (thread-safe).
+
+    Stores call it as ``callback(transferred_so_far, total)`` (Composer's progress contract),
+    possibly from several threads; each call charges the growth since the last one and waits
+    for its turn on the calling thread, which slows the store's sending to the machine's cap.
+    """
+
+    def __init__(self, rate: NodeUploadRate, total: int, stop: Optional[threading.Event] = None):
+        self.rate, self.total, self.stop = rate, total, stop
+        self.charged = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, transferred: int, total: int = -1) -> None:
+        with self._lock:
+            grew = transferred - self.charged
+            if grew <= 0:
+                return
+            self.charged = transferred
+        self.rate.charge(grew, self.stop)
+
+    def settle(self, size: int) -> None:
+        """Charge what the store moved but never reported (``size`` is the object's size); no wait."""
+        with self._lock:
+            rest, self.charged = size - self.charged, max(self.charged, size)
+        if rest > 0:
+            self.rate.reserve(rest)
+
+
+def node_rate_from_env() -> Optional[NodeUploadRate]:
+    """The machine's cap as configured by ``DIST_LOGGING_UPLOAD_BYTES_PER_S`` (None: no cap).
+
+    Raises:
+        ValueError: the variable is set to something that is not a byte rate (names it).
+    """
+    return _rate_for(os.environ.get(ENV_VAR, ''))
+
+
+@functools.lru_cache(maxsize=4)
+def _rate_for(raw: str) -> Optional[NodeUploadRate]:
+    if raw.strip() == '':
+        return None
+    return NodeUploadRate(parse_byte_rate(raw))
+
