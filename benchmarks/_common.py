@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmarks: distributed set-up, timing, summaries, results, plots, moto.
+"""Shared helpers for the benchmarks: distributed set-up, timing, summaries, results, plots, S3 server.
 
 Every benchmark is a script launched by ``torchrun`` (or plain ``python``, which runs a
 world of one). This module holds what they share so each script reads as its experiment:
@@ -9,9 +9,10 @@ world of one). This module holds what they share so each script reads as its exp
 * :func:`summarize` -- median / p95 / p99 / max of nanosecond samples, in microseconds.
 * :func:`write_results` -- the JSON summary, printed on rank zero and written to
   ``benchmarks/results/<name>-<host>-<date>-n<world>.json``.
-* :func:`start_moto` -- one moto S3 server per node (a child process of local rank
-  zero, so its request handling never holds a benchmarked process's GIL), at the lowest
-  CPU and I/O priority by default: it stands for a remote machine.
+* :func:`start_s3_server` -- one S3 server per node (a child process of local rank zero, so
+  its request handling never holds a benchmarked process's GIL), at the lowest CPU and I/O
+  priority by default: it stands for a remote machine. ``'sink'`` (default, ``_s3_sink.py``)
+  discards the bytes and costs little CPU; ``'moto'`` is a full emulator, CPU-heavy.
 * :func:`cpu_seconds` -- CPU time of this process and its child processes (upload workers).
 * :func:`parse_sizes` -- ``"4KiB,1MiB,64MiB,256MiB"`` -> byte counts.
 
@@ -355,10 +356,11 @@ def composer_available() -> Optional[str]:
     return getattr(composer, '__version__', 'unknown')
 
 
-# ---------------------------------------------------------------------------- moto S3 on loopback
+# ---------------------------------------------------------------------------- S3 server on loopback
 
-_MOTO_CHILD = r'''
-import ctypes, os, platform, sys
+# argv: port, priority, kind, benchmarks folder (where _s3_sink.py is).
+_S3_CHILD = r'''
+import ctypes, os, platform, sys, threading
 if sys.argv[2] == 'low':
     # The server stands for another machine: run it below everything benchmarked (SCHED_IDLE,
     # nice 19, idle I/O class), so its CPU is not charged to the job it serves. Its threads
@@ -370,29 +372,42 @@ if sys.argv[2] == 'low':
     if number is not None and sys.platform.startswith('linux'):
         ctypes.CDLL(None, use_errno=True).syscall(ctypes.c_long(number), ctypes.c_long(1), ctypes.c_long(0),
                                                   ctypes.c_long(3 << 13))  # IOPRIO_CLASS_IDLE
-from moto.server import ThreadedMotoServer
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
-server.start()
+if sys.argv[3] == 'sink':
+    sys.path.insert(0, sys.argv[4])
+    from _s3_sink import SinkServer
+    server = SinkServer(int(sys.argv[1]))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stop = server.shutdown
+else:
+    from moto.server import ThreadedMotoServer
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+    server.start()
+    stop = server.stop
 print("ready", flush=True)
 sys.stdin.read()  # runs until the parent closes our stdin (or dies)
-server.stop()
+stop()
 '''
 
 MOTO_BUCKET = 'bench'
 
 
 def set_dummy_aws_env() -> None:
-    """Credentials moto accepts, unless the environment already has some (moto accepts any)."""
+    """Dummy credentials, unless the environment already has some (moto and the sink accept any)."""
     os.environ.setdefault('AWS_ACCESS_KEY_ID', 'testing')
     os.environ.setdefault('AWS_SECRET_ACCESS_KEY', 'testing')
     os.environ.setdefault('AWS_DEFAULT_REGION', 'us-east-1')
 
 
 S3_SERVER_PRIORITIES = ('low', 'normal')
+S3_SERVERS = ('sink', 'moto')
 
 
-def start_moto(d: Dist, priority: str = 'low') -> tuple[str, Optional[subprocess.Popen]]:
-    """Start one moto S3 server per node (by local rank zero) and return its endpoint on every rank.
+def start_s3_server(d: Dist, kind: str = 'sink', priority: str = 'low') -> tuple[str, Optional[subprocess.Popen]]:
+    """Start one S3 server per node (by local rank zero) and return its endpoint on every rank.
+
+    ``kind='sink'`` (default) is ``_s3_sink.py``: it answers what the benchmarks send and
+    discards the bytes, at a small fraction of moto's CPU per GiB; ``'moto'`` is moto's
+    server, a full emulator that parses and keeps every byte (CPU-heavy).
 
     The server runs in a child process rather than a thread of a benchmarked process: a
     thread would make that rank's timings pay for serving every rank's requests (the GIL).
@@ -404,17 +419,18 @@ def start_moto(d: Dist, priority: str = 'low') -> tuple[str, Optional[subprocess
     """
     if priority not in S3_SERVER_PRIORITIES:
         raise ValueError(f'S3 server priority must be one of {S3_SERVER_PRIORITIES}, got {priority!r}')
+    if kind not in S3_SERVERS:
+        raise ValueError(f'S3 server must be one of {S3_SERVERS}, got {kind!r}')
     set_dummy_aws_env()
     proc = None
     endpoint = None
     if d.local_rank == 0:
         port = _free_port()
-        proc = subprocess.Popen([sys.executable, "-c", _MOTO_CHILD, str(port), priority], stdin=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-c", _S3_CHILD, str(port), priority, kind, str(BENCH_DIR)],
+                                stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline() if proc.stdout else ''
         if 'ready' not in line:
-            raise RuntimeError('the moto server did not start')
+            raise RuntimeError(f'the {kind} S3 server did not start')
         endpoint = f'http://127.0.0.1:{port}'
         deadline = time.monotonic() + 30
         while True:
@@ -429,11 +445,17 @@ def start_moto(d: Dist, priority: str = 'low') -> tuple[str, Optional[subprocess
     endpoints = d.all_gather_object((d.node, d.local_rank, endpoint))
     mine = [ep for node, local, ep in endpoints if node == d.node and local == 0 and ep]
     if not mine:
-        raise RuntimeError(f'no moto endpoint for node {d.node}: {endpoints}')
+        raise RuntimeError(f'no S3 endpoint for node {d.node}: {endpoints}')
     return mine[0], proc
 
 
-def stop_moto(proc: Optional[subprocess.Popen]) -> None:
+def start_moto(d: Dist, priority: str = 'low') -> tuple[str, Optional[subprocess.Popen]]:
+    """:func:`start_s3_server` with moto."""
+    return start_s3_server(d, 'moto', priority)
+
+
+def stop_s3_server(proc: Optional[subprocess.Popen]) -> None:
+    """Stop a server :func:`start_s3_server` started (None: nothing to stop, e.g. not local rank zero)."""
     if proc is None:
         return
     try:
@@ -443,6 +465,9 @@ def stop_moto(proc: Optional[subprocess.Popen]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+stop_moto = stop_s3_server
 
 
 def _proc_cpu_ticks(pid: int) -> tuple[int, int]:
@@ -456,7 +481,7 @@ def cpu_seconds(exclude: Iterable[int] = ()) -> float:
     """CPU seconds (user + system) used so far by this process (all threads) and its live descendants.
 
     Descendants are the upload worker processes (ours with ``use_procs=True``, the Composer
-    design's spawn workers); ``exclude`` names processes left out with their subtrees (the moto
+    design's spawn workers); ``exclude`` names processes left out with their subtrees (the S3
     server: it stands for another machine). Linux reads /proc; elsewhere only this process counts.
     """
     me = os.getpid()

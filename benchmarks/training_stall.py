@@ -25,8 +25,10 @@ Step time is the training step plus the ``upload_file`` call (the checkpoint wri
 separately: it is the same in every mode). Inflation = mean step time of a mode / mean step
 time of ``none`` - 1, both from the same run. Upload CPU per GiB: CPU seconds of the rank
 process and its worker processes over a segment (its uploads awaited), minus the same for a
-``none`` segment, per GiB uploaded. With ``--store s3`` the moto server runs at the lowest CPU
-and I/O priority (it stands for a remote machine) unless ``--s3-server-priority normal``.
+``none`` segment, per GiB uploaded. With ``--store s3`` the S3 server on loopback is
+``--s3-server sink`` (default: ``_s3_sink.py``, which discards the bytes at little CPU) or
+``moto`` (a full emulator, CPU-heavy); either runs at the lowest CPU and I/O priority (it stands
+for a remote machine) unless ``--s3-server-priority normal``.
 """
 
 from __future__ import annotations
@@ -84,8 +86,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help='JSON merged into backend_kwargs for the ours_*_variant modes (worker threads), '
                              'compared in the same run with the defaults')
     parser.add_argument('--variant-workers', type=int, default=None, help='num_concurrent_uploads of the variant')
+    parser.add_argument('--s3-server', choices=C.S3_SERVERS, default='sink',
+                        help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
+                             'emulator, CPU-heavy)')
     parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
-                        help='CPU/I/O priority of the moto S3 server (low: it stands for a remote machine)')
+                        help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)')
     args = parser.parse_args(argv)
     if args.quick:
         args.ckpt_size, args.every, args.checkpoints, args.rounds = '1MiB', 3, 1, 1
@@ -126,10 +131,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.save({'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'filler': filler}, path)
 
     # Upload modes.
-    moto_proc = None
+    s3_proc = None
     endpoint = None
     if args.store == 's3':
-        endpoint, moto_proc = C.start_moto(d, args.s3_server_priority)
+        endpoint, s3_proc = C.start_s3_server(d, args.s3_server, args.s3_server_priority)
         uri, backend_kwargs = f's3://{C.MOTO_BUCKET}', {'endpoint_url': endpoint, **args.backend_kwargs}
         spec = {'kind': 's3', 'bucket': C.MOTO_BUCKET, 'endpoint': endpoint}
     else:
@@ -199,7 +204,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     upload_block: dict[str, list[int]] = {m: [] for m in modes}
     writes: list[int] = []
     seg_cpu: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds per segment (uploads awaited)
-    exclude = (moto_proc.pid,) if moto_proc is not None else ()
+    exclude = (s3_proc.pid,) if s3_proc is not None else ()
     try:
         # Warm-up: a few steps and one checkpoint through every mode, untimed.
         for r, order in C.rotations(modes, args.rounds + 1):
@@ -240,7 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         for closer in closers:
             closer()
-        C.stop_moto(moto_proc)
+        C.stop_s3_server(s3_proc)
         d.barrier()
         if d.local_rank == 0 and not args.workdir:
             shutil.rmtree(base, ignore_errors=True)
@@ -281,6 +286,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'workers': args.workers,
         'backend_kwargs': args.backend_kwargs,
         'variant': {'backend_kwargs': args.variant_backend_kwargs, 'workers': args.variant_workers},
+        's3_server': args.s3_server if args.store == 's3' else None,
         's3_server_priority': args.s3_server_priority if args.store == 's3' else None,
         'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'device': str(d.device),
                   'ddp': d.world_size > 1},

@@ -4,7 +4,7 @@ Launch::
 
     torchrun --standalone --nproc_per_node=4 benchmarks/upload_latency.py --sizes 4KiB,1MiB,64MiB,256MiB
 
-For each store target (a local folder, and a moto S3 server on loopback) and each file
+For each store target (a local folder, and an S3 server on loopback) and each file
 size, every rank runs rounds; in each round every mode (in an order that rotates from
 round to round) makes a burst of back-to-back calls after a barrier, and the upload modes
 then wait until their objects landed. Recorded per mode:
@@ -14,9 +14,12 @@ then wait until their objects landed. Recorded per mode:
   this mode in flight: the cost of a call itself, without contention from its own uploads);
 * end to end: from the first call of the burst to the last object landed, the slowest rank;
 * CPU seconds per GiB uploaded: the CPU the rank process (all threads, the calls included) and
-  its worker processes spent from the first call to the last object landed, per GiB; the moto
+  its worker processes spent from the first call to the last object landed, per GiB; the S3
   server is not counted (it stands for a remote machine, and runs at the lowest CPU and I/O
   priority unless ``--s3-server-priority normal``).
+
+The S3 server is ``--s3-server sink`` (default: ``_s3_sink.py``, which answers what boto3 sends
+and discards the bytes, at little CPU) or ``moto`` (a full emulator that keeps every byte, CPU-heavy).
 
 Modes:
 
@@ -400,9 +403,10 @@ def evaluate(results: dict[str, Any], world: int) -> dict[str, Any]:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = C.base_parser(__doc__.splitlines()[0])
     parser.add_argument('--sizes', default='4KiB,1MiB,64MiB,256MiB', help='file sizes, e.g. 4KiB,1MiB,64MiB,256MiB,1GiB')
-    parser.add_argument('--stores', default='local,s3', help='store targets: local, s3 (moto on loopback)')
+    parser.add_argument('--stores', default='local,s3', help='store targets: local, s3 (--s3-server on loopback)')
     parser.add_argument('--s3-max-size', default='64MiB',
-                        help='sizes above this are skipped for the S3 target (moto keeps objects in memory and is slow)')
+                        help='sizes above this are skipped for the S3 target (kept short for --s3-server moto: it keeps '
+                             'objects in memory and is slow)')
     parser.add_argument('--modes', default=','.join(ALL_MODES), help=f'subset of {",".join(ALL_MODES)} (+ ours_procs_nocopy)')
     parser.add_argument('--workers', type=int, default=4, help='num_concurrent_uploads for ours (its default)')
     parser.add_argument('--composer-workers', type=int, default=1,
@@ -410,8 +414,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--rounds', type=int, default=0, help='override the rounds per size (0: by size)')
     parser.add_argument('--workdir', default=None,
                         help='scratch folder (sources, staging, local bucket); one filesystem so hard links work')
+    parser.add_argument('--s3-server', choices=C.S3_SERVERS, default='sink',
+                        help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
+                             'emulator, CPU-heavy)')
     parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
-                        help='CPU/I/O priority of the moto S3 server (low: it stands for a remote machine)')
+                        help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)')
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes = '4KiB,1MiB' if args.sizes == parser.get_default('sizes') else args.sizes
@@ -426,7 +433,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     d.log(f'upload_latency: {d.world_size} ranks, sizes {[C.format_size(s) for s in sizes]}, stores {stores}, '
           f'work {work}')
-    moto_proc = None
+    s3_proc = None
     results: dict[str, Any] = {}
     skipped: dict[str, Any] = {}
     try:
@@ -439,22 +446,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         for store in stores:
             endpoint = None
             if store == 's3':
-                endpoint, moto_proc = C.start_moto(d, args.s3_server_priority)
+                endpoint, s3_proc = C.start_s3_server(d, args.s3_server, args.s3_server_priority)
             target = StoreTarget(store, work, endpoint)
             store_sizes = [s for s in sizes if store != 's3' or s <= s3_max]
             if len(store_sizes) < len(sizes):
                 skipped[f'{store}:sizes'] = (f'sizes above {C.format_size(s3_max)} skipped on S3 '
                                             f'(--s3-max-size): {[C.format_size(s) for s in sizes if s > s3_max]}')
-            exclude = (moto_proc.pid,) if moto_proc is not None else ()
+            exclude = (s3_proc.pid,) if s3_proc is not None else ()
             results[store], skipped_modes = run_target(d, target, work, store_sizes, wanted, args, sources, exclude)
             for mode, reason in skipped_modes.items():
                 skipped[f'{store}:{mode}'] = reason
             if store == 's3':
                 d.barrier()
-                C.stop_moto(moto_proc)
-                moto_proc = None
+                C.stop_s3_server(s3_proc)
+                s3_proc = None
     finally:
-        C.stop_moto(moto_proc)
+        C.stop_s3_server(s3_proc)
         d.barrier()
         if d.local_rank == 0 and not args.workdir:
             shutil.rmtree(base, ignore_errors=True)
@@ -465,6 +472,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'workers': args.workers,
         'composer_workers': args.composer_workers,
         'composer_version': C.composer_available(),
+        's3_server': args.s3_server,
         's3_server_priority': args.s3_server_priority,
         'skipped': skipped,
         'results': results,
