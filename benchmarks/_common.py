@@ -12,7 +12,9 @@ world of one). This module holds what they share so each script reads as its exp
 * :func:`start_s3_server` -- one S3 server per node (a child process of local rank zero, so
   its request handling never holds a benchmarked process's GIL), at the lowest CPU and I/O
   priority by default: it stands for a remote machine. ``'sink'`` (default, ``_s3_sink.py``)
-  discards the bytes and costs little CPU; ``'moto'`` is a full emulator, CPU-heavy.
+  discards the bytes and costs little CPU, over https by default (what real S3 clients do:
+  unsigned aws-chunked payloads with a CRC32 trailer, TLS) or http; ``'moto'`` is a full
+  emulator, CPU-heavy, http only.
 * :func:`cpu_seconds` -- CPU time of this process and its child processes (upload workers).
 * :func:`parse_sizes` -- ``"4KiB,1MiB,64MiB,256MiB"`` -> byte counts.
 
@@ -30,6 +32,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -358,7 +361,7 @@ def composer_available() -> Optional[str]:
 
 # ---------------------------------------------------------------------------- S3 server on loopback
 
-# argv: port, priority, kind, benchmarks folder (where _s3_sink.py is).
+# argv: port, priority, kind, benchmarks folder (where _s3_sink.py is), TLS certificate and key ('' '': http).
 _S3_CHILD = r'''
 import ctypes, os, platform, sys, threading
 if sys.argv[2] == 'low':
@@ -375,7 +378,7 @@ if sys.argv[2] == 'low':
 if sys.argv[3] == 'sink':
     sys.path.insert(0, sys.argv[4])
     from _s3_sink import SinkServer
-    server = SinkServer(int(sys.argv[1]))
+    server = SinkServer(int(sys.argv[1]), sys.argv[5] or None, sys.argv[6] or None)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     stop = server.shutdown
 else:
@@ -400,14 +403,38 @@ def set_dummy_aws_env() -> None:
 
 S3_SERVER_PRIORITIES = ('low', 'normal')
 S3_SERVERS = ('sink', 'moto')
+S3_SCHEMES = ('https', 'http')
+S3_SCHEME_HELP = ('how the benchmarked clients reach the S3 server: https (default; what clients of real S3 do: '
+                  'botocore sends unsigned aws-chunked payloads with a CRC32 trailer, and pays for TLS; the sink '
+                  'serves a throwaway self-signed certificate trusted through AWS_CA_BUNDLE) or http (botocore '
+                  'signs every payload with SHA-256 instead and there is no TLS: about the same client CPU per GiB '
+                  'on a machine with SHA and AES instructions, spent differently). '
+                  '--s3-server moto serves http only: pass --s3-scheme http with it')
 
 
-def start_s3_server(d: Dist, kind: str = 'sink', priority: str = 'low') -> tuple[str, Optional[subprocess.Popen]]:
+def check_s3_scheme(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse ``--s3-scheme https`` (the default) with ``--s3-server moto``, which serves http only."""
+    if args.s3_server == 'moto' and args.s3_scheme == 'https':
+        parser.error('--s3-server moto serves plain http only: pass --s3-scheme http with it '
+                     '(https, the default, is served by --s3-server sink)')
+
+
+def start_s3_server(d: Dist, kind: str = 'sink', priority: str = 'low',
+                    scheme: str = 'https') -> tuple[str, Optional[subprocess.Popen]]:
     """Start one S3 server per node (by local rank zero) and return its endpoint on every rank.
 
     ``kind='sink'`` (default) is ``_s3_sink.py``: it answers what the benchmarks send and
     discards the bytes, at a small fraction of moto's CPU per GiB; ``'moto'`` is moto's
     server, a full emulator that parses and keeps every byte (CPU-heavy).
+
+    ``scheme='https'`` (default; the sink only) is what clients of real S3 do: local rank zero
+    writes a throwaway self-signed certificate for 127.0.0.1 into a temp folder (removed by
+    :func:`stop_s3_server`), the sink serves TLS with it, and every rank sets ``AWS_CA_BUNDLE`` to
+    its node's certificate before returning, so every boto3 client made afterwards in the rank
+    or in processes it starts (ours, the baselines, Composer's) trusts it; botocore then sends
+    PutObject and UploadPart bodies unsigned, ``aws-chunked`` with a CRC32 trailer. Over
+    ``'http'`` it signs every payload with SHA-256 instead. The endpoint is
+    ``<scheme>://127.0.0.1:<port>``.
 
     The server runs in a child process rather than a thread of a benchmarked process: a
     thread would make that rank's timings pay for serving every rank's requests (the GIL).
@@ -421,41 +448,73 @@ def start_s3_server(d: Dist, kind: str = 'sink', priority: str = 'low') -> tuple
         raise ValueError(f'S3 server priority must be one of {S3_SERVER_PRIORITIES}, got {priority!r}')
     if kind not in S3_SERVERS:
         raise ValueError(f'S3 server must be one of {S3_SERVERS}, got {kind!r}')
+    if scheme not in S3_SCHEMES:
+        raise ValueError(f'S3 scheme must be one of {S3_SCHEMES}, got {scheme!r}')
+    if kind == 'moto' and scheme == 'https':
+        raise ValueError('the moto S3 server serves plain http only (scheme="http")')
     set_dummy_aws_env()
     proc = None
     endpoint = None
+    ca_bundle = None
     if d.local_rank == 0:
-        port = _free_port()
-        proc = subprocess.Popen([sys.executable, "-c", _S3_CHILD, str(port), priority, kind, str(BENCH_DIR)],
-                                stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-        line = proc.stdout.readline() if proc.stdout else ''
-        if 'ready' not in line:
-            raise RuntimeError(f'the {kind} S3 server did not start')
-        endpoint = f'http://127.0.0.1:{port}'
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(('127.0.0.1', port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        s3_client(endpoint).create_bucket(Bucket=MOTO_BUCKET)
-    endpoints = d.all_gather_object((d.node, d.local_rank, endpoint))
-    mine = [ep for node, local, ep in endpoints if node == d.node and local == 0 and ep]
+        tls_dir = None
+        try:
+            certfile = keyfile = ''
+            if scheme == 'https':
+                if str(BENCH_DIR) not in sys.path:
+                    sys.path.insert(0, str(BENCH_DIR))
+                from _s3_sink import make_certificate
+
+                tls_dir = tempfile.mkdtemp(prefix='dist_logging-bench-tls-')
+                certfile, keyfile = make_certificate(tls_dir)
+                ca_bundle = certfile
+            port = _free_port()
+            proc = subprocess.Popen([sys.executable, "-c", _S3_CHILD, str(port), priority, kind, str(BENCH_DIR),
+                                     certfile, keyfile],
+                                    stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    text=True)
+            proc.tls_dir = tls_dir  # type: ignore[attr-defined] - removed by stop_s3_server
+            line = proc.stdout.readline() if proc.stdout else ''
+            if 'ready' not in line:
+                raise RuntimeError(f'the {kind} S3 server did not start')
+            endpoint = f'{scheme}://127.0.0.1:{port}'
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(('127.0.0.1', port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            if ca_bundle:
+                os.environ['AWS_CA_BUNDLE'] = ca_bundle
+            s3_client(endpoint).create_bucket(Bucket=MOTO_BUCKET)
+        except BaseException:
+            if proc is not None:
+                stop_s3_server(proc)
+            elif tls_dir is not None:
+                shutil.rmtree(tls_dir, ignore_errors=True)
+            raise
+    endpoints = d.all_gather_object((d.node, d.local_rank, endpoint, ca_bundle))
+    mine = [(ep, ca) for node, local, ep, ca in endpoints if node == d.node and local == 0 and ep]
     if not mine:
         raise RuntimeError(f'no S3 endpoint for node {d.node}: {endpoints}')
-    return mine[0], proc
+    endpoint, ca_bundle = mine[0]
+    if ca_bundle:
+        # Before any boto3 client of this rank exists; processes started from here on inherit it.
+        os.environ['AWS_CA_BUNDLE'] = ca_bundle
+    return endpoint, proc
 
 
 def start_moto(d: Dist, priority: str = 'low') -> tuple[str, Optional[subprocess.Popen]]:
-    """:func:`start_s3_server` with moto."""
-    return start_s3_server(d, 'moto', priority)
+    """:func:`start_s3_server` with moto (http)."""
+    return start_s3_server(d, 'moto', priority, 'http')
 
 
 def stop_s3_server(proc: Optional[subprocess.Popen]) -> None:
-    """Stop a server :func:`start_s3_server` started (None: nothing to stop, e.g. not local rank zero)."""
+    """Stop a server :func:`start_s3_server` started and remove its certificate (None: nothing to stop,
+    e.g. not local rank zero). ``AWS_CA_BUNDLE`` is left set: no S3 call follows in the benchmarks."""
     if proc is None:
         return
     try:
@@ -465,6 +524,10 @@ def stop_s3_server(proc: Optional[subprocess.Popen]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    finally:
+        tls_dir = getattr(proc, 'tls_dir', None)
+        if tls_dir:
+            shutil.rmtree(tls_dir, ignore_errors=True)
 
 
 stop_moto = stop_s3_server

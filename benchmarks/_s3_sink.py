@@ -3,30 +3,48 @@
 What it is: a stand-in for a remote S3 endpoint on 127.0.0.1 whose CPU cost per byte is
 as low as Python allows (request bodies go into one reused 1 MiB buffer per connection with
 ``readinto`` and are discarded: no hashing, no storing), so that a server sharing the
-benchmarked machine's cores takes as little from the job as possible: 0.2-0.3 CPU seconds per
-GiB received, where moto, which parses and keeps every byte, takes 10-16. It keeps per-object metadata
+benchmarked machine's cores takes as little from the job as possible: 0.35 CPU seconds per
+GiB received over http, about 1.0 over https (TLS decryption is most of it), where moto, which
+parses and keeps every byte, takes 10-16. It keeps per-object metadata
 only (size, an ETag, last-modified) and serves what boto3 sends for the calls the benchmarks
-make, path-style (``http://127.0.0.1:PORT/bucket/key``), any credentials accepted (no
+make, path-style (``https://127.0.0.1:PORT/bucket/key``), any credentials accepted (no
 signature check): CreateBucket, HeadBucket, PutObject, HeadObject, DeleteObject,
 DeleteObjects, ListObjectsV2, CreateMultipartUpload, UploadPart, CompleteMultipartUpload and
-AbortMultipartUpload; ``If-None-Match: *`` on PutObject and CompleteMultipartUpload. Bodies are
-plain, with a Content-Length (over http:// botocore signs the payload and sends its CRC32 in a
-header, with ``Expect: 100-continue`` on PutObject and UploadPart; it sends ``aws-chunked``
-bodies over HTTPS only).
+AbortMultipartUpload; ``If-None-Match: *`` on PutObject and CompleteMultipartUpload.
+
+https or http: given a certificate and key (:func:`make_certificate` writes a throwaway
+self-signed one), the listening socket is wrapped in TLS and the client does what it does
+against real S3, which is served over https: botocore (1.36+) sends PutObject and UploadPart
+bodies unsigned (``x-amz-content-sha256: STREAMING-UNSIGNED-PAYLOAD-TRAILER``) as
+``Content-Encoding: aws-chunked`` (``<hex size>\\r\\n<data>\\r\\n ... 0\\r\\n<trailers>\\r\\n\\r\\n``,
+1 MiB chunks, the CRC32 in an ``x-amz-checksum-crc32`` trailer) inside ``Transfer-Encoding:
+chunked`` (128 KiB chunks), and pays for TLS. Over plain http botocore signs every payload with
+SHA-256 instead and sends its CRC32 in a header, with a Content-Length; measured on a machine
+with SHA and AES instructions, the client's CPU per GiB is about the same either way (SHA-256
+and a second read of the file over http; TLS encryption and aws-chunked copies over https).
+Both framings are decoded here: the object's size is the decoded size, checked against
+``x-amz-decoded-content-length`` (400 ``IncompleteBody`` when they differ); chunk signatures and
+the checksum trailer are not checked (the trailer named in ``x-amz-trailer`` must be present). ``Expect: 100-continue`` (PutObject, UploadPart) is answered.
 
 What it is not: an S3 emulator. GetObject is not served (no bytes are kept; no benchmark
 reads an object back), ETags are not MD5s, and anything else is answered 501 with the
 operation named. Tests keep using moto (tests/s3_server.py), which checks what the sink does not.
 
 Started by :func:`_common.start_s3_server` in a child process (at the lowest CPU and I/O
-priority by default): ``SinkServer(port).serve_forever()``.
+priority by default): ``SinkServer(port, certfile, keyfile).serve_forever()``.
 """
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import http.server
+import ipaddress
 import itertools
+import os
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -38,6 +56,49 @@ from xml.sax.saxutils import escape
 _NS = 'http://s3.amazonaws.com/doc/2006-03-01/'
 _BUFFER = 1 << 20
 _MAX_XML_BODY = 1 << 20  # DeleteObjects (1000 keys) and CompleteMultipartUpload (10000 parts) fit
+_MAX_LINE = 8192  # a chunk-size line or a trailer line
+
+
+def make_certificate(folder: str) -> tuple[str, str]:
+    """A throwaway self-signed certificate for ``127.0.0.1`` (IP SAN) and ``localhost``, valid for two days.
+
+    Written to ``folder`` as ``cert.pem`` and ``key.pem`` (RSA 2048, like the certificates real S3
+    endpoints present) with the ``cryptography`` package, or the ``openssl`` command when that is
+    not importable. The certificate is its own CA: clients trust it through ``AWS_CA_BUNDLE``
+    (or ``verify=``) set to the ``cert.pem`` path. Returns (certificate path, key path).
+    """
+    cert_path, key_path = os.path.join(folder, 'cert.pem'), os.path.join(folder, 'key.pem')
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        if shutil.which('openssl') is None:
+            raise RuntimeError('an https S3 sink needs the cryptography package or the openssl command') from None
+        subprocess.run(['openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '2', '-subj',
+                        '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1,DNS:localhost',
+                        '-addext', 'basicConstraints=critical,CA:TRUE',
+                        '-keyout', key_path, '-out', cert_path],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return cert_path, key_path
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, '127.0.0.1')])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address('127.0.0.1')),
+                                                        x509.DNSName('localhost')]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    with open(key_path, 'wb') as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                       serialization.NoEncryption()))
+    with open(cert_path, 'wb') as handle:
+        handle.write(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
 
 
 @dataclass
@@ -62,19 +123,107 @@ class S3Error(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+class _Framing(Exception):
+    """A request body whose framing does not parse: the connection cannot be read further."""
+
+
+class _Body:
+    """A request body as the client framed it: ``length`` bytes (its Content-Length), or, when
+    ``length`` is None, ``Transfer-Encoding: chunked`` decoded (chunk extensions and trailers dropped)."""
+
+    def __init__(self, rfile, length: Optional[int]):  # noqa: ANN001 - a buffered socket file
+        self.rfile = rfile
+        self.chunked = length is None
+        self.left = 0 if length is None else length  # bytes left in the current chunk, or in the body
+        self.started = False  # a chunk was read (its data is followed by CRLF)
+        self.done = not self.chunked and self.left == 0
+
+    def _line(self) -> bytes:
+        line = self.rfile.readline(_MAX_LINE)
+        if not line:
+            raise ConnectionError('the client closed the connection mid-body')
+        if not line.endswith(b'\n'):
+            raise _Framing('an over-long line in a chunked body')
+        return line
+
+    def _next_chunk(self) -> None:
+        """Read the next chunk's size line (and, after the last chunk, the trailer section)."""
+        if self.started and self._line() not in (b'\r\n', b'\n'):
+            raise _Framing('no CRLF after a chunk of Transfer-Encoding: chunked')
+        self.started = True
+        line = self._line()
+        try:
+            size = int(line.split(b';', 1)[0], 16)
+        except ValueError:
+            raise _Framing(f'bad chunk-size line {line[:40]!r} in Transfer-Encoding: chunked') from None
+        if size < 0:
+            raise _Framing(f'bad chunk size {size}')
+        if size == 0:
+            while self._line() not in (b'\r\n', b'\n'):
+                pass  # trailer fields: dropped
+            self.done = True
+        self.left = size
+
+    def readinto(self, view: memoryview) -> int:
+        """Up to ``len(view)`` decoded bytes into ``view`` (fewer at a chunk's end); 0 at the body's end."""
+        if not self.left:
+            if self.done or not self.chunked:
+                self.done = True
+                return 0
+            self._next_chunk()
+            if self.done:
+                return 0
+        n = self.rfile.readinto(view[:min(len(view), self.left)])
+        if not n:
+            raise ConnectionError('the client closed the connection mid-body')
+        self.left -= n
+        return n
+
+    def readline(self) -> bytes:
+        """A decoded line (up to ``_MAX_LINE`` bytes; it may span chunks); b'' at the body's end."""
+        parts: list[bytes] = []
+        limit = _MAX_LINE
+        while limit > 0:
+            if not self.left:
+                if self.done or not self.chunked:
+                    break
+                self._next_chunk()
+                continue
+            piece = self.rfile.readline(min(limit, self.left))
+            if not piece:
+                raise ConnectionError('the client closed the connection mid-body')
+            self.left -= len(piece)
+            limit -= len(piece)
+            parts.append(piece)
+            if piece.endswith(b'\n'):
+                break
+        return b''.join(parts)
+
+
 class SinkServer(http.server.ThreadingHTTPServer):
     """The listening server and the metadata of every bucket, object and multipart upload."""
 
     daemon_threads = True
     request_queue_size = 128  # bursts of new connections from every rank's upload threads
 
-    def __init__(self, port: int):
-        """Listen on 127.0.0.1:``port`` (0: a free one); ``serve_forever`` serves."""
+    def __init__(self, port: int, certfile: Optional[str] = None, keyfile: Optional[str] = None):
+        """Listen on 127.0.0.1:``port`` (0: a free one), over TLS when given a certificate (and its key,
+        unless in the same file); ``serve_forever`` serves."""
         self.lock = threading.Lock()
         self.buckets: dict[str, dict[str, _Object]] = {}
         self.uploads: dict[str, _Upload] = {}
         self.serial = itertools.count(1)  # ETags and upload ids
         super().__init__(('127.0.0.1', port), _Handler)
+        self.tls = certfile is not None
+        if certfile is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certfile, keyfile)
+            # The handshake is made by the connection's own thread (_Handler.setup), not by accept():
+            # one slow handshake must not hold up every other connection.
+            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a connection that failed (a reset, a failed TLS handshake) is the client's business
 
     def new_etag(self, suffix: str = '') -> str:
         return f'"{next(self.serial):032x}{suffix}"'
@@ -94,6 +243,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server: SinkServer
 
     def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(30)
+            self.request.do_handshake()
+            self.request.settimeout(None)
         super().setup()
         self.buffer = memoryview(bytearray(_BUFFER))
 
@@ -113,18 +266,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         self.body_read = False
         try:
-            if 'chunked' in self.headers.get('Transfer-Encoding', ''):
-                self.close_connection = True  # its body is not read
-                raise self._unsupported('Transfer-Encoding: chunked (send a Content-Length)')
-            if 'aws-chunked' in self.headers.get('Content-Encoding', ''):
-                raise self._unsupported('Content-Encoding: aws-chunked (botocore sends it over HTTPS only)')
             if not bucket:
                 raise self._unsupported(f'{self.command} / (ListBuckets)')
             operation = getattr(self, f'_{self.command.lower()}_{"object" if key else "bucket"}')
             operation(bucket, key, query)
-        except S3Error as exc:
+        except (S3Error, _Framing) as exc:
+            if isinstance(exc, _Framing):
+                self.close_connection = True  # where the next request starts is unknown
+                exc = S3Error(400, 'IncompleteBody', f'the request body is malformed: {exc}')
             if not self.body_read and not self.close_connection:
-                self._discard_body()  # the operation did not get to it: read it to keep the connection usable
+                try:  # the operation did not get to it: read it to keep the connection usable
+                    self._discard_body()
+                except (S3Error, _Framing):
+                    self.close_connection = True
             body = b'' if self.command == 'HEAD' else (
                 f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{exc.code}</Code>'
                 f'<Message>{escape(exc.message)}</Message><Resource>{escape(url.path)}</Resource></Error>').encode()
@@ -150,29 +304,106 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{_NS}">{inner}</{root}>'
         self._respond(200, body=body.encode())
 
-    def _discard_body(self) -> int:
-        """Read the request body into the reused buffer and drop it; returns its size."""
-        size = left = int(self.headers.get('Content-Length') or 0)
+    def _body(self) -> _Body:
+        """The request body, decoded from ``Transfer-Encoding: chunked`` if so sent (marked as read)."""
         self.body_read = True
-        while left:
-            n = self.rfile.readinto(self.buffer[:min(left, _BUFFER)])
+        if 'chunked' in self.headers.get('Transfer-Encoding', '').lower():
+            return _Body(self.rfile, None)
+        return _Body(self.rfile, int(self.headers.get('Content-Length') or 0))
+
+    def _aws_chunked(self) -> bool:
+        encodings = self.headers.get('Content-Encoding', '').lower().split(',')
+        return 'aws-chunked' in (encoding.strip() for encoding in encodings)
+
+    def _discard_body(self) -> int:
+        """Read the request body into the reused buffer and drop it; returns the object's size (the
+        decoded size of an ``aws-chunked`` body)."""
+        body = self._body()
+        if self._aws_chunked():
+            return self._discard_aws_chunked(body)
+        size = 0
+        buffer = self.buffer
+        while True:
+            n = body.readinto(buffer)
             if not n:
-                raise ConnectionError('the client closed the connection mid-body')
-            left -= n
+                return size
+            size += n
+
+    def _discard_aws_chunked(self, body: _Body) -> int:
+        """Decode ``Content-Encoding: aws-chunked`` (``<hex size>[;chunk-signature=...]\\r\\n<data>\\r\\n``
+        ... ``0\\r\\n<trailers>\\r\\n``), dropping the data; returns the decoded size, checked against
+        ``x-amz-decoded-content-length``."""
+        declared = self.headers.get('x-amz-decoded-content-length')
+        size = 0
+        buffer = self.buffer
+        while True:
+            line = body.readline()
+            if not line.endswith(b'\n'):
+                raise _Framing(f'the aws-chunked body ends in a chunk-size line ({line[:40]!r})')
+            try:
+                chunk = int(line.split(b';', 1)[0], 16)
+            except ValueError:
+                raise _Framing(f'bad aws-chunked chunk-size line {line[:40]!r}') from None
+            if chunk < 0:
+                raise _Framing(f'bad aws-chunked chunk size {chunk}')
+            if chunk == 0:
+                break
+            left = chunk
+            while left:
+                n = body.readinto(buffer[:min(left, _BUFFER)])
+                if not n:
+                    raise _Framing(f'the aws-chunked body ends inside a chunk ({left} of {chunk} bytes missing)')
+                left -= n
+            size += chunk
+            if body.readline() not in (b'\r\n', b'\n'):
+                raise _Framing('no CRLF after an aws-chunked chunk')
+        trailers = set()
+        while True:
+            line = body.readline()
+            if line in (b'\r\n', b'\n'):
+                break
+            if not line.endswith(b'\n'):
+                raise _Framing('the aws-chunked body ends in its trailer section')
+            trailers.add(line.split(b':', 1)[0].strip().decode('latin-1').lower())
+        if body.readinto(buffer[:1]):
+            raise _Framing('bytes after the end of the aws-chunked body')
+        if declared is None:
+            raise S3Error(411, 'MissingContentLength',
+                          'an aws-chunked body needs an x-amz-decoded-content-length header')
+        if not declared.strip().isdigit() or int(declared) != size:
+            raise S3Error(400, 'IncompleteBody', f'x-amz-decoded-content-length is {declared}, but the aws-chunked '
+                                                 f'body decoded to {size} bytes')
+        announced = {name.strip().lower() for name in self.headers.get('x-amz-trailer', '').split(',') if name.strip()}
+        if announced - trailers:
+            raise S3Error(400, 'MalformedTrailerError', f'x-amz-trailer announced {sorted(announced - trailers)}, '
+                                                        f'the body\'s trailer had {sorted(trailers)}')
         return size
 
     def _xml_body(self) -> ET.Element:
-        length = int(self.headers.get('Content-Length') or 0)
-        if length > _MAX_XML_BODY:
-            raise S3Error(400, 'MaxMessageLengthExceeded', f'an XML request body of {length} bytes is too large')
-        self.body_read = True
+        if self._aws_chunked():
+            raise self._unsupported('an aws-chunked XML request body')
+        body = self._body()
+        data = bytearray()
+        while len(data) <= _MAX_XML_BODY:
+            n = body.readinto(self.buffer)
+            if not n:
+                break
+            data += self.buffer[:n]
+        else:
+            self._discard_body_rest(body)
+            raise S3Error(400, 'MaxMessageLengthExceeded', f'an XML request body of over {_MAX_XML_BODY} bytes is '
+                                                           f'too large')
         try:
-            root = ET.fromstring(self.rfile.read(length))
+            root = ET.fromstring(bytes(data))
         except ET.ParseError as exc:
             raise S3Error(400, 'MalformedXML', f'the XML request body does not parse: {exc}') from None
         for element in root.iter():
             element.tag = element.tag.rpartition('}')[2]  # drop the namespace, if any
         return root
+
+    def _discard_body_rest(self, body: _Body) -> None:
+        while body.readinto(self.buffer):
+            pass
 
     def _if_none_match(self, objects: dict[str, _Object], key: str) -> None:
         """412 when ``If-None-Match: *`` is sent and ``key`` exists (hold the lock)."""

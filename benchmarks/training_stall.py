@@ -28,7 +28,14 @@ process and its worker processes over a segment (its uploads awaited), minus the
 ``none`` segment, per GiB uploaded. With ``--store s3`` the S3 server on loopback is
 ``--s3-server sink`` (default: ``_s3_sink.py``, which discards the bytes at little CPU) or
 ``moto`` (a full emulator, CPU-heavy); either runs at the lowest CPU and I/O priority (it stands
-for a remote machine) unless ``--s3-server-priority normal``.
+for a remote machine) unless ``--s3-server-priority normal``. ``--s3-scheme https`` (default)
+is what clients of real S3 do: botocore sends PutObject/UploadPart bodies unsigned
+(``STREAMING-UNSIGNED-PAYLOAD-TRAILER``), ``aws-chunked`` with an ``x-amz-checksum-crc32``
+trailer, over TLS (the sink serves a throwaway self-signed certificate, trusted through
+``AWS_CA_BUNDLE``); ``--s3-scheme http`` has botocore sign every payload with SHA-256 (which real
+S3 users do not pay) and no TLS (which they do): about the same client CPU per GiB in all on a
+machine with SHA and AES instructions, spent differently. moto serves http only
+(``--s3-server moto --s3-scheme http``).
 """
 
 from __future__ import annotations
@@ -89,9 +96,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--s3-server', choices=C.S3_SERVERS, default='sink',
                         help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
                              'emulator, CPU-heavy)')
+    parser.add_argument('--s3-scheme', choices=C.S3_SCHEMES, default='https', help=C.S3_SCHEME_HELP)
     parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
                         help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)')
     args = parser.parse_args(argv)
+    C.check_s3_scheme(parser, args)
     if args.quick:
         args.ckpt_size, args.every, args.checkpoints, args.rounds = '1MiB', 3, 1, 1
         args.width, args.depth, args.batch = 128, 2, 32
@@ -134,7 +143,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     s3_proc = None
     endpoint = None
     if args.store == 's3':
-        endpoint, s3_proc = C.start_s3_server(d, args.s3_server, args.s3_server_priority)
+        endpoint, s3_proc = C.start_s3_server(d, args.s3_server, args.s3_server_priority, args.s3_scheme)
         uri, backend_kwargs = f's3://{C.MOTO_BUCKET}', {'endpoint_url': endpoint, **args.backend_kwargs}
         spec = {'kind': 's3', 'bucket': C.MOTO_BUCKET, 'endpoint': endpoint}
     else:
@@ -287,6 +296,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'backend_kwargs': args.backend_kwargs,
         'variant': {'backend_kwargs': args.variant_backend_kwargs, 'workers': args.variant_workers},
         's3_server': args.s3_server if args.store == 's3' else None,
+        's3_scheme': args.s3_scheme if args.store == 's3' else None,
         's3_server_priority': args.s3_server_priority if args.store == 's3' else None,
         'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'device': str(d.device),
                   'ddp': d.world_size > 1},

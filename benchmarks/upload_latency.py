@@ -20,6 +20,13 @@ then wait until their objects landed. Recorded per mode:
 
 The S3 server is ``--s3-server sink`` (default: ``_s3_sink.py``, which answers what boto3 sends
 and discards the bytes, at little CPU) or ``moto`` (a full emulator that keeps every byte, CPU-heavy).
+``--s3-scheme https`` (default) is what clients of real S3 do: botocore sends PutObject/UploadPart
+bodies unsigned (``STREAMING-UNSIGNED-PAYLOAD-TRAILER``), ``aws-chunked`` with an
+``x-amz-checksum-crc32`` trailer, over TLS (the sink serves a throwaway self-signed certificate,
+trusted through ``AWS_CA_BUNDLE``); ``--s3-scheme http`` has botocore sign every payload with
+SHA-256 (which real S3 users do not pay) and no TLS (which they do): about the same client CPU per
+GiB in all on a machine with SHA and AES instructions, spent differently. moto serves http only
+(``--s3-server moto --s3-scheme http``).
 
 Modes:
 
@@ -417,9 +424,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--s3-server', choices=C.S3_SERVERS, default='sink',
                         help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
                              'emulator, CPU-heavy)')
+    parser.add_argument('--s3-scheme', choices=C.S3_SCHEMES, default='https', help=C.S3_SCHEME_HELP)
     parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
                         help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)')
     args = parser.parse_args(argv)
+    C.check_s3_scheme(parser, args)
     if args.quick:
         args.sizes = '4KiB,1MiB' if args.sizes == parser.get_default('sizes') else args.sizes
     sizes = C.parse_sizes(args.sizes)
@@ -446,7 +455,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for store in stores:
             endpoint = None
             if store == 's3':
-                endpoint, s3_proc = C.start_s3_server(d, args.s3_server, args.s3_server_priority)
+                endpoint, s3_proc = C.start_s3_server(d, args.s3_server, args.s3_server_priority, args.s3_scheme)
             target = StoreTarget(store, work, endpoint)
             store_sizes = [s for s in sizes if store != 's3' or s <= s3_max]
             if len(store_sizes) < len(sizes):
@@ -473,6 +482,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'composer_workers': args.composer_workers,
         'composer_version': C.composer_available(),
         's3_server': args.s3_server,
+        's3_scheme': args.s3_scheme,
         's3_server_priority': args.s3_server_priority,
         'skipped': skipped,
         'results': results,
