@@ -10,6 +10,11 @@ stall on one rank is felt by all), AdamW, random batches on the device. Every ``
 steps each rank writes a checkpoint (model + optimizer state + filler up to ``--ckpt-size``,
 ``torch.save`` to a fresh file) and hands it to the mode under test, then trains on.
 
+With ``--device-ms N`` (CPU machines) every step also waits N ms, as a host thread waits for its
+GPU: the cores are idle meanwhile, which is what uploads on a GPU machine find. Without it the
+CPU computes the whole step on every core: the worst case for background work, which then costs
+roughly the CPU and memory bandwidth it uses, whatever its priority.
+
 Modes run in segments of ``--checkpoints`` checkpoints each, rotating between modes every
 round; between segments the uploads are awaited (not timed) so each segment starts clean:
 
@@ -19,7 +24,8 @@ round; between segments the uploads are awaited (not timed) so each segment star
 * ``sync_upload``: the upload on the training thread;
 * ``composer_design``: copy2 to staging + spawn-queue worker processes (Composer's design);
 * not by default: ``ours_*_prio_normal`` / ``ours_*_prio_low`` (other ``upload_priority``) and
-  ``ours_*_variant`` (worker threads with ``--variant-backend-kwargs`` / ``--variant-workers``).
+  ``ours_*_variant`` (worker threads with ``--variant-backend-kwargs`` / ``--variant-workers`` /
+  ``--variant-upload-rate``, the machine bandwidth cap set during their segments only).
 
 Step time is the training step plus the ``upload_file`` call (the checkpoint write is timed
 separately: it is the same in every mode). After a segment's last step the loop trains on,
@@ -32,8 +38,9 @@ steps at the median step time of ``none``, a step with no checkpoint nearby) / (
 steps at that mean), per checkpoint; ``inflation_mean`` = mean step time of a mode over the
 segment's fixed steps only / mean step time of ``none`` - 1 (the figure before the tail was
 measured), both from the same run. Upload CPU per GiB: CPU seconds of the rank
-process and its worker processes over a segment (its uploads awaited), minus the same for a
-``none`` segment, per GiB uploaded. With ``--store s3`` the S3 server on loopback is
+process and its worker processes over a segment and its tail, minus the same for a ``none``
+segment and for as many ``none`` steps as the tail had, per GiB uploaded (the training thread's
+own CPU in checkpoint writes is left out everywhere). With ``--store s3`` the S3 server on loopback is
 ``--s3-server sink`` (default: ``_s3_sink.py``, which discards the bytes at little CPU) or
 ``moto`` (a full emulator, CPU-heavy); either runs at the lowest CPU and I/O priority (it stands
 for a remote machine) unless ``--s3-server-priority normal``. ``--s3-scheme https`` (default)
@@ -53,6 +60,7 @@ import os
 import pathlib
 import shutil
 import sys
+import time
 import uuid
 from typing import Any, Callable, Optional
 
@@ -89,6 +97,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--width', type=int, default=1024)
     parser.add_argument('--depth', type=int, default=4)
     parser.add_argument('--batch', type=int, default=128)
+    parser.add_argument('--device-ms', type=float, default=0.0,
+                        help='on a CPU-only machine, add an emulated accelerator step of this many ms to every '
+                             'step: the training thread waits (sleeps), as a host waits on its GPU, and the cores '
+                             'are free meanwhile (0: the CPU computes the whole step, the worst case for uploads)')
     parser.add_argument('--store', choices=('local', 's3'), default='local', help='upload target')
     parser.add_argument('--modes', default=','.join(ALL_MODES))
     parser.add_argument('--workers', type=int, default=4, help='num_concurrent_uploads for ours')
@@ -103,6 +115,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help='JSON merged into backend_kwargs for the ours_*_variant modes (worker threads), '
                              'compared in the same run with the defaults')
     parser.add_argument('--variant-workers', type=int, default=None, help='num_concurrent_uploads of the variant')
+    parser.add_argument('--variant-upload-rate', default=None,
+                        help='DIST_LOGGING_UPLOAD_BYTES_PER_S during the ours_*_variant segments, e.g. 200MB')
     parser.add_argument('--s3-server', choices=C.S3_SERVERS, default='sink',
                         help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
                              'emulator, CPU-heavy)')
@@ -133,12 +147,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     x = torch.randn(args.batch, args.width, device=d.device)
     y = torch.randn(args.batch, 1, device=d.device)
 
+    device_wait = args.device_ms / 1000 if d.device.type == 'cpu' else 0.0
+
     def train_step() -> None:
         optimizer.zero_grad(set_to_none=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
         C.device_sync(d.device)
+        if device_wait:
+            time.sleep(device_wait)  # the host waiting on its accelerator (emulated)
 
     # Checkpoint payload: real state + a filler so the file has the requested size.
     for _ in range(2):
@@ -180,7 +198,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                (True, 'idle', ('ours_procs_nocopy', 'ours_procs'), backend_kwargs, args.workers, 'procs-idle'),
                (False, 'normal', EXTRA_MODES['normal'], backend_kwargs, args.workers, 'threads-normal'),
                (False, 'low', EXTRA_MODES['low'], backend_kwargs, args.workers, 'threads-low')]
-    if args.variant_backend_kwargs is not None or args.variant_workers is not None:
+    if args.variant_upload_rate is not None:
+        from dist_logging.upload.rate_limit import parse_byte_rate
+
+        parse_byte_rate(args.variant_upload_rate)  # a bad value fails before anything runs
+    if any(v is not None for v in (args.variant_backend_kwargs, args.variant_workers, args.variant_upload_rate)):
         variant_kwargs = {**(backend_kwargs or {}), **(args.variant_backend_kwargs or {})} or None
         configs.append((False, 'idle', VARIANT_MODES, variant_kwargs, args.variant_workers or args.workers,
                         'threads-variant'))
@@ -238,13 +260,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                 d.barrier()
                 names: list[str] = []
                 local_files: list[pathlib.Path] = []
+                capped = mode in VARIANT_MODES and args.variant_upload_rate is not None
+                if capped:  # read by the worker threads at each upload
+                    os.environ['DIST_LOGGING_UPLOAD_BYTES_PER_S'] = args.variant_upload_rate
                 cpu0 = C.cpu_seconds(exclude)
+                write_cpu = 0.0  # the training thread's own CPU in checkpoint writes (same in every mode)
                 for step in range(args.every * args.checkpoints):
                     t_write = 0
                     if step % args.every == 0:
                         path = work / 'ckpt' / f'r{d.rank}-{mode}-{r}-{step}-{uuid.uuid4().hex[:6]}.pt'
                         t0 = C.now_ns()
+                        c0 = time.thread_time()
                         write_checkpoint(path)
+                        write_cpu += time.thread_time() - c0
                         t_write = C.now_ns() - t0
                         local_files.append(path)
                     t0 = C.now_ns()
@@ -275,8 +303,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                     done = _all_ranks(d, here)
                 if not here:
                     waits[mode](names)  # past --max-tail-steps: not timed, counted in tail_capped
+                if capped:
+                    del os.environ['DIST_LOGGING_UPLOAD_BYTES_PER_S']
                 if r > 0:
-                    seg_cpu[mode].append(C.cpu_seconds(exclude) - cpu0)
+                    seg_cpu[mode].append(C.cpu_seconds(exclude) - cpu0 - write_cpu)
                     tails[mode].append(tail)
                     tail_capped[mode] += not done
                 for f in local_files:
@@ -308,9 +338,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         return sum(values) / len(values) if values else float('nan')
 
     gib_per_segment = ckpt_size * args.checkpoints * d.world_size / (1 << 30)
+    none_cpu_per_step = mean_cpu('none') / (args.every * args.checkpoints)  # writes left out
     for mode in modes:
         if mode != 'none':
-            per_mode[mode]['upload_cpu_s_per_gib'] = (mean_cpu(mode) - mean_cpu('none')) / gib_per_segment
+            # The tail's steps train too: charge them at the CPU of a `none` step.
+            tail_steps = sum(len(t) for t in tails[mode]) / len(tails[mode]) if tails[mode] else 0.0
+            upload_cpu = mean_cpu(mode) - mean_cpu('none') - tail_steps * none_cpu_per_step
+            per_mode[mode]['upload_cpu_s_per_gib'] = upload_cpu / gib_per_segment
     ref = per_mode['none']['step_ms']['mean']
     per_segment = args.every * args.checkpoints
     for mode in modes:
@@ -340,12 +374,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         'store': args.store,
         'workers': args.workers,
         'backend_kwargs': args.backend_kwargs,
-        'variant': {'backend_kwargs': args.variant_backend_kwargs, 'workers': args.variant_workers},
+        'variant': {'backend_kwargs': args.variant_backend_kwargs, 'workers': args.variant_workers,
+                    'upload_rate': args.variant_upload_rate},
         's3_server': args.s3_server if args.store == 's3' else None,
         's3_scheme': args.s3_scheme if args.store == 's3' else None,
         's3_server_priority': args.s3_server_priority if args.store == 's3' else None,
         'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'device': str(d.device),
-                  'ddp': d.world_size > 1},
+                  'ddp': d.world_size > 1, 'emulated_device_ms': args.device_ms if d.device.type == 'cpu' else 0},
         'checkpoint_write_ms': C.summarize([v for rank in every for v in rank['writes']], 1e-6),
         'skipped': skipped,
         'modes': per_mode,
