@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Union
 
@@ -22,6 +24,33 @@ __all__ = ['S3ObjectStore']
 MiB = 1024 * 1024
 _EXISTS_CODES = {'PreconditionFailed', 'ConditionalRequestConflict'}
 _MISSING_CODES = {'404', 'NoSuchKey', 'NotFound'}
+_CRC_READ = 1 << 20
+
+
+def _crc32(data: Any) -> str:
+    """S3's ``ChecksumCRC32`` of ``data`` (base64 of the big-endian CRC-32).
+
+    ``zlib.crc32`` releases the interpreter lock on large buffers (botocore's own CRC-32,
+    ``binascii.crc32``, holds it), so the training thread keeps running while a part is summed.
+    """
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, 'big')).decode()
+
+
+def _file_crc32(handle: Any) -> str:
+    crc = 0
+    while True:
+        chunk = handle.read(_CRC_READ)
+        if not chunk:
+            break
+        crc = zlib.crc32(chunk, crc)
+    handle.seek(0)
+    return base64.b64encode(crc.to_bytes(4, 'big')).decode()
+
+
+def _sums_crc32_itself(extra: Mapping[str, Any]) -> bool:
+    """Whether this store sends the CRC-32 itself (no other checksum was asked for in ``ExtraArgs``)."""
+    algorithm = extra.get('ChecksumAlgorithm')
+    return algorithm is None or str(algorithm).upper() == 'CRC32'
 
 
 def _error_code(exc: ClientError) -> str:
@@ -179,6 +208,7 @@ class S3ObjectStore(ObjectStore):
                                                'connect_timeout': 10, 'read_timeout': 60,
                                                'max_pool_connections': max(10, 2 * self.max_concurrency)}
                     options.update(self.client_config)
+                    options['s3'] = self._s3_options(options.get('s3'))
                     key_id, secret, token = self._credentials
                     session = boto3.session.Session()
                     self._client = session.client(
@@ -186,6 +216,16 @@ class S3ObjectStore(ObjectStore):
                         aws_access_key_id=key_id, aws_secret_access_key=secret, aws_session_token=token,
                         config=Config(**options))
         return self._client
+
+    def _s3_options(self, given: Any) -> dict[str, Any]:
+        # Over HTTPS botocore sends S3 payloads unsigned when a checksum travels with them (TLS
+        # protects them in transit, the checksum end to end), but it does not see the CRC-32
+        # this store sends itself and would hash every byte again with SHA-256: say so
+        # explicitly. Over plain http the payload stays signed. A setting of the user's wins.
+        options = dict(given or {})
+        if 'payload_signing_enabled' not in options and (self.endpoint_url or 'https:').lower().startswith('https:'):
+            options['payload_signing_enabled'] = False
+        return options
 
     def _transfer_config(self) -> TransferConfig:
         return TransferConfig(**{'use_threads': True, **self.transfer_config,
@@ -241,7 +281,9 @@ class S3ObjectStore(ObjectStore):
         try:
             if size <= self.multipart_threshold:
                 with open(filename, 'rb') as body:
-                    self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch='*', **extra)
+                    checksum = {'ChecksumCRC32': _file_crc32(body)} if _sums_crc32_itself(extra) else {}
+                    self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch='*', **checksum,
+                                           **extra)
                 progress.add(size)
             else:
                 self._multipart_if_absent(key, filename, size, progress.add, extra)
@@ -257,6 +299,9 @@ class S3ObjectStore(ObjectStore):
         # is a small multipart loop of its own: each part is read from disk only when its thread
         # sends it, bounding memory by max_concurrency * multipart_chunksize.
         client = self.client
+        own_crc = _sums_crc32_itself(extra)
+        if own_crc:
+            extra = {**extra, 'ChecksumAlgorithm': 'CRC32'}
         upload_id = client.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)['UploadId']
         chunk = self.multipart_chunksize
 
@@ -264,11 +309,14 @@ class S3ObjectStore(ObjectStore):
             offset = (number - 1) * chunk
             with open(filename, 'rb') as handle:
                 data = os.pread(handle.fileno(), min(chunk, size - offset), offset)
-            etag = client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                                      Body=data)['ETag']
+            part: dict[str, Any] = {'PartNumber': number}
+            if own_crc:
+                part['ChecksumCRC32'] = _crc32(data)
+            part['ETag'] = client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, Body=data,
+                                              **part)['ETag']
             if callback is not None:
                 callback(len(data))
-            return {'ETag': etag, 'PartNumber': number}
+            return part
 
         try:
             count = (size + chunk - 1) // chunk

@@ -1,0 +1,107 @@
+"""S3ObjectStore sends the CRC-32 of what it uploads itself (and no second payload hash over HTTPS).
+
+The requests are read as botocore sends them (its ``before-send`` event), against a moto server:
+moto does not check checksums, so the test checks that each one is the CRC-32 of its body.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import zlib
+
+import pytest
+
+from dist_logging.object_store import S3ObjectStore
+from s3_server import _moto_session, aws_credentials, s3_bucket  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.timeout(60)
+
+MiB = 1024 * 1024
+
+
+def _crc32(data: bytes) -> str:
+    return base64.b64encode(zlib.crc32(data).to_bytes(4, 'big')).decode()
+
+
+def _body(request) -> bytes:
+    body = request.body
+    if body is None:
+        return b''
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body)
+    position = body.tell()
+    data = body.read()
+    body.seek(position)
+    return data
+
+
+@pytest.fixture
+def recorded(s3_bucket):
+    endpoint, bucket = s3_bucket
+    store = S3ObjectStore(bucket, endpoint_url=endpoint, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+    sent = []
+
+    def record(request, event_name, **_):
+        headers = {k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        sent.append((event_name.rsplit('.', 1)[-1], headers, _body(request)))
+
+    store.client.meta.events.register('before-send.s3', record)
+    yield store, sent
+    store.close()
+
+
+def _operations(sent, name):
+    return [(headers, body) for operation, headers, body in sent if operation == name]
+
+
+def test_a_part_carries_the_crc32_of_its_bytes(recorded, tmp_path):
+    store, sent = recorded
+    data = os.urandom(12 * MiB + 3)
+    (tmp_path / 'f').write_bytes(data)
+    store.upload_object('big', tmp_path / 'f', overwrite=False)
+    [(create, _)] = _operations(sent, 'CreateMultipartUpload')
+    assert create['x-amz-checksum-algorithm'] == 'CRC32'
+    parts = _operations(sent, 'UploadPart')
+    assert len(parts) == 3
+    for headers, body in parts:
+        assert headers['x-amz-checksum-crc32'] == _crc32(body)
+        assert 'content-encoding' not in headers  # a plain body: nothing re-chunked in Python
+    [(_, complete)] = _operations(sent, 'CompleteMultipartUpload')
+    for _, body in parts:
+        assert f'<ChecksumCRC32>{_crc32(body)}</ChecksumCRC32>'.encode() in complete
+    assert store.get_object_size('big') == len(data)
+
+
+def test_a_single_put_carries_the_crc32_of_the_file(recorded, tmp_path):
+    store, sent = recorded
+    data = os.urandom(3 * MiB + 7)
+    (tmp_path / 'f').write_bytes(data)
+    store.upload_object('small', tmp_path / 'f', overwrite=False)
+    [(headers, body)] = _operations(sent, 'PutObject')
+    assert body == data
+    assert headers['x-amz-checksum-crc32'] == _crc32(data)
+
+
+def test_another_checksum_asked_for_is_left_to_botocore(recorded, tmp_path):
+    store, sent = recorded
+    (tmp_path / 'f').write_bytes(b'payload')
+    store.upload_object('sha', tmp_path / 'f', overwrite=False, ExtraArgs={'ChecksumAlgorithm': 'SHA256'})
+    [(headers, _)] = _operations(sent, 'PutObject')
+    assert 'x-amz-checksum-crc32' not in headers
+    assert 'x-amz-checksum-sha256' in headers or headers.get('x-amz-sdk-checksum-algorithm') == 'SHA256'
+
+
+@pytest.mark.parametrize('endpoint,given,expected', [
+    ('https://s3.example.com', None, False),
+    (None, None, False),  # AWS itself: https
+    ('http://127.0.0.1:9000', None, None),  # plain http keeps botocore's signed payload
+    ('https://s3.example.com', True, True),  # the user's setting wins
+])
+def test_payloads_go_unsigned_only_over_https(monkeypatch, endpoint, given, expected):
+    for variable in ('AWS_ENDPOINT_URL_S3', 'AWS_ENDPOINT_URL', 'S3_ENDPOINT_URL'):
+        monkeypatch.delenv(variable, raising=False)
+    config = {'s3': {'payload_signing_enabled': given}} if given is not None else None
+    store = S3ObjectStore('bucket', endpoint_url=endpoint, region_name='us-east-1', client_config=config,
+                          aws_access_key_id='a', aws_secret_access_key='b')
+    assert store.client.meta.config.s3.get('payload_signing_enabled') == expected
