@@ -30,8 +30,9 @@ _CRC_READ = 1 << 20
 def _crc32(data: Any) -> str:
     """S3's ``ChecksumCRC32`` of ``data`` (base64 of the big-endian CRC-32).
 
-    ``zlib.crc32`` releases the interpreter lock on large buffers (botocore's own CRC-32,
-    ``binascii.crc32``, holds it), so the training thread keeps running while a part is summed.
+    Sent as a header with the part, it lets botocore send the part as one plain buffer: left to
+    botocore, the sum travels as a trailer of an ``aws-chunked`` body that Python re-slices and
+    frames on the way out (measured: ~0.3 CPU s per GiB).
     """
     return base64.b64encode(zlib.crc32(data).to_bytes(4, 'big')).decode()
 
