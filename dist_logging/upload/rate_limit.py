@@ -39,7 +39,9 @@ __all__ = ['ENV_VAR', 'NodeUploadRate', 'parse_byte_rate', 'node_rate_from_env']
 
 ENV_VAR = 'DIST_LOGGING_UPLOAD_BYTES_PER_S'
 BURST_SECONDS = 0.25
-_STATE = struct.Struct('<d')  # the machine's schedule: when the bytes granted so far are paid for
+# The machine's schedule: when the monotonic clock started (wall time, to tell another boot's
+# file) and when the bytes granted so far are paid for (monotonic).
+_STATE = struct.Struct('<dd')
 _UNITS = {'': 1, 'k': 10**3, 'm': 10**6, 'g': 10**9, 't': 10**12,
           'ki': 2**10, 'mi': 2**20, 'gi': 2**30, 'ti': 2**40}
 _RATE = re.compile(r'^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]i?)?b?\s*$', re.IGNORECASE)
@@ -97,15 +99,15 @@ class NodeUploadRate:
             nbytes = 0
         with self._thread_lock, self._file_lock:
             now = time.monotonic()
+            clock_start = time.time() - now
             fd = os.open(self._state_path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
             try:
                 raw = os.pread(fd, _STATE.size, 0)
-                paid_until = _STATE.unpack(raw)[0] if len(raw) == _STATE.size else 0.0
-                # A schedule far in the future was written under another boot's clock: start afresh.
-                if not now - 1e9 < paid_until < now + 1e6:
+                written_start, paid_until = _STATE.unpack(raw) if len(raw) == _STATE.size else (clock_start, now)
+                if abs(written_start - clock_start) > 60:  # written under another boot's clock
                     paid_until = now
                 start = max(paid_until, now)
-                os.pwrite(fd, _STATE.pack(start + nbytes / self.bytes_per_s), 0)
+                os.pwrite(fd, _STATE.pack(clock_start, start + nbytes / self.bytes_per_s), 0)
             finally:
                 os.close(fd)
         return max(0.0, start - self.burst_seconds - now)
