@@ -249,6 +249,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ckpt_steps: dict[str, list[int]] = {m: [] for m in modes}   # the step right after a checkpoint
     upload_block: dict[str, list[int]] = {m: [] for m in modes}
     writes: list[int] = []
+    mode_writes: dict[str, list[int]] = {m: [] for m in modes}  # checkpoint writes, per mode
     seg_cpu: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds per segment (uploads awaited)
     tails: dict[str, list[list[int]]] = {m: [] for m in modes}  # per segment: the tail steps' times
     tail_capped: dict[str, int] = {m: 0 for m in modes}
@@ -290,6 +291,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         if step % args.every == 0:
                             ckpt_steps[mode].append(dt)
                             writes.append(t_write)
+                            mode_writes[mode].append(t_write)
                 # The tail: train on, timed, until every rank's uploads of the segment landed, so
                 # that upload work left at the end of the segment is charged to the mode too.
                 tail: list[int] = []
@@ -321,6 +323,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             shutil.rmtree(base, ignore_errors=True)
 
     every = d.all_gather_object({'steps': steps, 'ckpt_steps': ckpt_steps, 'upload': upload_block, 'writes': writes,
+                                 'mode_writes': mode_writes,
                                  'cpu': seg_cpu, 'tails': tails})
     per_mode: dict[str, Any] = {}
     for mode in modes:
@@ -332,6 +335,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             'step_after_checkpoint_ms': C.summarize([max(rank['ckpt_steps'][mode][i] for rank in every)
                                                      for i in range(len(ckpt_steps[mode]))], 1e-6),
             'upload_call_ms': C.summarize([v for rank in every for v in rank['upload'][mode]], 1e-6),
+            # The write is not part of the step, but a mode's earlier uploads may slow it (page cache).
+            'checkpoint_write_ms': C.summarize([v for rank in every for v in rank['mode_writes'][mode]], 1e-6),
         }
     def mean_cpu(mode: str) -> float:  # per segment, summed over ranks
         values = [sum(rank['cpu'][mode][i] for rank in every) for i in range(len(seg_cpu[mode]))]
