@@ -412,6 +412,16 @@ S3_SCHEME_HELP = ('how the benchmarked clients reach the S3 server: https (defau
                   '--s3-server moto serves http only: pass --s3-scheme http with it')
 
 
+def add_s3_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--s3-server``, ``--s3-scheme`` and ``--s3-server-priority`` (check them with :func:`check_s3_scheme`)."""
+    parser.add_argument('--s3-server', choices=S3_SERVERS, default='sink',
+                        help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
+                             'emulator, CPU-heavy)')
+    parser.add_argument('--s3-scheme', choices=S3_SCHEMES, default='https', help=S3_SCHEME_HELP)
+    parser.add_argument('--s3-server-priority', choices=S3_SERVER_PRIORITIES, default='low',
+                        help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)')
+
+
 def check_s3_scheme(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse ``--s3-scheme https`` (the default) with ``--s3-server moto``, which serves http only."""
     if args.s3_server == 'moto' and args.s3_scheme == 'https':

@@ -117,12 +117,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--variant-workers', type=int, default=None, help='num_concurrent_uploads of the variant')
     parser.add_argument('--variant-upload-rate', default=None,
                         help='DIST_LOGGING_UPLOAD_BYTES_PER_S during the ours_*_variant segments, e.g. 200MB')
-    parser.add_argument('--s3-server', choices=C.S3_SERVERS, default='sink',
-                        help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
-                             'emulator, CPU-heavy)')
-    parser.add_argument('--s3-scheme', choices=C.S3_SCHEMES, default='https', help=C.S3_SCHEME_HELP)
-    parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
-                        help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)')
+    C.add_s3_server_arguments(parser)
     args = parser.parse_args(argv)
     C.check_s3_scheme(parser, args)
     if args.quick:

@@ -421,12 +421,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--rounds', type=int, default=0, help='override the rounds per size (0: by size)')
     parser.add_argument('--workdir', default=None,
                         help='scratch folder (sources, staging, local bucket); one filesystem so hard links work')
-    parser.add_argument('--s3-server', choices=C.S3_SERVERS, default='sink',
-                        help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
-                             'emulator, CPU-heavy)')
-    parser.add_argument('--s3-scheme', choices=C.S3_SCHEMES, default='https', help=C.S3_SCHEME_HELP)
-    parser.add_argument('--s3-server-priority', choices=C.S3_SERVER_PRIORITIES, default='low',
-                        help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)')
+    C.add_s3_server_arguments(parser)
     args = parser.parse_args(argv)
     C.check_s3_scheme(parser, args)
     if args.quick:
