@@ -127,6 +127,17 @@ class _Framing(Exception):
     """A request body whose framing does not parse: the connection cannot be read further."""
 
 
+def _chunk_size(line: bytes, framing: str) -> int:
+    """The size in a chunk-size line (``<hex>[;extensions]``) of ``framing``; raises _Framing if it is not one."""
+    try:
+        size = int(line.split(b';', 1)[0], 16)
+    except ValueError:
+        raise _Framing(f'bad chunk-size line {line[:40]!r} in {framing}') from None
+    if size < 0:
+        raise _Framing(f'bad chunk size {size} in {framing}')
+    return size
+
+
 class _Body:
     """A request body as the client framed it: ``length`` bytes (its Content-Length), or, when
     ``length`` is None, ``Transfer-Encoding: chunked`` decoded (chunk extensions and trailers dropped)."""
@@ -151,13 +162,7 @@ class _Body:
         if self.started and self._line() not in (b'\r\n', b'\n'):
             raise _Framing('no CRLF after a chunk of Transfer-Encoding: chunked')
         self.started = True
-        line = self._line()
-        try:
-            size = int(line.split(b';', 1)[0], 16)
-        except ValueError:
-            raise _Framing(f'bad chunk-size line {line[:40]!r} in Transfer-Encoding: chunked') from None
-        if size < 0:
-            raise _Framing(f'bad chunk size {size}')
+        size = _chunk_size(self._line(), 'Transfer-Encoding: chunked')
         if size == 0:
             while self._line() not in (b'\r\n', b'\n'):
                 pass  # trailer fields: dropped
@@ -340,12 +345,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             line = body.readline()
             if not line.endswith(b'\n'):
                 raise _Framing(f'the aws-chunked body ends in a chunk-size line ({line[:40]!r})')
-            try:
-                chunk = int(line.split(b';', 1)[0], 16)
-            except ValueError:
-                raise _Framing(f'bad aws-chunked chunk-size line {line[:40]!r}') from None
-            if chunk < 0:
-                raise _Framing(f'bad aws-chunked chunk size {chunk}')
+            chunk = _chunk_size(line, 'an aws-chunked body')
             if chunk == 0:
                 break
             left = chunk

@@ -127,9 +127,9 @@ class NodeUploadRate:
             raise Interrupted('upload stopped while waiting under the machine upload bandwidth cap '
                               f'({ENV_VAR})')
 
-    def progress_callback(self, total: int, stop: Optional[threading.Event] = None) -> 'ChargingProgress':
+    def progress_callback(self, stop: Optional[threading.Event] = None) -> 'ChargingProgress':
         """A ``callback(transferred_so_far, total)`` for one upload attempt that charges what it is told."""
-        return ChargingProgress(self, total, stop)
+        return ChargingProgress(self, stop)
 
     def __repr__(self) -> str:
         return f'NodeUploadRate({self.bytes_per_s:.0f} B/s, {self.folder!r})'
@@ -143,8 +143,8 @@ class ChargingProgress:
     for its turn on the calling thread, which slows the store's sending to the machine's cap.
     """
 
-    def __init__(self, rate: NodeUploadRate, total: int, stop: Optional[threading.Event] = None):
-        self.rate, self.total, self.stop = rate, total, stop
+    def __init__(self, rate: NodeUploadRate, stop: Optional[threading.Event] = None):
+        self.rate, self.stop = rate, stop
         self.charged = 0
         self._lock = threading.Lock()
 

@@ -160,7 +160,7 @@ def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional
             progress = None
             if rate is not None:
                 rate.charge(0, stop)  # wait out the machine's debt (e.g. a store that reported late)
-                progress = rate.progress_callback(task.size, stop)
+                progress = rate.progress_callback(stop)
             _attempt(number, progress)
             if progress is not None:  # what the store moved but did not report
                 progress.settle(task.size if task.size >= 0 else _size_or_zero(task.path))
