@@ -14,6 +14,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
+from dist_logging import _private_dirs
 from dist_logging._artifacts import flatten, jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
@@ -250,7 +251,7 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                                                         resume_logging=not created,
                                                         tracking_uri=self.client.tracking_uri)
             self._system_monitor.start()
-        self._tmpdir = tempfile.TemporaryDirectory(prefix='dist_logging_mlflow_')
+        self._tmpdir = tempfile.TemporaryDirectory(prefix='mlflow-', dir=_private_dirs.private_dir('scratch'))
         if not self.synchronous:
             self._thread = threading.Thread(target=self._work, name='dist_logging-mlflow', daemon=True)
             self._thread.start()
@@ -570,7 +571,8 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         return self._create_version(model_uri, name, await_creation_for, tags, self.run_id, resolve_runs_uri=False)
 
     def _upload_files(self, folder: str, files: list[tuple[str, bytes]]) -> None:
-        with tempfile.TemporaryDirectory(dir=self._tmpdir.name if self._tmpdir else None) as directory:
+        with tempfile.TemporaryDirectory(
+                dir=self._tmpdir.name if self._tmpdir else _private_dirs.private_dir('scratch')) as directory:
             for file_name, data in files:
                 with open(os.path.join(directory, file_name), 'wb') as f:
                     f.write(data)

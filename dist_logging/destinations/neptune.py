@@ -11,7 +11,7 @@ import uuid
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from dist_logging import dist
+from dist_logging import _private_dirs, dist
 from dist_logging._artifacts import jsonable, table_json
 from dist_logging._values import format_log_data_value, metric_scalar
 from dist_logging.destinations._optional import import_installed, require_installed
@@ -324,7 +324,7 @@ class NeptuneLogger(TrackerDestination):
         if not overwrite and (remote in self._queued_files or run.exists(field)):
             raise FileExistsError(f'NeptuneLogger.upload_file: {field!r} already exists in the run (overwrite=False)')
         if self._snapshot_dir is None:
-            self._snapshot_dir = tempfile.mkdtemp(prefix='dist_logging-neptune-')
+            self._snapshot_dir = tempfile.mkdtemp(prefix='neptune-', dir=_private_dirs.private_dir('scratch'))
         snapshot = os.path.join(self._snapshot_dir, uuid.uuid4().hex)
         try:
             if copy:

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import logging
 import os
 import pickle
 import re
-import tempfile
 import threading
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
-from dist_logging import dist
+from dist_logging import _private_dirs, dist
 from dist_logging.destination import LoggerDestination
 from dist_logging.errors import UploadError
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_object_name, validate_template
 from dist_logging.object_store import ObjectStore, persistable_kwargs, persistable_uri, split_bucket_uri, store_from_uri
-from dist_logging.upload.node_slots import node_slots_from_env
-from dist_logging.upload.rate_limit import node_rate_from_env
+from dist_logging.upload.node_slots import ENV_VAR as _SLOTS_VAR, parse_slots
+from dist_logging.upload.rate_limit import ENV_VAR as _RATE_VAR, parse_byte_rate
 from dist_logging.upload.priority import check_priority
 from dist_logging.upload.journal import StoreRecord
 from dist_logging.upload.retry import RetryPolicy, call_with_retries
@@ -44,23 +42,21 @@ _CLOSE_BAR_AFTER = 2.0
 
 
 def default_staging_folder(run_name: str) -> str:
-    """``<system temp>/dist_logging-<user>/<run_name>/staging``: one per run, shared by the ranks of a node."""
+    """``<private base>/<run_name>/staging``: one per run, shared by the ranks of a node.
+
+    The private base is ``$DIST_LOGGING_TMPDIR`` or ``<system temp>/dist_logging-<user>``; it and
+    the two folders are created with mode 0o700 and checked to be this user's (see
+    :mod:`dist_logging._private_dirs`).
+
+    Raises:
+        PermissionError: one of the folders is not private to this user (names it, says why and
+            how to choose another place).
+    """
+    safe_run = re.sub(r'[^A-Za-z0-9._-]', '_', run_name).lstrip('.') or 'run'
     try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name in some containers
-        user = str(os.getuid()) if hasattr(os, 'getuid') else 'user'
-    safe_run = re.sub(r'[^A-Za-z0-9._-]', '_', run_name) or 'run'
-    return os.path.join(tempfile.gettempdir(), f'dist_logging-{user}', safe_run, 'staging')
-
-
-def _check_private_base(base: str) -> None:
-    """The default staging base lives in the shared temp dir under a guessable name: make sure it is
-    ours (not another user's folder or a symlink planted there), so nobody can read or swap snapshots."""
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    info = os.lstat(base)
-    if hasattr(os, 'getuid') and (not os.path.isdir(base) or os.path.islink(base) or info.st_uid != os.getuid()):
-        raise PermissionError(f'the default staging folder {base} is not a folder owned by this user (uid '
-                              f'{os.getuid()}); pass upload_staging_folder= to choose a safe place')
+        return _private_dirs.private_dir(safe_run, 'staging')
+    except PermissionError as exc:
+        raise PermissionError(f'{exc}; or pass upload_staging_folder= to choose where uploads are staged') from None
 
 
 def _remove_empty_default_folders(staging_root: str) -> None:
@@ -198,8 +194,10 @@ class RemoteUploaderDownloader(LoggerDestination):
         self.max_staged_bytes = max_staged_bytes
         self.retry_policy = RetryPolicy(num_attempts=num_attempts)
         self.fsync = os.environ.get('DIST_LOGGING_UPLOAD_FSYNC', '') not in ('', '0', 'false', 'False')
-        node_slots_from_env()  # a bad DIST_LOGGING_NODE_UPLOAD_SLOTS fails here, not on a worker
-        node_rate_from_env()  # the same for DIST_LOGGING_UPLOAD_BYTES_PER_S
+        # A bad cap fails here, not on a worker; their folders are made when an upload needs them.
+        parse_slots(os.environ.get(_SLOTS_VAR, ''))
+        if os.environ.get(_RATE_VAR, '').strip():
+            parse_byte_rate(os.environ[_RATE_VAR])
         self._store_record = _store_record(self.object_store, backend_kwargs)
 
         self._start_lock = threading.Lock()
@@ -276,7 +274,6 @@ class RemoteUploaderDownloader(LoggerDestination):
             root = self.upload_staging_folder
             if root is None:
                 root = default_staging_folder(run_name or 'standalone')
-                _check_private_base(os.path.dirname(os.path.dirname(root)))
             staging = RankStaging(root, dist.get_global_rank(), fsync=self.fsync)
             try:
                 scheduler = UploadScheduler(self.object_store, self.retry_policy, self.num_concurrent_uploads,
@@ -317,7 +314,8 @@ class RemoteUploaderDownloader(LoggerDestination):
             self._leftover_names.add(record.name)
             self._scheduler.submit(UploadTask(record.id, record.name, staging.path_of(record), record.size,  # type: ignore[union-attr]
                                               record.overwrite, resumed=True,
-                                              owned=record.owned and record.src is None))
+                                              owned=record.owned and record.src is None,
+                                              staging_folder=self.upload_staging_folder))
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         """Nothing: uploads are awaited in :meth:`post_close`, after every destination's close had its say."""
@@ -510,7 +508,8 @@ class RemoteUploaderDownloader(LoggerDestination):
             with self._budget:
                 self._staged_bytes += size
                 self._counted[upload_id] = size
-        scheduler.submit(UploadTask(upload_id, name, snapshot, size, overwrite, owned=copy))  # type: ignore[union-attr]
+        scheduler.submit(UploadTask(upload_id, name, snapshot, size, overwrite, owned=copy,  # type: ignore[union-attr]
+                                    staging_folder=self.upload_staging_folder))
         if self._unraised:
             self._raise_failures()
 
@@ -548,13 +547,20 @@ class RemoteUploaderDownloader(LoggerDestination):
         """Download ``remote_file_name`` to ``destination`` (temp file, then rename into place).
 
         When several processes of a machine ask for the same object at the same path, one
-        downloads (under a file lock) and the others wait and reuse its file. A progress bar
-        is shown on global rank zero for objects over 4 MiB.
+        downloads (under a file lock) and the others wait and reuse its file. The lock and the
+        "already downloaded" marker live in ``downloads/`` of this user's private folder (see
+        :mod:`dist_logging._private_dirs`; in ``upload_staging_folder`` when one was given and
+        ``DIST_LOGGING_TMPDIR`` is not set); a marker is trusted only there, only if it is a
+        0600 file of this user, and only if it names this run, this object and the very file at
+        ``destination`` (inode, size, mtime). Any other marker is ignored: the object is fetched
+        again. A progress bar is shown on global rank zero for objects over 4 MiB.
 
         Raises:
             FileNotFoundError: no such object.
             FileExistsError: ``destination`` exists and ``overwrite`` is False (and it is not the
                 file another process of this run just downloaded).
+            PermissionError: the private folder, or a lock or marker in it, is not this user's
+                (names it, says why and how to choose another place).
         """
         import filelock
 
@@ -562,10 +568,10 @@ class RemoteUploaderDownloader(LoggerDestination):
         destination = os.path.abspath(os.fspath(destination))
         uri = self.object_store.get_uri(name)
         key = hashlib.sha1(destination.encode()).hexdigest()[:24]
-        lock_dir = os.path.join(tempfile.gettempdir(), 'dist_logging-downloads')
-        os.makedirs(lock_dir, exist_ok=True)
+        lock_dir = _private_dirs.private_dir('downloads', root=_private_dirs.state_dir(self.upload_staging_folder))
         marker = os.path.join(lock_dir, key + '.json')
-        with filelock.FileLock(os.path.join(lock_dir, key + '.lock'), thread_local=False):
+        with filelock.FileLock(os.path.join(lock_dir, key + '.lock'), mode=0o600, thread_local=False):
+            _private_dirs.check_private_dir(lock_dir)  # the lock is ours: nobody swapped the folder meanwhile
             if os.path.exists(destination):
                 if self._reusable(marker, destination, uri):
                     return
@@ -596,19 +602,26 @@ class RemoteUploaderDownloader(LoggerDestination):
             stat = os.stat(destination)
             record = {'run': self._run_name, 'uri': uri, 'ino': stat.st_ino, 'size': stat.st_size,
                       'mtime_ns': stat.st_mtime_ns, 'time': time.time()}
-            tmp = f'{marker}.{os.getpid()}.tmp'
-            with open(tmp, 'w') as handle:
+            tmp = f'{marker}.{os.getpid()}.{threading.get_ident()}.tmp'
+            try:
+                os.unlink(tmp)  # left by a killed process of the same pid
+            except FileNotFoundError:
+                pass
+            with os.fdopen(_private_dirs.create_private_file(tmp), 'w') as handle:
                 json.dump(record, handle)
             os.replace(tmp, marker)
 
     def _reusable(self, marker: str, destination: str, uri: str) -> bool:
         # The file at `destination` is the one another process of this run downloaded from `uri`
-        # (and nobody touched it since): reuse it instead of downloading again.
+        # (and nobody touched it since): reuse it instead of downloading again. The marker must be
+        # a private file of ours (open_private_file); anything else that does not match is ignored.
         try:
-            with open(marker) as handle:
+            with os.fdopen(_private_dirs.open_private_file(marker), 'r') as handle:
                 record = json.load(handle)
             stat = os.stat(destination)
         except (OSError, ValueError):
+            return False
+        if not isinstance(record, dict):
             return False
         return (record.get('run') == self._run_name and self._run_name is not None and record.get('uri') == uri
                 and record.get('ino') == stat.st_ino and record.get('size') == stat.st_size

@@ -6,10 +6,10 @@ import errno
 import hashlib
 import os
 import stat
-import tempfile
 import uuid
 from typing import Callable, Optional, Union
 
+from dist_logging import _private_dirs
 from dist_logging.object_store import ObjectStore, check_object_name, download_target
 from dist_logging.upload.snapshot import copy_file
 
@@ -112,9 +112,10 @@ class LocalObjectStore(ObjectStore):
         import filelock
 
         digest = hashlib.sha1(path.encode()).hexdigest()[:20]
-        lock_dir = os.path.join(tempfile.gettempdir(), 'dist_logging-locks')
-        os.makedirs(lock_dir, exist_ok=True)
-        with filelock.FileLock(os.path.join(lock_dir, digest + '.lock')):
+        # Per user (a private folder, see dist_logging._private_dirs): a lock folder shared with
+        # other users would let them block or redirect our uploads.
+        lock_dir = _private_dirs.private_dir('locks')
+        with filelock.FileLock(os.path.join(lock_dir, digest + '.lock'), mode=0o600):
             if os.path.lexists(path):
                 raise FileExistsError(f'{self.get_uri(name)} already exists')
             os.replace(tmp, path)

@@ -199,7 +199,8 @@ def _drain(stagings: list[RankStaging], object_store: Any, num_workers: int, pro
                 store = built[key]
             path = staging.path_of(record)
             task = UploadTask(record.id, record.name, path, _size(record, path), record.overwrite,
-                              resumed=True, store=store, owned=record.owned and record.src is None)
+                              resumed=True, store=store, owned=record.owned and record.src is None,
+                              staging_folder=staging.root)
             work.append((staging, task))
     if report.skipped_custom_store:
         log.warning('drain: %d upload(s) were queued through a custom object_store and need it passed to drain: %s',

@@ -108,8 +108,10 @@ class Journal:
     def __init__(self, path: str, *, fsync: bool = False):
         self.path = path
         self.fsync = fsync
-        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0),
-                                          0o600)
+        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0)
+                                          | getattr(os, 'O_CLOEXEC', 0), 0o600)
+        if os.fstat(self._fd).st_mode & 0o077:  # written by an older version under a loose umask
+            os.fchmod(self._fd, 0o600)
         self._lock = threading.Lock()
         # A torn last line from a killed writer must not glue onto our first record.
         size = os.fstat(self._fd).st_size
@@ -210,7 +212,13 @@ def compact(path: str, state: JournalState, *, fsync: bool = False) -> None:
     lines = [state.stores[sid].to_json() for sid in sorted(used) if sid in state.stores]
     lines += [record.to_json() for record in state.pending.values()]
     tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'w', encoding='utf-8') as handle:
+    try:
+        os.unlink(tmp)  # left by a killed process of the same pid: O_EXCL below must not trip on it
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0),
+                 0o600)  # private whatever the umask, like the journal itself
+    with open(fd, 'w', encoding='utf-8') as handle:
         handle.write(''.join(lines))
         if fsync:
             handle.flush()

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import getpass
 import os
 import random
-import tempfile
 import threading
 from typing import Iterator, Optional
 
 import filelock
 
+from dist_logging import _private_dirs
 from dist_logging.upload.retry import Interrupted
 
-__all__ = ['ENV_VAR', 'NodeUploadSlots', 'node_slots_from_env']
+__all__ = ['ENV_VAR', 'NodeUploadSlots', 'node_slots_from_env', 'parse_slots']
 
 ENV_VAR = 'DIST_LOGGING_NODE_UPLOAD_SLOTS'
 _POLL_SECONDS = 0.02
@@ -36,18 +35,23 @@ class NodeUploadSlots:
     Args:
         slots: how many uploads may run at once on this machine (>= 1).
         folder: where the lock files live; every rank of the node must use the same one
-            (default: a per-user folder in the system temp dir, which is node-local).
+            (default: ``node-upload-slots/`` in the per-user private folder, see
+            :mod:`dist_logging._private_dirs`). A given folder is created if missing but not checked.
 
     Raises:
         ValueError: ``slots`` < 1.
+        PermissionError: the default folder is not private to this user (names it and says why).
     """
 
     def __init__(self, slots: int, folder: Optional[str] = None):
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f'node upload slots must be an int >= 1, got {slots!r}')
         self.slots = slots
-        self.folder = folder or os.path.join(tempfile.gettempdir(), f'dist_logging-{_user()}', 'node-upload-slots')
-        os.makedirs(self.folder, exist_ok=True)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+            self.folder = folder
+        else:
+            self.folder = _private_dirs.private_dir('node-upload-slots')
 
     @contextlib.contextmanager
     def hold(self, stop: Optional[threading.Event] = None) -> Iterator[int]:
@@ -60,7 +64,8 @@ class NodeUploadSlots:
         while True:
             for offset in range(self.slots):
                 index = (first + offset) % self.slots
-                lock = filelock.FileLock(os.path.join(self.folder, f'slot-{index}.lock'), thread_local=False)
+                lock = filelock.FileLock(os.path.join(self.folder, f'slot-{index}.lock'), mode=0o600,
+                                         thread_local=False)
                 try:
                     lock.acquire(timeout=0)
                 except filelock.Timeout:
@@ -77,24 +82,36 @@ class NodeUploadSlots:
                 threading.Event().wait(_POLL_SECONDS)
 
 
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name (e.g. a container without /etc/passwd entry)
-        return str(os.getuid())
-
-
-def node_slots_from_env() -> Optional[NodeUploadSlots]:
+def node_slots_from_env(staging_folder: Optional[str] = None) -> Optional[NodeUploadSlots]:
     """The node's slots as configured by ``DIST_LOGGING_NODE_UPLOAD_SLOTS`` (None: no cap).
+
+    Args:
+        staging_folder: the job's ``upload_staging_folder`` when it chose one: the slots then
+            live in its machine folder (see :func:`dist_logging._private_dirs.state_dir`), unless
+            ``DIST_LOGGING_TMPDIR`` is set. The folder is checked on every call.
 
     Raises:
         ValueError: the variable is set to something other than a positive integer (names it).
+        PermissionError: the slots' folder is not private to this user (names it and says why).
     """
-    return _slots_for(os.environ.get(ENV_VAR, ''))
+    slots = parse_slots(os.environ.get(ENV_VAR, ''))
+    if slots is None:
+        return None
+    folder = _private_dirs.private_dir('node-upload-slots', root=_private_dirs.state_dir(staging_folder))
+    return _slots_for(slots, folder)
 
 
-@functools.lru_cache(maxsize=4)
-def _slots_for(raw: str) -> Optional[NodeUploadSlots]:
+@functools.lru_cache(maxsize=8)
+def _slots_for(slots: int, folder: str) -> NodeUploadSlots:
+    return NodeUploadSlots(slots, folder)
+
+
+def parse_slots(raw: str) -> Optional[int]:
+    """``DIST_LOGGING_NODE_UPLOAD_SLOTS``'s value as an int (None: unset or empty: no cap).
+
+    Raises:
+        ValueError: not a positive integer (names the text).
+    """
     if raw.strip() == '':
         return None
     try:
@@ -103,4 +120,4 @@ def _slots_for(raw: str) -> Optional[NodeUploadSlots]:
         slots = 0
     if slots < 1:
         raise ValueError(f'{ENV_VAR}={raw!r}: expected a positive integer (uploads in flight per machine)')
-    return NodeUploadSlots(slots)
+    return slots

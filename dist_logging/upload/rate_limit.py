@@ -8,7 +8,7 @@ and binary ``KiB``/``MiB``/``GiB``/``TiB`` suffixes, an optional trailing ``B``)
 no cap. It sits next to ``DIST_LOGGING_NODE_UPLOAD_SLOTS`` (uploads in flight per machine).
 
 How it works: a shared schedule (the "virtual scheduling" form of a token bucket) lives in a
-small file in a per-user, node-local folder. Each chunk a worker sends reserves its share of
+small file in a per-user, node-local private folder (:mod:`dist_logging._private_dirs`). Each chunk a worker sends reserves its share of
 the schedule under a file lock (``filelock``: works across processes, released if a process
 dies) and then waits, on the worker, until its turn; ``upload_file`` never waits for it. The
 bytes are counted as the stores report them through their progress callback (every store
@@ -25,14 +25,13 @@ import functools
 import os
 import re
 import struct
-import tempfile
 import threading
 import time
 from typing import Optional
 
 import filelock
 
-from dist_logging.upload.node_slots import _user
+from dist_logging import _private_dirs
 from dist_logging.upload.retry import Interrupted
 
 __all__ = ['ENV_VAR', 'NodeUploadRate', 'parse_byte_rate', 'node_rate_from_env']
@@ -68,11 +67,14 @@ class NodeUploadRate:
     Args:
         bytes_per_s: the cap for the whole machine (> 0).
         folder: where the schedule and its lock live; every rank of the node must use the same
-            one (default: a per-user folder in the system temp dir, which is node-local).
+            one (default: ``node-upload-rate/`` in the per-user private folder, see
+            :mod:`dist_logging._private_dirs`). A given folder is created if missing but not checked;
+            the schedule file is opened without following a symlink and must be this user's.
         burst_seconds: how many seconds' worth of bytes a quiet machine may send at once.
 
     Raises:
         ValueError: ``bytes_per_s`` or ``burst_seconds`` out of range (names the value).
+        PermissionError: the default folder is not private to this user (names it and says why).
     """
 
     def __init__(self, bytes_per_s: float, folder: Optional[str] = None, *, burst_seconds: float = BURST_SECONDS):
@@ -82,25 +84,32 @@ class NodeUploadRate:
             raise ValueError(f'burst_seconds must be in [0, 3600), got {burst_seconds!r}')
         self.bytes_per_s = float(bytes_per_s)
         self.burst_seconds = burst_seconds
-        self.folder = folder or os.path.join(tempfile.gettempdir(), f'dist_logging-{_user()}', 'node-upload-rate')
-        os.makedirs(self.folder, exist_ok=True)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+            self.folder = folder
+        else:
+            self.folder = _private_dirs.private_dir('node-upload-rate')
         self._state_path = os.path.join(self.folder, 'schedule.bin')
         # filelock excludes processes; threads of one process share its lock object, so they
         # also queue on this one first.
-        self._file_lock = filelock.FileLock(os.path.join(self.folder, 'schedule.lock'), thread_local=False)
+        self._file_lock = filelock.FileLock(os.path.join(self.folder, 'schedule.lock'), mode=0o600,
+                                            thread_local=False)
         self._thread_lock = threading.Lock()
 
     def reserve(self, nbytes: int) -> float:
         """Book ``nbytes`` on the machine's schedule; returns the seconds to wait before sending them.
 
         Reservations are served in the order they are made, across every process of the machine.
+
+        Raises:
+            PermissionError: ``schedule.bin`` is a symlink or not a private file of this user.
         """
         if nbytes <= 0:
             nbytes = 0
         with self._thread_lock, self._file_lock:
             now = time.monotonic()
             clock_start = time.time() - now
-            fd = os.open(self._state_path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+            fd = _private_dirs.open_private_file(self._state_path, os.O_RDWR, create=True)
             try:
                 raw = os.pread(fd, _STATE.size, 0)
                 written_start, paid_until = _STATE.unpack(raw) if len(raw) == _STATE.size else (clock_start, now)
@@ -164,18 +173,27 @@ class ChargingProgress:
             self.rate.reserve(rest)
 
 
-def node_rate_from_env() -> Optional[NodeUploadRate]:
+def node_rate_from_env(staging_folder: Optional[str] = None) -> Optional[NodeUploadRate]:
     """The machine's cap as configured by ``DIST_LOGGING_UPLOAD_BYTES_PER_S`` (None: no cap).
+
+    Args:
+        staging_folder: the job's ``upload_staging_folder`` when it chose one: the schedule then
+            lives in its machine folder (see :func:`dist_logging._private_dirs.state_dir`), unless
+            ``DIST_LOGGING_TMPDIR`` is set. The folder is checked on every call.
 
     Raises:
         ValueError: the variable is set to something that is not a byte rate (names it).
+        PermissionError: the schedule's folder is not private to this user (names it and says why).
     """
-    return _rate_for(os.environ.get(ENV_VAR, ''))
-
-
-@functools.lru_cache(maxsize=4)
-def _rate_for(raw: str) -> Optional[NodeUploadRate]:
+    raw = os.environ.get(ENV_VAR, '')
     if raw.strip() == '':
         return None
-    return NodeUploadRate(parse_byte_rate(raw))
+    rate = parse_byte_rate(raw)
+    folder = _private_dirs.private_dir('node-upload-rate', root=_private_dirs.state_dir(staging_folder))
+    return _rate_for(rate, folder)
+
+
+@functools.lru_cache(maxsize=8)
+def _rate_for(rate: float, folder: str) -> NodeUploadRate:
+    return NodeUploadRate(rate, folder)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import stat
 from dist_logging.upload.journal import JOURNAL_NAME, Journal, JournalState, QueuedRecord, compact, read_journal
 
 __all__ = ['RankStaging', 'StagingBusyError', 'rank_dirs']
@@ -56,6 +57,24 @@ def _holds_current_lock(lock: object, path: str) -> bool:
     return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
 
 
+def _make_private_dirs(root: str, *private: str) -> None:
+    """Create ``root`` (0o700 if it is new; an existing folder is the user's choice) and the
+    ``private`` folders below it with mode 0o700, whatever the umask; a private folder that exists
+    with wider bits (made by an older version) is narrowed to 0o700."""
+    if not os.path.isdir(root):
+        os.makedirs(root, mode=0o700, exist_ok=True)
+    for folder in private:
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode):
+            raise NotADirectoryError(f'staging: {folder} is not a folder (a symlink or a file is in its place)')
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.chmod(folder, 0o700, follow_symlinks=False)
+
+
 class RankStaging:
     """Owns ``<root>/rank{rank}`` while open.
 
@@ -84,10 +103,10 @@ class RankStaging:
         # makedirs, means "start again".
         for _ in range(10):
             try:
-                os.makedirs(self.files_dir, mode=0o700, exist_ok=True)
+                _make_private_dirs(self.root, self.dir, self.files_dir)
             except FileNotFoundError:
                 continue
-            self._lock = filelock.FileLock(self._lock_path, thread_local=False)
+            self._lock = filelock.FileLock(self._lock_path, mode=0o600, thread_local=False)
             try:
                 self._lock.acquire(timeout=lock_timeout)
             except filelock.Timeout:

@@ -60,6 +60,8 @@ class UploadTask(NamedTuple):
         store: for thread executors only, a store overriding the executor's (used by ``drain``).
         owned: ``path`` is a snapshot the uploader owns (a ``copy=True`` copy, deleted after the
             upload, never written again): a store may place it by linking it instead of copying.
+        staging_folder: the ``upload_staging_folder`` the job chose (None: the default): where
+            the machine-wide upload caps keep their state (see :mod:`dist_logging._private_dirs`).
     """
 
     id: int
@@ -71,6 +73,7 @@ class UploadTask(NamedTuple):
     deaths: int = 0
     store: Any = None
     owned: bool = False
+    staging_folder: Optional[str] = None
 
 
 def _already_landed(store: Any, task: UploadTask) -> bool:
@@ -149,8 +152,8 @@ def run_upload(store: Any, task: UploadTask, policy: RetryPolicy, stop: Optional
         The upload's last error, or :class:`~dist_logging.upload.retry.Interrupted`.
     """
 
-    slots = node_slots_from_env()
-    rate = node_rate_from_env()
+    slots = node_slots_from_env(task.staging_folder)
+    rate = node_rate_from_env(task.staging_folder)
     owned = task.owned and _accepts_owned(store)
     native = supports_overwrite(store)
     put_started: list[bool] = []
