@@ -57,6 +57,7 @@ def walk(top):
             path = os.path.join(dirpath, name)
             modes[os.path.relpath(path, root)] = stat.S_IMODE(os.lstat(path).st_mode)
 walk(f'{root}/staging')  # while the upload is held: snapshots and journal
+modes['staging'] = stat.S_IMODE(os.stat(f'{root}/staging').st_mode)
 gate.set()
 logger.batch_end()
 logger.close()
@@ -103,3 +104,17 @@ def test_usual_umask_gives_what_cp_would(tmp_path):
     private = {n: oct(m) for n, m in modes.items()
                if n.startswith('staging/rank0/files/') or n.endswith('journal.jsonl')}
     assert private and all(m == oct(0o600) for m in private.values()), private
+
+
+def test_permissive_umask_keeps_staging_private(tmp_path):
+    """Under umask 000 every other file may be world-writable (the user asked for it), but the
+    staging folder's rank and ``files/`` folders stay 0o700 and its snapshot, journal and lock 0o600."""
+    modes = _modes(tmp_path, '000')
+    assert modes['bucket/ckpt/ckpt.bin'] == 0o666  # the umask really was 000
+    staging = {n: m for n, m in modes.items() if n.startswith('staging/')}
+    assert {'staging/rank0', 'staging/rank0/files', 'staging/rank0/journal.jsonl', 'staging/rank0/.lock'} <= set(staging)
+    assert any(n.startswith('staging/rank0/files/') for n in staging)
+    for name, mode in staging.items():
+        expected = 0o700 if _is_dir(name, staging) or name.endswith('/files') else 0o600
+        assert mode == expected, f'{name}: {oct(mode)} under umask 000, expected {oct(expected)}'
+    assert modes['staging'] == 0o700  # created by the uploader: private too
