@@ -15,9 +15,10 @@ So every default folder lives under one per-user base::
 The base and every folder under it are created with mode 0o700 and checked on every use:
 a folder (not a symlink), owned by this process's uid, no group or other permission bits.
 A failed check raises a :class:`PermissionError` that names the folder, what is wrong and how to
-choose another place. A job that passes ``upload_staging_folder=`` keeps its machine-wide state
-in ``<upload_staging_folder>/.dist_logging-<host>/`` instead (same checks), unless
-``DIST_LOGGING_TMPDIR`` is set: then it never touches ``<system temp>/dist_logging-<user>``.
+choose another place. With ``DIST_LOGGING_TMPDIR`` set, everything lives there. Without it, a
+job that passes ``upload_staging_folder=`` keeps its machine-wide state in
+``<upload_staging_folder>/.dist_logging-<host>/`` (same checks); either way such a job never
+touches ``<system temp>/dist_logging-<user>``.
 
 Files in these folders are created with ``O_NOFOLLOW | O_EXCL`` and mode 0o600
 (:func:`create_private_file`) and opened with ``O_NOFOLLOW``, then checked to be a regular
@@ -35,7 +36,7 @@ import tempfile
 from typing import Optional
 
 __all__ = ['ENV_VAR', 'base_dir', 'private_dir', 'check_private_dir', 'state_dir', 'create_private_file',
-           'open_private_file', 'user_name']
+           'open_private_file', 'make_dirs', 'user_name']
 
 ENV_VAR = 'DIST_LOGGING_TMPDIR'
 _NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
@@ -89,6 +90,29 @@ def _make_checked(path: str) -> str:
     return path
 
 
+def make_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, but every folder it creates gets mode 0o700 whatever
+    the umask (``os.makedirs`` gives the parents it creates ``0o777 & ~umask``: world-writable under
+    umask 000, where another user could rename what we put in them). Existing folders are left as
+    they are."""
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(folder):
+                raise
+            continue
+        os.chmod(folder, 0o700, follow_symlinks=False)
+
+
 def base_dir() -> str:
     """The per-user base: ``$DIST_LOGGING_TMPDIR`` or ``<system temp>/dist_logging-<user>``.
 
@@ -104,8 +128,7 @@ def base_dir() -> str:
     if chosen:
         if not os.path.isabs(chosen):
             raise ValueError(f'{ENV_VAR}={chosen!r}: expected an absolute path')
-        parent = os.path.dirname(os.path.normpath(chosen))
-        os.makedirs(parent, exist_ok=True)
+        make_dirs(os.path.dirname(os.path.normpath(chosen)))
         return _make_checked(os.path.normpath(chosen))
     return _make_checked(_default_base())
 
@@ -131,7 +154,7 @@ def state_dir(staging_folder: Optional[str] = None) -> str:
     default = _default_base()
     if os.path.commonpath([staging_folder, default]) == default:
         return base_dir()
-    os.makedirs(staging_folder, mode=0o700, exist_ok=True)
+    make_dirs(staging_folder)
     return _make_checked(os.path.join(staging_folder, f'.dist_logging-{_safe_part(socket.gethostname())}'))
 
 

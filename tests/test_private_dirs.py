@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import stat
 import tempfile
 
@@ -62,6 +63,22 @@ def test_the_base_and_its_folders_are_0700_whatever_the_umask(shared_tmp):
         assert _mode(folder) == 0o700, folder
         assert os.lstat(folder).st_uid == os.getuid()
     assert default_staging_folder('..') == str(base / 'run' / 'staging')  # never a way out of the base
+
+
+def test_folders_made_for_the_knob_or_a_staging_folder_are_0700_parents_included(tmp_path, monkeypatch):
+    """Under umask 000 os.makedirs would leave world-writable parents (where others could rename our folder)."""
+    monkeypatch.setenv(_private_dirs.ENV_VAR, str(tmp_path / 'k1' / 'k2' / 'dl'))
+    old = os.umask(0)
+    try:
+        _private_dirs.private_dir('downloads')
+        monkeypatch.delenv(_private_dirs.ENV_VAR)
+        _private_dirs.state_dir(str(tmp_path / 's1' / 's2' / 'staging'))
+    finally:
+        os.umask(old)
+    for folder in ('k1', 'k1/k2', 'k1/k2/dl', 'k1/k2/dl/downloads', 's1', 's1/s2', 's1/s2/staging'):
+        assert _mode(tmp_path / folder) == 0o700, folder
+    (machine,) = os.listdir(tmp_path / 's1' / 's2' / 'staging')
+    assert machine == f'.dist_logging-{socket.gethostname()}' and _mode(tmp_path / 's1/s2/staging' / machine) == 0o700
 
 
 @pytest.mark.parametrize('planted', ['symlink', 'open_mode', 'a_file', 'foreign_owner'])

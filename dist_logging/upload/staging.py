@@ -18,6 +18,8 @@ import itertools
 import logging
 import os
 import stat
+
+from dist_logging._private_dirs import make_dirs
 from dist_logging.upload.journal import JOURNAL_NAME, Journal, JournalState, QueuedRecord, compact, read_journal
 
 __all__ = ['RankStaging', 'StagingBusyError', 'rank_dirs']
@@ -58,11 +60,10 @@ def _holds_current_lock(lock: object, path: str) -> bool:
 
 
 def _make_private_dirs(root: str, *private: str) -> None:
-    """Create ``root`` (0o700 if it is new; an existing folder is the user's choice) and the
+    """Create ``root`` (0o700 with any parent it needs; an existing folder is the user's choice) and the
     ``private`` folders below it with mode 0o700, whatever the umask; a private folder that exists
     with wider bits (made by an older version) is narrowed to 0o700."""
-    if not os.path.isdir(root):
-        os.makedirs(root, mode=0o700, exist_ok=True)
+    make_dirs(root)
     for folder in private:
         try:
             os.mkdir(folder, 0o700)
