@@ -31,6 +31,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from typing import Optional
 
 import pytest
@@ -54,8 +55,7 @@ class Machine:
         self.pythonpath = ''
 
     def add_user(self, name: str) -> pwd.struct_passwd:
-        subprocess.run(['useradd', '-M', '-N', '-s', '/usr/sbin/nologin', '-d', os.path.join(self.area, name), name],
-                       check=True, capture_output=True, timeout=30)
+        _account_command(['useradd', '-M', '-N', '-s', '/usr/sbin/nologin', '-d', os.path.join(self.area, name), name])
         entry = pwd.getpwnam(name)
         self.users[name] = entry
         home = os.path.join(self.area, name)
@@ -85,6 +85,18 @@ class Machine:
         report = json.loads(result.stdout.strip().splitlines()[-1])
         assert report['uid'] == self.users[user].pw_uid
         return report
+
+
+def _account_command(argv: list[str]) -> None:
+    """useradd/userdel, retried while another process (e.g. a parallel test worker) holds /etc/passwd's lock."""
+    for _ in range(20):
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        if result.returncode == 0:
+            return
+        if 'lock' not in result.stderr:
+            break
+        time.sleep(0.5)
+    raise RuntimeError(f'{" ".join(argv)} failed ({result.returncode}): {result.stderr.strip()}')
 
 
 def _interpreters() -> list[str]:
@@ -149,7 +161,10 @@ def machine():
         yield created
     finally:
         for name in created.users:  # jobs are bounded by their timeout (subprocess.run kills them)
-            subprocess.run(['userdel', name], capture_output=True, timeout=30)
+            try:
+                _account_command(['userdel', name])
+            except RuntimeError as exc:
+                print(f'warning: {exc}', file=sys.stderr)
         shutil.rmtree(area, ignore_errors=True)
 
 
