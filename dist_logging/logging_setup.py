@@ -239,7 +239,8 @@ class _NoCollective:
 
     def broadcast_object(self, obj: Any, what: str) -> Any:
         raise ValueError('setup_logging: the file name uses {run_name} but this job shares no run id '
-                         '(DIST_LOGGING_RUN_NAME, torchrun\'s TORCHELASTIC_RUN_ID or MASTER_ADDR/MASTER_PORT) to '
+                         '(DIST_LOGGING_RUN_NAME, torchrun\'s TORCHELASTIC_RUN_ID, a SLURM job, an MPI job id or '
+                         'MASTER_ADDR/MASTER_PORT) to '
                          'derive one from without a collective; pass run_name= or logger=')
 
 
