@@ -299,6 +299,9 @@ def launch_facts(env: Mapping[str, str]) -> LaunchFacts:
         facts = others[0](env)
     else:
         facts = LaunchFacts('single', 0, 1, 0, 1, 0, 1, None, requeues=_int(env, 'SLURM_RESTART_COUNT', default=0))
+    restarts = _int(env, 'TORCHELASTIC_RESTART_COUNT', default=0)
+    if restarts != facts.restarts:
+        facts = dataclasses.replace(facts, restarts=restarts)
     if facts.run_id is None:
         # The job's id, whatever started the ranks: srun torchrun --standalone still runs in one SLURM step.
         torchrun_id = env.get('TORCHELASTIC_RUN_ID')
