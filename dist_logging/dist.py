@@ -23,6 +23,8 @@ import atexit
 import datetime
 import itertools
 import os
+import re
+import socket
 import threading
 import weakref
 from typing import Any, Optional, Sequence, Union
@@ -209,6 +211,9 @@ def init_process_group_from_env(backend: Optional[str] = None,
       node ``127.0.0.1``; under MPI on several nodes it must be exported.
     * ``MASTER_PORT``: derived from the job's id (SLURM job and step, Open MPI/PMIx job id,
       Hydra's ``PMI_PORT``) into 20000..59999, the same on every rank.
+    * Under torchrun, each restart gets its own key prefix in torchrun's store: the agent keeps
+      one store across restarts, and with the previous attempt's keys still in it a restarted
+      gloo group tries to connect to the dead ranks (seen with torch 2.13).
     * ``backend``: default ``'nccl'`` when CUDA is available, else ``'gloo'``. With CUDA the
       current device becomes ``local_rank % device_count()`` (right both when every task sees
       all GPUs and when SLURM gives each task its own).
@@ -245,8 +250,18 @@ def init_process_group_from_env(backend: Optional[str] = None,
         backend = 'nccl' if use_cuda else 'gloo'
     if use_cuda and 'nccl' in str(backend).lower():
         torch.cuda.set_device(facts.local_rank % torch.cuda.device_count())
-    torch_dist.init_process_group(backend=backend, init_method='env://', rank=facts.rank,
-                                  world_size=facts.world_size, timeout=timeout)
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True':
+        # torchrun's agent keeps one store across restarts, and the previous attempt's keys are
+        # still in it: gloo would connect to the dead ranks' old addresses (torch 2.13). A prefix
+        # per attempt gives every attempt clean keys.
+        base = torch_dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), facts.world_size,
+                                   is_master=False, timeout=timeout)
+        store = torch_dist.PrefixStore(f'dist_logging/attempt{facts.restarts}', base)
+        torch_dist.init_process_group(backend=backend, store=store, rank=facts.rank, world_size=facts.world_size,
+                                      timeout=timeout)
+    else:
+        torch_dist.init_process_group(backend=backend, init_method='env://', rank=facts.rank,
+                                      world_size=facts.world_size, timeout=timeout)
     return facts
 
 
@@ -272,6 +287,33 @@ def _rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
 _GROUP_INSTANCES = itertools.count()
 _DEFAULT_GROUP = object()  # LoggingGroup._group when the default group is used: looked up, never held
 _LIVE_GROUPS: 'weakref.WeakSet[LoggingGroup]' = weakref.WeakSet()
+
+
+_PROC_PREFIX = 'dist_logging/proc/'  # rank -> 'host pid', set once per process (see LoggingGroup._announce)
+_ANNOUNCED: set[int] = set()
+_HOST = socket.gethostname()
+_ROLL_CALL_SECONDS = 5.0
+# How gloo, NCCL and TCP report a peer that went away.
+_CONNECTION_LOST = re.compile(
+    r'Connection (reset|closed) by peer|Broken pipe|remote process exited|Socket closed|connection closed', re.I)
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host (a zombie, ended but not yet reaped by its launcher, has ended)."""
+    try:
+        with open(f'/proc/{pid}/stat', 'rb') as handle:
+            state = handle.read().rsplit(b')', 1)[1].split()[0]
+        return state not in (b'Z', b'X')
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 @atexit.register
@@ -365,6 +407,7 @@ class LoggingGroup:
         with self._lock:
             if self._group is None:
                 what = 'creating the logging gloo process group'
+                self._announce()
                 self._arrive()
                 try:
                     if torch_dist.get_backend() == 'gloo':
@@ -422,12 +465,103 @@ class LoggingGroup:
             return None
         return missing
 
+    # ------------------------------------------------------------------ who left
+    def _announce(self) -> None:
+        """Write ``host pid`` under this rank's key once per process and store (one ``set``), so that a
+        failed collective can tell which ranks' processes have ended."""
+        store = self._get_store()
+        if not store or id(store) in _ANNOUNCED:
+            return
+        try:
+            store.set(f'{_PROC_PREFIX}{get_global_rank()}', f'{_HOST} {os.getpid()}')
+            _ANNOUNCED.add(id(store))
+        except Exception:  # noqa: BLE001 - diagnostics only
+            pass
+
+    def departed_ranks(self, connection_lost: bool = False) -> tuple[list[int], list[int], dict[int, str]]:
+        """After a failed collective: ``(left, silent, where)``.
+
+        ``left``: ranks on this host whose process has ended (checked in ``/proc``: exact, immediate).
+        ``silent``: only when ``connection_lost``, ranks on other hosts that did not answer a roll
+        call in the store within a few seconds (the survivors of the same failure all answer).
+        ``where``: rank -> ``'host pid'`` as the ranks announced themselves. Reads one key per rank
+        from the store (on failure only); never raises.
+        """
+        store = self._get_store()
+        if not store:
+            return [], [], {}
+        me, world = get_global_rank(), torch_dist.get_world_size()
+        import time
+
+        where: dict[int, str] = {}
+        local: dict[int, int] = {}
+        remote: list[int] = []
+        try:
+            for rank in range(world):
+                key = f'{_PROC_PREFIX}{rank}'
+                if rank == me or not store.check([key]):
+                    continue
+                where[rank] = store.get(key).decode()
+                host, _, pid = where[rank].partition(' ')
+                if host != _HOST:
+                    remote.append(rank)
+                else:
+                    local[rank] = int(pid)
+        except Exception:  # noqa: BLE001 - the store may have gone with the failed host
+            pass
+        left = [rank for rank, pid in local.items() if not _process_alive(pid)]
+        # A closed connection comes from a process that is exiting: the kernel closes its sockets a
+        # moment before the process shows as ended. Look again, briefly.
+        deadline = time.monotonic() + 1.0
+        while connection_lost and local and not left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [rank for rank, pid in local.items() if not _process_alive(pid)]
+        silent: list[int] = []
+        if connection_lost and remote:
+            silent = self._roll_call(store, remote)
+        return left, silent, where
+
+    def _roll_call(self, store: Any, ranks: list[int]) -> list[int]:
+        """Answer and wait (at most ``_ROLL_CALL_SECONDS``) for ``ranks`` to answer too; the silent ones."""
+        import time
+
+        prefix = f'{self._prefix}rollcall{self._sequence}/'
+        try:
+            store.set(f'{prefix}{get_global_rank()}', '1')
+            deadline = time.monotonic() + min(_ROLL_CALL_SECONDS, self.timeout)
+            pending = list(ranks)
+            while pending and time.monotonic() < deadline:
+                pending = [r for r in pending if not store.check([f'{prefix}{r}'])]
+                if pending:
+                    time.sleep(0.1)
+            return pending
+        except Exception:  # noqa: BLE001
+            return []
+
     def _failure(self, what: str, exc: BaseException) -> DistributedLoggingError:
+        text = str(exc)
+        first = text.splitlines()[0] if text else type(exc).__name__
+        connection_lost = bool(_CONNECTION_LOST.search(text))
+        left, silent, where = self.departed_ranks(connection_lost)
+        if left or silent:
+            parts = []
+            if left:
+                parts.append(f'rank(s) {left} left the job (their process ended: '
+                             + ', '.join(f'rank {r}: pid {where[r].split(" ")[1]} on {where[r].split(" ")[0]}'
+                                         for r in left) + ')')
+            if silent:
+                parts.append(f'rank(s) {silent} on other hosts did not answer within {_ROLL_CALL_SECONDS:g} s '
+                             'after the connection closed (they left, or hang)')
+            cause = 'a peer closed its connection' if connection_lost else 'the collective failed'
+            return DistributedLoggingError(f'{what}: {"; ".join(parts)}; {cause} ({first})',
+                                           missing_ranks=silent, left_ranks=left)
+        if connection_lost:
+            return DistributedLoggingError(f'{what}: a peer closed its connection: a rank left or failed (none '
+                                           f'of the ranks this one can check has ended) ({first})')
         error = DistributedLoggingError.from_runtime_error(what, exc, self.timeout)
         if not error.missing_ranks:
             missing = self.missing_ranks()
             if missing:
-                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 error = DistributedLoggingError(
                     f'{what}: ranks {missing} did not reach it within {self.timeout:g} s, or failed ({first})',
                     missing)
