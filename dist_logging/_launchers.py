@@ -24,7 +24,21 @@ import hashlib
 import re
 from typing import Mapping, Optional
 
-__all__ = ['LaunchFacts', 'launch_facts', 'expand_hostlist', 'parse_tasks_per_node', 'LAUNCHERS']
+__all__ = ['LaunchFacts', 'launch_facts', 'expand_hostlist', 'parse_tasks_per_node', 'LAUNCHERS',
+           'ENVIRONMENT_VARIABLES']
+
+#: Every variable :func:`launch_facts` reads (dist.py caches its result on their values).
+ENVIRONMENT_VARIABLES = (
+    'RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'NODE_RANK',
+    'TORCHELASTIC_RUN_ID', 'TORCHELASTIC_RESTART_COUNT',
+    'SLURM_JOB_ID', 'SLURM_JOBID', 'SLURM_STEP_ID', 'SLURM_STEPID', 'SLURM_PROCID', 'SLURM_LOCALID',
+    'SLURM_NODEID', 'SLURM_STEP_NUM_TASKS', 'SLURM_NTASKS', 'SLURM_NPROCS', 'SLURM_STEP_NUM_NODES',
+    'SLURM_NNODES', 'SLURM_JOB_NUM_NODES', 'SLURM_STEP_TASKS_PER_NODE', 'SLURM_NTASKS_PER_NODE',
+    'SLURM_TASKS_PER_NODE', 'SLURM_RESTART_COUNT',
+    'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_SIZE',
+    'PMIX_NAMESPACE', 'OMPI_MCA_ess_base_jobid', 'OMPI_MCA_orte_ess_jobid',
+    'PMI_RANK', 'PMIX_RANK', 'PMI_SIZE', 'MPI_LOCALRANKID', 'PMI_LOCAL_RANK', 'MPI_LOCALNRANKS', 'PMI_LOCAL_SIZE',
+)
 
 #: Every value :func:`launch_facts` may report as ``launcher``.
 LAUNCHERS = ('torchrun', 'env', 'slurm', 'openmpi', 'mpich', 'pmix', 'single')

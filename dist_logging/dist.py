@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 import torch.distributed as torch_dist
 
-from dist_logging._launchers import LaunchFacts, expand_hostlist
+from dist_logging._launchers import ENVIRONMENT_VARIABLES, LaunchFacts, expand_hostlist
 from dist_logging._launchers import launch_facts as _launch_facts
 from dist_logging.errors import DistributedLoggingError
 
@@ -76,7 +76,27 @@ def launch_facts() -> LaunchFacts:
     Raises:
         ValueError: a launcher variable that is not an integer, or that contradicts another (named).
     """
-    return _launch_facts(os.environ)
+    global _facts_cache
+    data = getattr(os.environ, '_data', None)
+    if _ENV_KEYS_RAW is not None and isinstance(data, dict):
+        values = tuple(map(data.get, _ENV_KEYS_RAW))  # C-level lookups: the getters stay cheap
+    else:
+        values = tuple(map(os.environ.get, ENVIRONMENT_VARIABLES))
+    cached_values, facts = _facts_cache
+    if values == cached_values and facts is not None:
+        return facts
+    env = {name: (os.fsdecode(value) if isinstance(value, bytes) else value)
+           for name, value in zip(ENVIRONMENT_VARIABLES, values) if value is not None}
+    facts = _launch_facts(env)
+    _facts_cache = (values, facts)
+    return facts
+
+
+# The facts, cached on the values of the variables they are computed from (a changed variable, e.g.
+# one init_process_group_from_env exports, is seen at the next call). os.environ._data holds the raw
+# (on POSIX, bytes) environment; elsewhere os.environ itself is read.
+_ENV_KEYS_RAW = tuple(os.fsencode(name) for name in ENVIRONMENT_VARIABLES) if os.name == 'posix' else None
+_facts_cache: tuple[Any, Optional[LaunchFacts]] = ((), None)
 
 
 def launcher() -> str:

@@ -209,3 +209,28 @@ def test_init_process_group_from_env_single_process(monkeypatch):
             dist.init_process_group_from_env()
     finally:
         torch_dist.destroy_process_group()
+
+
+def test_every_variable_read_is_in_the_cache_key():
+    # dist.launch_facts() caches on ENVIRONMENT_VARIABLES' values: a variable read but not listed would be stale.
+    from dist_logging._launchers import ENVIRONMENT_VARIABLES
+
+    class Recording(dict):
+        def get(self, key, default=None):
+            read.add(key)
+            return super().get(key, default)
+
+    read: set = set()
+    for env in (SLURM_STEP, OPENMPI, HYDRA, TORCHRUN, {'PMIX_RANK': '0', 'PMI_SIZE': '1'}, {},
+                dict(SLURM_STEP, RANK='3', WORLD_SIZE='4'), dict(OPENMPI, RANK='2', WORLD_SIZE='4')):
+        launch_facts(Recording(env))
+    assert read <= set(ENVIRONMENT_VARIABLES), read - set(ENVIRONMENT_VARIABLES)
+
+
+def test_getters_see_a_changed_environment(monkeypatch):
+    assert dist.get_global_rank() == 0
+    monkeypatch.setenv('RANK', '3')
+    monkeypatch.setenv('WORLD_SIZE', '4')
+    assert (dist.get_global_rank(), dist.launcher()) == (3, 'env')
+    monkeypatch.setenv('RANK', '2')
+    assert dist.get_global_rank() == 2
