@@ -85,6 +85,13 @@ class LaunchFacts:
         return ('run-' if source == 'torchrun' else f'{source}-') + digest
 
     @property
+    def attempt_cause(self) -> str:
+        """What made this attempt: ``'torchrun restart 1'``, ``'SLURM requeue 2'``, both, or ``'first attempt'``."""
+        parts = [f'torchrun restart {self.restarts}' if self.restarts else '',
+                 f'SLURM requeue {self.requeues}' if self.requeues else '']
+        return ', '.join(part for part in parts if part) or 'first attempt'
+
+    @property
     def attempt(self) -> str:
         """Which attempt of the job this is: ``'0'`` the first; the restart (or requeue) count after
         one; ``'<requeues>.<restarts>'`` when a requeued SLURM job's torchrun also restarted."""

@@ -417,10 +417,8 @@ def _mark_attempt(handler: logging.FileHandler, path: str) -> None:
     if facts.attempt == '0' or key in _marked_paths:
         return
     _marked_paths.add(key)
-    what = ', '.join(part for part in (f'torchrun restart {facts.restarts}' if facts.restarts else '',
-                                        f'SLURM requeue {facts.requeues}' if facts.requeues else '') if part)
     record = logging.LogRecord('dist_logging', logging.WARNING, __file__, 0,
-                               '===== attempt %s (%s) starts =====', (facts.attempt, what), None)
+                               '===== attempt %s (%s) starts =====', (facts.attempt, facts.attempt_cause), None)
     handler.handle(record)
 
 

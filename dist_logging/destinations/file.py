@@ -248,16 +248,14 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         facts = dist.launch_facts()
         if facts.attempt == '0':
             return
-        what = ', '.join(part for part in (f'torchrun restart {facts.restarts}' if facts.restarts else '',
-                                            f'SLURM requeue {facts.requeues}' if facts.requeues else '') if part)
         started = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
         if self.format == 'jsonl':
             self._file.write(json.dumps({'kind': 'attempt', 'time': round(time.time(), 6), 'data': {
                 'attempt': facts.attempt, 'restarts': facts.restarts, 'requeues': facts.requeues,
                 'run_name': run_name, 'rank': dist.get_global_rank()}}) + '\n')
         else:
-            self._file.write(f'[attempt]: ===== attempt {facts.attempt} ({what}) of run {run_name}, rank '
-                             f'{dist.get_global_rank()}, started {started} =====\n')
+            self._file.write(f'[attempt]: ===== attempt {facts.attempt} ({facts.attempt_cause}) of run {run_name}, '
+                             f'rank {dist.get_global_rank()}, started {started} =====\n')
         self._dirty = True
 
     # ------------------------------------------------------------------ writing

@@ -64,7 +64,8 @@ def test_attempt_placeholder_gives_a_file_per_attempt(tmp_path, monkeypatch):
         logger.log_metrics({'x': 2})
     assert (tmp_path / 'rank0-attempt0.log').read_text() == '[metric][batch=0]: x: 1 \n'
     second = (tmp_path / 'rank0-attempt2.log').read_text().splitlines()
-    assert second[0].startswith('[attempt]: ===== attempt 2 (SLURM requeue 2)') and second[1] == '[metric][batch=0]: x: 2 '
+    assert second[0].startswith('[attempt]: ===== attempt 2 (SLURM requeue 2)')
+    assert second[1] == '[metric][batch=0]: x: 2 '
 
 
 def test_setup_logging_file_marks_the_attempt(tmp_path, monkeypatch):
