@@ -7,7 +7,7 @@ TORCH_PIN ?= torch==2.13.0
 NPROC ?= 2
 EXTRAS ?= s3,tensorboard,mlflow,bench,fsspec,wandb,lightning,transformers,accelerate,comet,neptune,test
 
-.PHONY: install demo test bench clean
+.PHONY: install system-packages demo test bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,17 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet "$(TORCH_PIN)" -e ".[$(EXTRAS)]"
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed system-packages
+
+# What the real-launcher tests start (tests/multiprocess/test_launchers.py): Debian's SLURM, munge and
+# Open MPI. Installed only as root, only when missing; never fails the install (the tests skip, saying why).
+SYSTEM_PACKAGES ?= slurm-wlm munge openmpi-bin
+system-packages:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    ! { command -v slurmctld && command -v slurmd && command -v munged && command -v mpirun; } >/dev/null 2>&1; then \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES); } \
+	    || echo 'make: could not install $(SYSTEM_PACKAGES): the SLURM/MPI tests will skip'; \
+	fi
 
 demo: install
 	$(PY) launch/run.py --nproc-per-node $(NPROC) --config configs/per_rank.yaml

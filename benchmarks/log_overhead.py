@@ -18,6 +18,14 @@ divides, because a single sub-microsecond call is below the timer's resolution):
   timestamp, loop over destinations, deep-copy the metrics, append ``(timestamp, value)``).
   Composer has no rank policy, so its destinations run on every rank.
 * ``composer_real``: Composer's own ``Logger`` + ``InMemoryLogger``, when ``mosaicml`` is importable.
+
+Second part, per batch (``--lines-per-batch`` ``log_metrics`` calls, then ``batch_end``), on every
+rank with a per-rank :class:`FileLogger` at its defaults (64 KiB buffer, flush every 100 batches):
+
+* ``batch_file_durable``: as shipped: every ``batch_end`` hands the batch's lines to the OS (one
+  ``write`` call), so a killed rank keeps them (issue 21).
+* ``batch_file_buffered``: the previous behaviour (lines reach the OS every 100 batches only).
+* ``batch_inmem``: the same calls with an in-memory destination only: the floor.
 """
 
 from __future__ import annotations
@@ -137,6 +145,39 @@ def build_modes(workdir: pathlib.Path) -> tuple[dict[str, Callable], list]:
     return modes, [three, inmem]
 
 
+def build_batch_modes(workdir: pathlib.Path) -> tuple[dict[str, Any], list]:
+    """Loggers for the per-batch part: the durable FileLogger, the buffered-only one, in-memory only."""
+    from dist_logging import Logger
+    from dist_logging.destinations._periodic import PeriodicFlushMixin
+    from dist_logging.destinations.file import FileLogger
+    from dist_logging.destinations.in_memory import InMemoryLogger
+
+    class BufferedOnlyFileLogger(FileLogger):
+        """FileLogger before issue 21: lines reach the OS only at its flush (every 100 batches)."""
+
+        batch_end = PeriodicFlushMixin.batch_end
+
+    loggers = {
+        'batch_file_durable': Logger([FileLogger(str(workdir / 'durable-{rank}.txt'), remote_file_name='')],
+                                     run_name='bench-durable'),
+        'batch_file_buffered': Logger([BufferedOnlyFileLogger(str(workdir / 'buffered-{rank}.txt'),
+                                                              remote_file_name='')], run_name='bench-buffered'),
+        'batch_inmem': Logger([InMemoryLogger(ranks='all')], run_name='bench-inmem'),
+    }
+    return loggers, list(loggers.values())
+
+
+def time_batches(logger: Any, metrics: dict, lines: int, batches: int) -> int:
+    """Nanoseconds for ``batches`` batches of ``lines`` log_metrics calls and a batch_end."""
+    log, end, rng = logger.log_metrics, logger.batch_end, range(lines)
+    start = C.now_ns()
+    for _ in range(batches):
+        for _ in rng:
+            log(metrics)
+        end()
+    return C.now_ns() - start
+
+
 def time_batch(fn: Callable, metrics: dict, inner: int) -> int:
     """Nanoseconds for ``inner`` calls of ``fn(metrics)``."""
     rng = range(inner)
@@ -150,9 +191,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = C.base_parser(__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=300, help='timed batches per mode')
     parser.add_argument('--inner', type=int, default=2000, help='calls per timed batch')
+    parser.add_argument('--batch-rounds', type=int, default=200, help='timed groups of batches per batch mode')
+    parser.add_argument('--batches', type=int, default=50, help='batches per timed group')
+    parser.add_argument('--lines-per-batch', type=int, default=10, help='log_metrics calls per batch')
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.inner = 20, 200
+        args.rounds, args.inner, args.batch_rounds, args.batches = 20, 200, 10, 20
     d = C.init_distributed(args.backend)
     with tempfile.TemporaryDirectory(prefix='bench-log-overhead-') as tmp:
         modes, loggers = build_modes(pathlib.Path(tmp))
@@ -167,7 +211,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                 per_call_ns[mode].append(time_batch(modes[mode], METRICS, args.inner) / args.inner)
         for logger in loggers:
             logger.close()
+        batch_loggers, to_close = build_batch_modes(pathlib.Path(tmp))
+        for logger in batch_loggers.values():
+            time_batches(logger, METRICS, args.lines_per_batch, args.batches)
+        d.barrier()
+        per_batch_ns: dict[str, list[float]] = {m: [] for m in batch_loggers}
+        for _, order in C.rotations(list(batch_loggers), args.batch_rounds):
+            for mode in order:
+                ns = time_batches(batch_loggers[mode], METRICS, args.lines_per_batch, args.batches)
+                per_batch_ns[mode].append(ns / args.batches)
+        for logger in to_close:
+            logger.close()
     gathered = d.all_gather_object({mode: C.summarize(v, 1e-3) for mode, v in per_call_ns.items()})
+    gathered_batches = d.all_gather_object({mode: C.summarize(v, 1e-3) for mode, v in per_batch_ns.items()})
 
     summary: dict[str, Any] = {
         'what': 'per-call cost of log_metrics (µs per call; median etc. over timed batches of back-to-back calls)',
@@ -208,12 +264,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         'other_ours_3zero_over_dict_append': C.ratio(ours_other, others_worst('dict_append')) if others else None,
     }
     summary['targets'] = targets
+    worst = {m: max(g[m]['median'] for g in gathered_batches) for m in per_batch_ns}
+    summary['batch_durability'] = {
+        'what': (f'µs per batch of {args.lines_per_batch} log_metrics calls + batch_end, FileLogger defaults; '
+                 'worst rank median'),
+        'per_rank': {str(r): g for r, g in enumerate(gathered_batches)},
+        'worst_median_us': worst,
+        'durable_minus_buffered_us_per_batch': worst['batch_file_durable'] - worst['batch_file_buffered'],
+        'durable_over_buffered': C.ratio(worst['batch_file_durable'], worst['batch_file_buffered']),
+    }
     summary = C.finish(NAME, d, summary, args, plot)
     return 0
 
 
 def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
-    fig, (ax,) = C.new_figure(width=8)
+    fig, (ax, ax_batch) = C.new_figure(ncols=2, width=6.5)
     modes = list(summary['rank0_median_us'])
     xs = range(len(modes))
     r0 = [summary['rank0_median_us'][m] for m in modes]
@@ -227,6 +292,14 @@ def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
     ax.set_ylabel('time per log_metrics call (µs, median)')
     ax.set_title(f'log_metrics per-call cost, {d.world_size} rank(s), {d.backend}')
     ax.legend()
+    durability = summary.get('batch_durability')
+    if durability:
+        batch_modes = list(durability['worst_median_us'])
+        ax_batch.bar(range(len(batch_modes)), [durability['worst_median_us'][m] for m in batch_modes])
+        ax_batch.set_xticks(list(range(len(batch_modes))))
+        ax_batch.set_xticklabels(batch_modes, rotation=20, ha='right')
+        ax_batch.set_ylabel('µs per batch (worst rank median)')
+        ax_batch.set_title('per batch: lines to the OS at every batch_end vs every 100')
     C.save_figure(fig, NAME, d, out_json)
 
 

@@ -285,6 +285,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     problems: list[str] = []
     print(f'{args.config}: world size {world}, {per_node} rank(s) per node, {world // per_node} node(s), '
           f'run name {run_name}')
+    try:
+        from dist_logging import dist
+
+        here = dist.launch_facts()
+        print(f'this process: launched by {here.launcher} (rank {here.rank} of {here.world_size}, '
+              f'run name {here.run_name or "not derivable from the environment"}; see docs/launchers.md)')
+    except ValueError as exc:
+        problems.append(f'this process\'s launcher variables: {exc}')
     for rank in range(world):
         local = rank % per_node
         values = {'run_name': run_name, 'rank': rank, 'local_rank': local, 'world_size': world,

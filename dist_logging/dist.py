@@ -2,9 +2,12 @@
 
 Every function here works without a process group. Rank facts come from
 ``torch.distributed`` when a default process group is initialized, otherwise
-from the environment torchrun sets (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``), otherwise they describe a
-single process (rank 0 of a world of 1).
+from the launcher's environment: torchrun's variables (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``), else SLURM's
+(an ``srun`` task), else Open MPI's, else MPICH / Intel MPI / PMIx's, otherwise
+they describe a single process (rank 0 of a world of 1). torchrun wins when
+sources disagree (``srun torchrun``); see docs/launchers.md.
+:func:`init_process_group_from_env` starts a process group from any of them.
 
 Collectives used by the Logger (gathering metrics, agreeing on the run name,
 checking hyperparameters) run on a dedicated gloo group over CPU tensors that is
@@ -20,13 +23,17 @@ import atexit
 import datetime
 import itertools
 import os
+import re
+import socket
 import threading
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.distributed as torch_dist
 
+from dist_logging._launchers import ENVIRONMENT_VARIABLES, LaunchFacts, expand_hostlist
+from dist_logging._launchers import launch_facts as _launch_facts
 from dist_logging.errors import DistributedLoggingError
 
 __all__ = [
@@ -35,6 +42,13 @@ __all__ = [
     'get_world_size',
     'get_local_world_size',
     'get_node_rank',
+    'get_num_nodes',
+    'get_attempt',
+    'launcher',
+    'launch_facts',
+    'LaunchFacts',
+    'expand_hostlist',
+    'init_process_group_from_env',
     'is_initialized',
     'is_available',
     'LoggingGroup',
@@ -52,57 +66,223 @@ def is_initialized() -> bool:
     return torch_dist.is_available() and torch_dist.is_initialized()
 
 
-def _env_int(*names: str, default: int) -> int:
-    for name in names:
-        raw = os.environ.get(name)
-        if raw is None or raw == '':
-            continue
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError(f'environment variable {name}={raw!r} is not an integer') from None
-    return default
+def launch_facts() -> LaunchFacts:
+    """This process's facts as its launcher's environment describes them (no process group consulted).
+
+    Sources, first present wins: torchrun's variables (``RANK``, ``WORLD_SIZE``, ...), SLURM's
+    (an ``srun`` task), Open MPI's, MPICH / Intel MPI / PMIx's, else a single process; see
+    docs/launchers.md. The getters below prefer an initialized process group's rank and world size.
+
+    Raises:
+        ValueError: a launcher variable that is not an integer, or that contradicts another (named).
+    """
+    global _facts_cache
+    data = getattr(os.environ, '_data', None)
+    if _ENV_KEYS_RAW is not None and isinstance(data, dict):
+        values = tuple(map(data.get, _ENV_KEYS_RAW))  # C-level lookups: the getters stay cheap
+    else:
+        values = tuple(map(os.environ.get, ENVIRONMENT_VARIABLES))
+    cached_values, facts = _facts_cache
+    if values == cached_values and facts is not None:
+        return facts
+    env = {name: (os.fsdecode(value) if isinstance(value, bytes) else value)
+           for name, value in zip(ENVIRONMENT_VARIABLES, values) if value is not None}
+    facts = _launch_facts(env)
+    _facts_cache = (values, facts)
+    return facts
+
+
+# The facts, cached on the values of the variables they are computed from (a changed variable, e.g.
+# one init_process_group_from_env exports, is seen at the next call). os.environ._data holds the raw
+# (on POSIX, bytes) environment; elsewhere os.environ itself is read.
+_ENV_KEYS_RAW = tuple(os.fsencode(name) for name in ENVIRONMENT_VARIABLES) if os.name == 'posix' else None
+_facts_cache: tuple[Any, Optional[LaunchFacts]] = ((), None)
+
+
+def launcher() -> str:
+    """Which launcher started this process: ``'torchrun'``, ``'slurm'``, ``'openmpi'``, ``'mpich'``
+    (also Intel MPI), ``'pmix'``, ``'env'`` (``RANK``/``WORLD_SIZE`` set by something else) or
+    ``'single'``.
+
+    Raises:
+        ValueError: as :func:`launch_facts`.
+    """
+    return launch_facts().launcher
+
+
+def get_attempt() -> str:
+    """Which attempt of the job this process belongs to: ``'0'`` for the first; after a torchrun
+    restart (``TORCHELASTIC_RESTART_COUNT``) or a SLURM requeue (``SLURM_RESTART_COUNT``) the
+    count; ``'<requeues>.<restarts>'`` when both happened.
+
+    Raises:
+        ValueError: as :func:`launch_facts`.
+    """
+    return launch_facts().attempt
 
 
 def get_global_rank() -> int:
     """The rank of this process in the whole job (0 when not distributed)."""
     if is_initialized():
         return torch_dist.get_rank()
-    return _env_int('RANK', default=0)
+    return launch_facts().rank
 
 
 def get_world_size() -> int:
     """The number of processes in the whole job (1 when not distributed)."""
     if is_initialized():
         return torch_dist.get_world_size()
-    return _env_int('WORLD_SIZE', default=1)
+    return launch_facts().world_size
 
 
 def get_local_rank() -> int:
     """The rank of this process on its node (0 when not distributed)."""
-    return _env_int('LOCAL_RANK', default=0)
+    return launch_facts().local_rank
 
 
 def get_local_world_size() -> int:
     """The number of processes on this node (1 when not distributed)."""
-    return _env_int('LOCAL_WORLD_SIZE', default=1)
+    return launch_facts().local_world_size
 
 
 def get_node_rank() -> int:
     """The index of this node (0 when not distributed).
 
-    torchrun exports ``GROUP_RANK``; other launchers often export ``NODE_RANK``.
-    Without either, it is derived from the global rank and the local world size.
+    torchrun exports ``GROUP_RANK`` (other launchers of torch's variables ``NODE_RANK``), SLURM
+    ``SLURM_NODEID``; MPI exports none, so it is derived from the global rank and the local
+    world size (as it is when torch's variables name no node).
     """
-    explicit = _env_int('GROUP_RANK', 'NODE_RANK', default=-1)
-    if explicit >= 0:
-        return explicit
-    return get_global_rank() // max(get_local_world_size(), 1)
+    facts = launch_facts()
+    if is_initialized() and facts.launcher in ('openmpi', 'mpich', 'pmix', 'single'):
+        return torch_dist.get_rank() // max(facts.local_world_size, 1)
+    return facts.node_rank
 
 
 def get_num_nodes() -> int:
-    """The number of nodes, assuming every node runs the same number of ranks."""
-    return max(get_world_size() // max(get_local_world_size(), 1), 1)
+    """The number of nodes (SLURM's count; else assuming every node runs the same number of ranks)."""
+    facts = launch_facts()
+    if facts.launcher == 'slurm':
+        return facts.num_nodes
+    return max(get_world_size() // max(facts.local_world_size, 1), 1)
+
+
+_DEFAULT_INIT_TIMEOUT = datetime.timedelta(minutes=10)  # torch's own default for gloo and NCCL
+
+
+def _derived_port(seed: str) -> int:
+    """A port in 20000..59999 from ``seed`` (a job id), the same on every rank of the job.
+
+    Deterministic (no communication is possible before the group exists); two steps of one
+    SLURM job running at once get different ports because the step id is in the seed.
+    """
+    import zlib
+
+    return 20000 + zlib.crc32(seed.encode()) % 40000
+
+
+def _rendezvous_address(facts: LaunchFacts, env: Any) -> tuple[str, str]:
+    """``(MASTER_ADDR, MASTER_PORT)`` for ``facts``: the environment's, else derived from the launcher's.
+
+    Raises:
+        ValueError: naming what is missing and how to provide it.
+    """
+    addr, port = env.get('MASTER_ADDR') or None, env.get('MASTER_PORT') or None
+    if addr is None:
+        if facts.launcher == 'slurm':
+            nodelist = env.get('SLURM_STEP_NODELIST') or env.get('SLURM_JOB_NODELIST') or env.get('SLURM_NODELIST')
+            if not nodelist:
+                raise ValueError('init_process_group_from_env: SLURM sets neither SLURM_STEP_NODELIST nor '
+                                 'SLURM_JOB_NODELIST; export MASTER_ADDR (the host of rank 0)')
+            addr = expand_hostlist(nodelist)[0]  # srun places task 0 on the step's first node
+        elif facts.num_nodes == 1 or facts.world_size == 1:
+            addr = '127.0.0.1'
+        else:
+            raise ValueError(f'init_process_group_from_env: {facts.launcher} runs {facts.world_size} ranks on '
+                             f'{facts.num_nodes} nodes and exports no address for rank 0: export MASTER_ADDR (the '
+                             'host name of rank 0, e.g. mpirun -x MASTER_ADDR=$(hostname))')
+    if port is None:
+        seed = facts.run_id or env.get('PMI_PORT')
+        if facts.world_size == 1 and seed is None:
+            import socket
+
+            with socket.socket() as sock:  # one process: any free port will do
+                sock.bind(('127.0.0.1', 0))
+                port = str(sock.getsockname()[1])
+        elif seed is None:
+            raise ValueError(f'init_process_group_from_env: {facts.launcher} exports no id shared by every rank to '
+                             'derive a port from: export MASTER_PORT (e.g. mpirun -x MASTER_PORT=29500)')
+        else:
+            port = str(_derived_port(seed))
+    return addr, port
+
+
+def init_process_group_from_env(backend: Optional[str] = None,
+                                timeout: Union[float, datetime.timedelta] = _DEFAULT_INIT_TIMEOUT) -> LaunchFacts:
+    """Initialize ``torch.distributed`` from whichever launcher started this process (no torchrun needed).
+
+    For ``srun python train.py`` (SLURM), ``mpirun python train.py`` (Open MPI, MPICH, Intel MPI)
+    or torchrun alike: exports torch's ``env://`` variables (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) from
+    the launcher's, then calls ``torch.distributed.init_process_group``. Variables already set
+    are kept (torchrun's, or a ``MASTER_ADDR``/``MASTER_PORT`` of your own).
+
+    * ``MASTER_ADDR``: on SLURM the first host of ``SLURM_STEP_NODELIST`` (else
+      ``SLURM_JOB_NODELIST``), expanded as ``scontrol show hostnames`` does; under MPI on one
+      node ``127.0.0.1``; under MPI on several nodes it must be exported.
+    * ``MASTER_PORT``: derived from the job's id (SLURM job and step, Open MPI/PMIx job id,
+      Hydra's ``PMI_PORT``) into 20000..59999, the same on every rank.
+    * Under torchrun, each restart gets its own key prefix in torchrun's store: the agent keeps
+      one store across restarts, and with the previous attempt's keys still in it a restarted
+      gloo group tries to connect to the dead ranks (seen with torch 2.13).
+    * ``backend``: default ``'nccl'`` when CUDA is available, else ``'gloo'``. With CUDA the
+      current device becomes ``local_rank % device_count()`` (right both when every task sees
+      all GPUs and when SLURM gives each task its own).
+
+    Args:
+        backend: the process group's backend; ``None`` picks as above.
+        timeout: seconds (or a ``timedelta``) for the rendezvous and collectives of the group.
+
+    Returns:
+        The launcher's facts this process joined with (``.launcher``, ``.rank``, ...).
+
+    Raises:
+        RuntimeError: a default process group exists already, or ``torch.distributed`` is unavailable.
+        ValueError: a missing or malformed variable (named, with how to provide it), or a bad timeout.
+    """
+    if not is_available():
+        raise RuntimeError('init_process_group_from_env: this torch build has no torch.distributed')
+    if is_initialized():
+        raise RuntimeError('init_process_group_from_env: a default process group is initialized already')
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = datetime.timedelta(seconds=timeout)
+    if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
+        raise ValueError(f'init_process_group_from_env: timeout must be a positive number of seconds or a '
+                         f'timedelta, got {timeout!r}')
+    facts = launch_facts()
+    addr, port = _rendezvous_address(facts, os.environ)
+    exported = {'MASTER_ADDR': addr, 'MASTER_PORT': port, 'RANK': str(facts.rank),
+                'WORLD_SIZE': str(facts.world_size), 'LOCAL_RANK': str(facts.local_rank),
+                'LOCAL_WORLD_SIZE': str(facts.local_world_size), 'GROUP_RANK': str(facts.node_rank)}
+    for name, value in exported.items():
+        os.environ.setdefault(name, value)
+    use_cuda = torch.cuda.is_available()
+    if backend is None:
+        backend = 'nccl' if use_cuda else 'gloo'
+    if use_cuda and 'nccl' in str(backend).lower():
+        torch.cuda.set_device(facts.local_rank % torch.cuda.device_count())
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True':
+        # torchrun's agent keeps one store across restarts, and the previous attempt's keys are
+        # still in it: gloo would connect to the dead ranks' old addresses (torch 2.13). A prefix
+        # per attempt gives every attempt clean keys.
+        base = torch_dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), facts.world_size,
+                                   is_master=False, timeout=timeout)
+        store = torch_dist.PrefixStore(f'dist_logging/attempt{facts.restarts}', base)
+        torch_dist.init_process_group(backend=backend, store=store, rank=facts.rank, world_size=facts.world_size,
+                                      timeout=timeout)
+    else:
+        torch_dist.init_process_group(backend=backend, init_method='env://', rank=facts.rank,
+                                      world_size=facts.world_size, timeout=timeout)
+    return facts
 
 
 def select_reduction_device(backend: str, cuda_available: bool) -> torch.device:
@@ -127,6 +307,33 @@ def _rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
 _GROUP_INSTANCES = itertools.count()
 _DEFAULT_GROUP = object()  # LoggingGroup._group when the default group is used: looked up, never held
 _LIVE_GROUPS: 'weakref.WeakSet[LoggingGroup]' = weakref.WeakSet()
+
+
+_PROC_PREFIX = 'dist_logging/proc/'  # rank -> 'host pid', set once per process (see LoggingGroup._announce)
+_ANNOUNCED: set[int] = set()
+_HOST = socket.gethostname()
+_ROLL_CALL_SECONDS = 5.0
+# How gloo, NCCL and TCP report a peer that went away.
+_CONNECTION_LOST = re.compile(
+    r'Connection (reset|closed) by peer|Broken pipe|remote process exited|Socket closed|connection closed', re.I)
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host (a zombie, ended but not yet reaped by its launcher, has ended)."""
+    try:
+        with open(f'/proc/{pid}/stat', 'rb') as handle:
+            state = handle.read().rsplit(b')', 1)[1].split()[0]
+        return state not in (b'Z', b'X')
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 @atexit.register
@@ -220,6 +427,7 @@ class LoggingGroup:
         with self._lock:
             if self._group is None:
                 what = 'creating the logging gloo process group'
+                self._announce()
                 self._arrive()
                 try:
                     if torch_dist.get_backend() == 'gloo':
@@ -277,12 +485,103 @@ class LoggingGroup:
             return None
         return missing
 
+    # ------------------------------------------------------------------ who left
+    def _announce(self) -> None:
+        """Write ``host pid`` under this rank's key once per process and store (one ``set``), so that a
+        failed collective can tell which ranks' processes have ended."""
+        store = self._get_store()
+        if not store or id(store) in _ANNOUNCED:
+            return
+        try:
+            store.set(f'{_PROC_PREFIX}{get_global_rank()}', f'{_HOST} {os.getpid()}')
+            _ANNOUNCED.add(id(store))
+        except Exception:  # noqa: BLE001 - diagnostics only
+            pass
+
+    def departed_ranks(self, connection_lost: bool = False) -> tuple[list[int], list[int], dict[int, str]]:
+        """After a failed collective: ``(left, silent, where)``.
+
+        ``left``: ranks on this host whose process has ended (checked in ``/proc``: exact, immediate).
+        ``silent``: only when ``connection_lost``, ranks on other hosts that did not answer a roll
+        call in the store within a few seconds (the survivors of the same failure all answer).
+        ``where``: rank -> ``'host pid'`` as the ranks announced themselves. Reads one key per rank
+        from the store (on failure only); never raises.
+        """
+        store = self._get_store()
+        if not store:
+            return [], [], {}
+        me, world = get_global_rank(), torch_dist.get_world_size()
+        import time
+
+        where: dict[int, str] = {}
+        local: dict[int, int] = {}
+        remote: list[int] = []
+        try:
+            for rank in range(world):
+                key = f'{_PROC_PREFIX}{rank}'
+                if rank == me or not store.check([key]):
+                    continue
+                where[rank] = store.get(key).decode()
+                host, _, pid = where[rank].partition(' ')
+                if host != _HOST:
+                    remote.append(rank)
+                else:
+                    local[rank] = int(pid)
+        except Exception:  # noqa: BLE001 - the store may have gone with the failed host
+            pass
+        left = [rank for rank, pid in local.items() if not _process_alive(pid)]
+        # A closed connection comes from a process that is exiting: the kernel closes its sockets a
+        # moment before the process shows as ended. Look again, briefly.
+        deadline = time.monotonic() + 1.0
+        while connection_lost and local and not left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [rank for rank, pid in local.items() if not _process_alive(pid)]
+        silent: list[int] = []
+        if connection_lost and remote:
+            silent = self._roll_call(store, remote)
+        return left, silent, where
+
+    def _roll_call(self, store: Any, ranks: list[int]) -> list[int]:
+        """Answer and wait (at most ``_ROLL_CALL_SECONDS``) for ``ranks`` to answer too; the silent ones."""
+        import time
+
+        prefix = f'{self._prefix}rollcall{self._sequence}/'
+        try:
+            store.set(f'{prefix}{get_global_rank()}', '1')
+            deadline = time.monotonic() + min(_ROLL_CALL_SECONDS, self.timeout)
+            pending = list(ranks)
+            while pending and time.monotonic() < deadline:
+                pending = [r for r in pending if not store.check([f'{prefix}{r}'])]
+                if pending:
+                    time.sleep(0.1)
+            return pending
+        except Exception:  # noqa: BLE001
+            return []
+
     def _failure(self, what: str, exc: BaseException) -> DistributedLoggingError:
+        text = str(exc)
+        first = text.splitlines()[0] if text else type(exc).__name__
+        connection_lost = bool(_CONNECTION_LOST.search(text))
+        left, silent, where = self.departed_ranks(connection_lost)
+        if left or silent:
+            parts = []
+            if left:
+                parts.append(f'rank(s) {left} left the job (their process ended: '
+                             + ', '.join(f'rank {r}: pid {where[r].split(" ")[1]} on {where[r].split(" ")[0]}'
+                                         for r in left) + ')')
+            if silent:
+                parts.append(f'rank(s) {silent} on other hosts did not answer within {_ROLL_CALL_SECONDS:g} s '
+                             'after the connection closed (they left, or hang)')
+            cause = 'a peer closed its connection' if connection_lost else 'the collective failed'
+            return DistributedLoggingError(f'{what}: {"; ".join(parts)}; {cause} ({first})',
+                                           missing_ranks=silent, left_ranks=left)
+        if connection_lost:
+            return DistributedLoggingError(f'{what}: a peer closed its connection: a rank left or failed (none '
+                                           f'of the ranks this one can check has ended) ({first})')
         error = DistributedLoggingError.from_runtime_error(what, exc, self.timeout)
         if not error.missing_ranks:
             missing = self.missing_ranks()
             if missing:
-                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 error = DistributedLoggingError(
                     f'{what}: ranks {missing} did not reach it within {self.timeout:g} s, or failed ({first})',
                     missing)

@@ -32,11 +32,17 @@ class DistributedLoggingError(RuntimeError):
 
     Attributes:
         missing_ranks: The ranks that did not reach the collective, when known.
+        left_ranks: The ranks known to have left the job (their process ended), a subset of
+            ``missing_ranks``; empty when none is known to have left.
     """
 
-    def __init__(self, message: str, missing_ranks: Iterable[int] = ()):
-        self.missing_ranks = tuple(sorted(set(missing_ranks)))
+    def __init__(self, message: str, missing_ranks: Iterable[int] = (), left_ranks: Iterable[int] = ()):
+        self.left_ranks = tuple(sorted(set(left_ranks)))
+        self.missing_ranks = tuple(sorted(set(missing_ranks) | set(self.left_ranks)))
         super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.missing_ranks, self.left_ranks))
 
     @classmethod
     def from_runtime_error(cls, what: str, exc: BaseException, timeout: float) -> 'DistributedLoggingError':

@@ -48,12 +48,14 @@ def _resolve_run_name(run_name: Optional[str], group: dist.LoggingGroup) -> str:
         if any(c in run_name for c in '/\\{}\x00') or run_name in ('.', '..'):
             raise ValueError(f'run_name {run_name!r} must not contain "/", "\\", braces or NUL, or be "." / ".."')
         return run_name
-    # torchrun gives every rank of a job the same run id ('none' unless --rdzv-id or --standalone);
-    # MASTER_ADDR:MASTER_PORT is also the same on every rank of one job.
-    run_id = os.environ.get('TORCHELASTIC_RUN_ID', 'none')
-    if run_id == 'none' and 'MASTER_PORT' in os.environ:
+    # The launcher's job id (torchrun's run id, else the SLURM job and step, else MPI's job id) is
+    # the same on every rank of a job and kept by restarts and requeues; MASTER_ADDR:MASTER_PORT
+    # is also the same on every rank of one job.
+    derived = dist.launch_facts().run_name
+    if derived is not None:
+        return derived
+    if 'MASTER_PORT' in os.environ:
         run_id = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ['MASTER_PORT']}"
-    if run_id != 'none':
         return 'run-' + hashlib.sha1(run_id.encode()).hexdigest()[:10]
     generated = time.strftime('run-%Y%m%d-%H%M%S-') + uuid.uuid4().hex[:6]
     if dist.get_world_size() > 1:
@@ -96,8 +98,9 @@ class Logger:
     Args:
         destinations: a destination or a sequence of them.
         run_name: the run's name, identical on every rank. Default: the environment
-            variable ``DIST_LOGGING_RUN_NAME``, else derived from torchrun's run id,
-            else generated on rank zero and shared.
+            variable ``DIST_LOGGING_RUN_NAME``, else derived from the launcher's job id
+            (torchrun's run id, else ``slurm-<job>-<step>``, else MPI's job id; see
+            docs/launchers.md), else generated on rank zero and shared.
         sync_timeout: seconds a collective (:meth:`flush`, consistency checks) waits for
             every rank before raising :class:`~dist_logging.DistributedLoggingError`.
         log_run_info: when True, log world size, torch version and host names as

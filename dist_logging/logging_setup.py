@@ -239,7 +239,8 @@ class _NoCollective:
 
     def broadcast_object(self, obj: Any, what: str) -> Any:
         raise ValueError('setup_logging: the file name uses {run_name} but this job shares no run id '
-                         '(DIST_LOGGING_RUN_NAME, torchrun\'s TORCHELASTIC_RUN_ID or MASTER_ADDR/MASTER_PORT) to '
+                         '(DIST_LOGGING_RUN_NAME, torchrun\'s TORCHELASTIC_RUN_ID, a SLURM job, an MPI job id or '
+                         'MASTER_ADDR/MASTER_PORT) to '
                          'derive one from without a collective; pass run_name= or logger=')
 
 
@@ -287,7 +288,10 @@ def setup_logging(level: Union[int, str] = logging.INFO, *, console_ranks: Conso
       thread) is logged at ``CRITICAL`` with its traceback before the process dies.
     * ``file``: every rank writes all its records at ``level`` or above to its own file,
       one line per record (UTC time, global rank, level, logger name, message; continuation
-      lines of tracebacks start with a TAB). ``dist-logging logs`` merges these files.
+      lines of tracebacks start with a TAB). ``dist-logging logs`` merges these files. After a
+      torchrun restart or a SLURM requeue the file is appended to, starting with a WARNING
+      record ``===== attempt N (...) starts =====``; ``{attempt}`` in ``file`` gives each attempt
+      its own file.
     * Secrets in messages (URL passwords, known token formats) are redacted on both.
     * With no file, on a rank that does not print to the console, the root logger's level is
       raised to ``ERROR`` (unless the root logger has other handlers), so a filtered-out call
@@ -298,7 +302,7 @@ def setup_logging(level: Union[int, str] = logging.INFO, *, console_ranks: Conso
         console_ranks: ``'zero'`` (global rank 0), ``'local_zero'`` (local rank 0 of each
             node), ``'all'``, or a list of global ranks.
         file: a name template (``{run_name}``, ``{rank}``, ``{local_rank}``, ``{node_rank}``,
-            ``{world_size}``, ``{local_world_size}``) that must tell ranks apart, e.g.
+            ``{world_size}``, ``{local_world_size}``, ``{attempt}``) that must tell ranks apart, e.g.
             ``'{run_name}/python-rank{rank}.log'``; ``None`` for no file.
         run_name: fills ``{run_name}``; default: ``logger.run_name``, else derived as the
             Logger derives it (``DIST_LOGGING_RUN_NAME``, torchrun's run id).
@@ -356,6 +360,7 @@ def setup_logging(level: Union[int, str] = logging.INFO, *, console_ranks: Conso
         file_handler = logging.FileHandler(path, mode='a', encoding='utf-8')
         file_handler.setFormatter(_FileFormatter(rank))
         handlers.append(file_handler)
+        _mark_attempt(file_handler, path)
 
     with _lock:
         root = logging.getLogger()
@@ -399,6 +404,22 @@ def setup_logging(level: Union[int, str] = logging.INFO, *, console_ranks: Conso
     else:
         installed.uploader = installed.uploader_logger = None
     return path
+
+
+_marked_paths: set[str] = set()
+
+
+def _mark_attempt(handler: logging.FileHandler, path: str) -> None:
+    """After a torchrun restart or a SLURM requeue, start this attempt's lines in the (appended)
+    file with a visible record; once per process and file, however often setup_logging runs."""
+    facts = dist.launch_facts()
+    key = os.path.abspath(path)
+    if facts.attempt == '0' or key in _marked_paths:
+        return
+    _marked_paths.add(key)
+    record = logging.LogRecord('dist_logging', logging.WARNING, __file__, 0,
+                               '===== attempt %s (%s) starts =====', (facts.attempt, facts.attempt_cause), None)
+    handler.handle(record)
 
 
 def _warnings_captured() -> bool:

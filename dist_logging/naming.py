@@ -21,7 +21,7 @@ __all__ = [
     'validate_object_name',
 ]
 
-DIST_PLACEHOLDERS = ('run_name', 'rank', 'local_rank', 'world_size', 'local_world_size', 'node_rank')
+DIST_PLACEHOLDERS = ('run_name', 'rank', 'local_rank', 'world_size', 'local_world_size', 'node_rank', 'attempt')
 TIME_PLACEHOLDERS = (
     'epoch', 'batch', 'batch_in_epoch', 'sample', 'sample_in_epoch', 'token', 'token_in_epoch',
     'total_wct', 'epoch_wct', 'batch_wct',
@@ -84,6 +84,7 @@ def _dist_values(run_name: str) -> dict[str, Any]:
         'world_size': dist.get_world_size(),
         'local_world_size': dist.get_local_world_size(),
         'node_rank': dist.get_node_rank(),
+        'attempt': dist.get_attempt(),
     }
 
 
@@ -102,7 +103,8 @@ def format_name_with_dist(format_str: str, run_name: str, **extra: Any) -> str:
     """Fill a name template with the run name and this process's rank facts.
 
     Placeholders: ``{run_name}``, ``{rank}``, ``{local_rank}``, ``{world_size}``,
-    ``{local_world_size}``, ``{node_rank}`` and any keyword in ``extra``. Format
+    ``{local_world_size}``, ``{node_rank}``, ``{attempt}`` (``'0'``, then the torchrun restart or
+    SLURM requeue count: text, see :func:`dist_logging.dist.get_attempt`) and any keyword in ``extra``. Format
     specs work (``'{rank:03d}'``).
 
     Example:

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         buckets: set[pathlib.Path] = set()
         for path in sorted(report.glob('rank*.json'), key=lambda p: int(p.stem[4:])):
             info = json.loads(path.read_text())
-            print(f"  rank {info['rank']} (node {info['node_rank']}, local rank {info['local_rank']}), run {info['run_name']}:")
+            print(f"  rank {info['rank']} (node {info['node_rank']}, local rank {info['local_rank']}, launched by "
+                  f"{info.get('launcher', '?')}), run {info['run_name']}:")
             for output in info['outputs']:
                 details = ', '.join(f'{k}={v}' for k, v in output.items() if k != 'destination')
                 print(f"    {output['destination']}: {details}")

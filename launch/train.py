@@ -43,11 +43,12 @@ def main() -> None:
     # First thing, before the process group: a failure from here on is logged once per rank, tagged.
     setup_logging(file=PYTHON_LOG)
     use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(dist.get_local_rank())
-    torch_dist.init_process_group('nccl' if use_cuda else 'gloo')
-    device = torch.device('cuda', dist.get_local_rank()) if use_cuda else torch.device('cpu')
+    # Works under torchrun, `srun python` (SLURM) and `mpirun` alike: NCCL with CUDA, else gloo.
+    dist.init_process_group_from_env()
+    device = torch.device('cuda', torch.cuda.current_device()) if use_cuda else torch.device('cpu')
     rank, world_size = dist.get_global_rank(), dist.get_world_size()
+    logging.getLogger('train').info('launched by %s: %d rank(s) on %d node(s)', dist.launcher(), world_size,
+                                    dist.get_num_nodes())
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
@@ -101,6 +102,7 @@ def main() -> None:
         outputs = [describe(d) for d in logger.active_destinations]
         (report / f'rank{rank}.json').write_text(json.dumps({
             'rank': rank, 'local_rank': dist.get_local_rank(), 'node_rank': dist.get_node_rank(),
+            'launcher': dist.launcher(),
             'run_name': logger.run_name, 'cwd': os.getcwd(), 'outputs': outputs, 'python_log': python_log,
         }, indent=2))
     torch_dist.destroy_process_group()

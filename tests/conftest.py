@@ -41,11 +41,19 @@ _RANK_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RAN
               'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'DIST_LOGGING_RUN_NAME')
 
 
+# Launchers whose variables dist_logging reads (SLURM, Open MPI, MPICH / Intel MPI, PMIx) and torchrun's
+# restart count: the suite may itself run inside a SLURM job or under mpirun.
+LAUNCHER_PREFIXES = ('SLURM_', 'OMPI_', 'PMI_', 'PMIX_', 'MPI_LOCAL', 'TORCHELASTIC_')
+
+
 @pytest.fixture(autouse=True)
 def single_process_env(monkeypatch):
-    """Every in-process test starts as a single process, whatever the shell exported."""
+    """Every in-process test starts as a single process, whatever the shell (or a batch system) exported."""
     for name in _RANK_VARS:
         monkeypatch.delenv(name, raising=False)
+    for name in list(os.environ):
+        if name.startswith(LAUNCHER_PREFIXES):
+            monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

@@ -95,3 +95,45 @@ def test_exit_hook_drops_the_groups_of_loggers_never_closed():
     group._group, group._store = dedicated, store
     dist._release_process_groups()
     assert group._group is None and group._store is None
+
+
+def test_a_failed_collective_names_the_ranks_that_left(monkeypatch):
+    """Issue 21: rank 1 (this host, process ended) left; rank 2 (another host) does not answer the roll
+    call; rank 3 (another host) answers: it is a survivor, not named."""
+    import subprocess
+    import sys
+
+    from dist_logging import dist
+
+    ended = subprocess.Popen([sys.executable, '-c', 'pass'])
+    ended.wait()  # reaped: its pid names no process now
+    group = LoggingGroup(timeout=30)
+    store = torch_dist.HashStore()
+    group._store = store
+    monkeypatch.setattr(torch_dist, 'get_world_size', lambda group=None: 4)
+    monkeypatch.setattr(dist, '_ROLL_CALL_SECONDS', 0.5)
+    group._announce()  # rank 0, this process
+    store.set(f'{dist._PROC_PREFIX}1', f'{dist._HOST} {ended.pid}')
+    store.set(f'{dist._PROC_PREFIX}2', 'other-host 4242')
+    store.set(f'{dist._PROC_PREFIX}3', 'third-host 4343')
+    store.set(f'{group._prefix}rollcall{group._sequence}/3', '1')
+    error = group._failure('flush at step 2', RuntimeError('Read error [10.0.0.2]:4802: Connection reset by peer'))
+    assert isinstance(error, DistributedLoggingError)
+    assert error.left_ranks == (1,) and error.missing_ranks == (1, 2)
+    assert f'rank(s) [1] left the job (their process ended: rank 1: pid {ended.pid} on {dist._HOST})' in str(error)
+    assert 'rank(s) [2] on other hosts did not answer' in str(error) and 'within' in str(error)
+    assert 'not every rank arrived' not in str(error)
+
+
+def test_a_live_rank_on_this_host_is_not_said_to_have_left(monkeypatch):
+    import os
+
+    from dist_logging import dist
+
+    group = LoggingGroup(timeout=30)
+    store = torch_dist.HashStore()
+    group._store = store
+    monkeypatch.setattr(torch_dist, 'get_world_size', lambda group=None: 2)
+    store.set(f'{dist._PROC_PREFIX}1', f'{dist._HOST} {os.getppid()}')  # alive
+    error = group._failure('flush', RuntimeError('Connection closed by peer [127.0.0.1]:1'))
+    assert error.left_ranks == () and 'a rank left or failed' in str(error)

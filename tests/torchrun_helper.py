@@ -43,6 +43,10 @@ def base_env(out_dir: pathlib.Path, extra: Optional[Mapping[str, str]] = None) -
     for key in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'NODE_RANK',
                 'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID'):
         env.pop(key, None)
+    # A suite run inside a SLURM job or under mpirun must not hand the launcher's facts to its jobs.
+    for key in list(env):
+        if key.startswith(('SLURM_', 'OMPI_', 'PMI_', 'PMIX_', 'MPI_LOCAL', 'TORCHELASTIC_')):
+            env.pop(key)
     if extra:
         env.update(extra)
     return env

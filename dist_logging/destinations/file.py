@@ -10,6 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
+from dist_logging import _sigterm, dist
 from dist_logging._artifacts import jsonable, safe_artifact_name, table_json
 from dist_logging._values import format_log_data_value, json_safe
 from dist_logging.destination import LoggerDestination
@@ -37,8 +38,12 @@ def _artifact_base(path: str) -> str:
 class FileLogger(PeriodicFlushMixin, LoggerDestination):
     """Writes everything logged to a file per rank (by default), buffered, flushed periodically.
 
-    Lines are written to an open, buffered file; they reach the disk every
-    ``flush_interval`` batches, at every epoch end and at close. When the Logger
+    Lines are written to an open, buffered file; they reach the operating system at the end of
+    every batch (``batch_end``) and on SIGTERM, so a rank that dies keeps them, and the object
+    store every ``flush_interval`` batches, at every epoch end and at close. After a torchrun
+    restart or a SLURM requeue the file is appended to, after an ``[attempt]`` line (a record
+    of kind ``attempt`` in JSON Lines); ``{attempt}`` in ``filename`` gives each attempt its
+    own file instead. When the Logger
     has an upload-capable destination, the file is uploaded (``overwrite=True``) under
     ``remote_file_name`` after every flush, so the object always holds the newest log.
 
@@ -70,7 +75,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         optional: when True, this destination's errors are reported but never re-raised.
         buffer_size: the file's buffer, as ``open(buffering=)`` takes it: ``1`` writes every
             line at once (Composer's default), ``-1`` the system default, ``n > 1`` a buffer of
-            ``n`` bytes (default 64 KiB: lines reach the disk at each flush).
+            ``n`` bytes (default 64 KiB; lines reach the operating system at each batch end).
         overwrite: truncate an existing log file; by default a restarted run appends to it.
         capture_stdout: also write what this rank prints to ``sys.stdout`` to the log, a line
             each (``[stdout]: <line>`` as Composer, or a JSON record of kind ``stdout`` with its
@@ -147,10 +152,13 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             os.makedirs(directory, exist_ok=True)
         # Append by default: a restarted run with the same name keeps what the first attempt wrote.
         self._file = open(self.filename, 'w' if self.overwrite else 'a', encoding='utf-8', buffering=self.buffer_size)
+        self._mark_attempt(state.run_name)
         if self._early_text:
             self._file.write(''.join(self._early_text))
             self._early_text = []
             self._dirty = True
+        self._file.flush()
+        _sigterm.register(self)
         for stream, wanted in (('stdout', self.capture_stdout), ('stderr', self.capture_stderr)):
             if wanted:
                 self._tees.append((stream, install_tee(stream, functools.partial(self._write_captured, stream))))
@@ -177,6 +185,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 self._closed = True
                 self._file.close()
                 self._file = None
+            _sigterm.unregister(self)
 
     def flush(self) -> None:
         """Write buffered lines and tables to disk and, if the Logger can upload, upload what changed.
@@ -208,6 +217,46 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self._dirty_artifacts = {}
         for remote, local, overwrite in uploads:
             logger.upload_file(remote, local, overwrite=overwrite)
+
+    def batch_end(self, state: 'State', logger: 'Logger') -> None:
+        # Every batch hands what it wrote to the operating system (one write call when something
+        # was logged, none otherwise), so a rank killed right after (os._exit, SIGKILL, SIGTERM)
+        # loses none of it; flushing to the bucket stays every flush_interval batches.
+        if state.timestamp.batch % self.flush_interval == 0:
+            self.flush()
+        else:
+            self._write_through()
+
+    def _write_through(self, lock_timeout: float = -1) -> None:
+        """Hand buffered lines and table rows to the operating system (no upload)."""
+        locked = self._write_lock.acquire(timeout=lock_timeout)
+        try:
+            if self._file is not None:
+                self._file.flush()
+            for handle, _ in self._tables.values():
+                handle.flush()
+        finally:
+            if locked:
+                self._write_lock.release()
+
+    def _flush_on_signal(self) -> None:
+        # The signal may interrupt this very thread inside _write_lock: wait a little, then flush anyway.
+        self._write_through(lock_timeout=1.0)
+
+    def _mark_attempt(self, run_name: str) -> None:
+        """After a torchrun restart or a SLURM requeue, start the attempt with a visible line."""
+        facts = dist.launch_facts()
+        if facts.attempt == '0':
+            return
+        started = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
+        if self.format == 'jsonl':
+            self._file.write(json.dumps({'kind': 'attempt', 'time': round(time.time(), 6), 'data': {
+                'attempt': facts.attempt, 'restarts': facts.restarts, 'requeues': facts.requeues,
+                'run_name': run_name, 'rank': dist.get_global_rank()}}) + '\n')
+        else:
+            self._file.write(f'[attempt]: ===== attempt {facts.attempt} ({facts.attempt_cause}) of run {run_name}, '
+                             f'rank {dist.get_global_rank()}, started {started} =====\n')
+        self._dirty = True
 
     # ------------------------------------------------------------------ writing
     def _check_open(self) -> None:

@@ -90,17 +90,21 @@ def test_jsonl_log(tmp_path):
 
 
 def test_flush_interval(tmp_path):
+    # Lines reach the OS at every batch end (issue 21: a killed rank keeps them); uploads wait for the interval.
     path = tmp_path / 'log.txt'
-    logger = Logger(FileLogger(str(path), flush_interval=3), run_name='f')
+    uploader = RecordingUploader()
+    logger = Logger([FileLogger(str(path), remote_file_name='f/log.txt', flush_interval=3), uploader], run_name='f')
     logger.log_metrics({'loss': 1.0})
-    logger.batch_end()
-    logger.batch_end()
-    assert path.read_text() == ''  # buffered until batch 3
+    assert path.read_text() == ''  # buffered until the batch ends
     logger.batch_end()
     assert 'loss: 1.0' in path.read_text()
+    logger.batch_end()
+    assert uploader.names() == []  # uploaded at batch 3
+    logger.batch_end()
+    assert uploader.names() == ['f/log.txt']
     logger.log_metrics({'loss': 2.0})
     logger.epoch_end()  # epoch end always flushes
-    assert 'loss: 2.0' in path.read_text()
+    assert 'loss: 2.0' in path.read_text() and uploader.names() == ['f/log.txt'] * 2
     logger.close()
 
 
