@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
@@ -58,9 +59,34 @@ def test_handle_does_not_forget_a_given_logger_and_closes_it_once():
     handle = LoggerHandle(logger, None, 'Test')
     handle.close()
     handle.close()
-    assert handle.get() is logger
+    assert handle.run_name == 'given'
+    with pytest.raises(RuntimeError, match='logger= was closed.*pass a factory'):
+        handle.get()  # a given Logger cannot be reopened: said at the next use, not at a log call
     with pytest.raises(RuntimeError, match='closed'):
         logger.log_metrics({'x': 1.0})
+
+
+def test_handle_builds_every_logger_of_one_run_with_the_first_ones_name(monkeypatch):
+    built = []
+
+    def factory():
+        built.append(Logger())  # leaves run_name unset: the handle supplies its run's name
+        return built[-1]
+
+    monkeypatch.delenv('DIST_LOGGING_RUN_NAME', raising=False)
+    handle = LoggerHandle(factory, None, 'Test')
+    first = handle.get().run_name
+    handle.close()
+    assert handle.run_name == first and handle.get().run_name == first and len(built) == 2
+    assert 'DIST_LOGGING_RUN_NAME' not in os.environ  # set only while the factory ran
+    handle.close()
+    configured = LoggerHandle(None, {'destinations': []}, 'Test')
+    name = configured.get().run_name
+    configured.close()
+    assert configured.get().run_name == name
+    with pytest.warns(RuntimeWarning, match="run_name='other'"):
+        fixed = LoggerHandle(lambda: Logger(run_name='other'), None, 'Test', run_name='wanted')
+        fixed.get()
 
 
 def test_handle_reads_the_config_from_the_environment(tmp_path, monkeypatch):
