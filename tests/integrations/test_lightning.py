@@ -389,3 +389,45 @@ def test_a_given_logger_is_closed_at_the_first_finalize(tmp_path):
     assert adapter.version == 'given'
     with pytest.raises(RuntimeError, match='pass a factory'):
         adapter.log_metrics({'loss': 1.0}, step=2)
+
+
+EXIT_SCRIPT = r'''
+import os, sys, time
+from dist_logging import Logger
+from dist_logging.destinations.file import FileLogger
+from dist_logging.destinations.remote import RemoteUploaderDownloader
+from dist_logging.integrations.lightning import DistLoggingLogger
+from dist_logging.object_store.local import LocalObjectStore
+
+out = sys.argv[1]
+
+class SlowStore(LocalObjectStore):
+    def upload_object(self, *args, **kwargs):
+        time.sleep(0.5)  # still uploading when the script ends
+        super().upload_object(*args, **kwargs)
+
+adapter = DistLoggingLogger(lambda: Logger([
+    FileLogger(os.path.join(out, 'runs/{run_name}/rank{rank}.txt'), remote_file_name='{run_name}/rank{rank}.txt'),
+    RemoteUploaderDownloader(object_store=SlowStore(os.path.join(out, 'bucket')),
+                             upload_staging_folder=os.path.join(out, 'staging'))], run_name='at-exit'))
+adapter.log_metrics({'loss': 1.0}, step=1)
+path = os.path.join(out, 'model.ckpt')
+with open(path, 'wb') as f:
+    f.write(b'weights')
+adapter.experiment.upload_file('{run_name}/model.ckpt', path)
+print('exiting without finalize', flush=True)
+'''
+
+
+def test_interpreter_exit_drains_the_uploads_of_an_adapter_never_finalized(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, '-c', EXIT_SCRIPT, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / 'bucket' / 'at-exit' / 'model.ckpt').read_bytes() == b'weights'
+    log = (tmp_path / 'bucket' / 'at-exit' / 'rank0.txt').read_text()  # closed, flushed and uploaded at exit
+    assert '[metric][batch=1]: loss: 1.0' in log
