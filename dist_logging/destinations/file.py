@@ -160,10 +160,11 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         if directory:
             os.makedirs(directory, exist_ok=True)
         # Append by default: a restarted run with the same name keeps what the first attempt wrote.
-        self._file = open(self.filename, 'w' if self.overwrite else 'a', encoding='utf-8', buffering=self.buffer_size)
-        with self._write_lock:
+        handle = open(self.filename, 'w' if self.overwrite else 'a', encoding='utf-8', buffering=self.buffer_size)
+        with self._write_lock:  # a line printed by another thread meanwhile goes after the early text
+            self._file = handle
             if self._early_text:
-                self._file.write(''.join(self._early_text))
+                handle.write(''.join(self._early_text))
                 self._early_text, self._early_chars = [], 0
                 self._dirty = True
             dropped, self._early_dropped = self._early_dropped, 0
