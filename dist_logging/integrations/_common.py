@@ -101,13 +101,13 @@ class LoggerHandle:
             self._config = _check_config(config, owner)
         #: Whether this handle built the Logger (and so owns closing it).
         self.built_here = self._logger is None
-        if self._logger is not None:
-            self._run_name = self._logger.run_name
+        # The run name of the first Logger built (or given): every later one gets it.
+        self._pinned: Optional[str] = self._logger.run_name if self._logger is not None else None
 
     @property
     def run_name(self) -> Optional[str]:
-        """The run name of the Logger built (or given) first; None until then (unless given to the handle)."""
-        return self._run_name
+        """The run name of the Logger built (or given) first; None until one exists."""
+        return self._pinned
 
     @property
     def is_built(self) -> bool:
@@ -126,8 +126,8 @@ class LoggerHandle:
         if logger is None:
             logger = self._build()
             self._logger = logger
-            if self._run_name is None:
-                self._run_name = logger.run_name
+            if self._pinned is None:
+                self._pinned = logger.run_name
         elif not self.built_here and getattr(logger, '_closed', False):
             raise RuntimeError(f'{self.owner}: the Logger passed as logger= was closed (at the end of an earlier '
                                'stage, e.g. fit); pass a factory (logger=lambda: Logger(...)) or config= to log '
@@ -138,8 +138,8 @@ class LoggerHandle:
         from dist_logging.config import logger_from_config
         from dist_logging.logger import Logger
 
+        pinned = self._pinned
         if self._factory is not None:
-            pinned = self._run_name
             if pinned is None:
                 logger = self._factory()
             else:
@@ -162,7 +162,8 @@ class LoggerHandle:
                               f'not this adapter\'s run {pinned!r}; let the factory leave run_name unset (or pass '
                               'the same one) so one adapter logs one run', RuntimeWarning, stacklevel=3)
             return logger
-        overrides = {'run_name': self._run_name} if self._run_name is not None else {}
+        run_name = pinned if pinned is not None else self._run_name
+        overrides = {'run_name': run_name} if run_name is not None else {}
         return logger_from_config(self._config, **overrides)
 
     def __getstate__(self) -> dict[str, Any]:

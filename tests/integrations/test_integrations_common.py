@@ -84,8 +84,11 @@ def test_handle_builds_every_logger_of_one_run_with_the_first_ones_name(monkeypa
     name = configured.get().run_name
     configured.close()
     assert configured.get().run_name == name
-    with pytest.warns(RuntimeWarning, match="run_name='other'"):
-        fixed = LoggerHandle(lambda: Logger(run_name='other'), None, 'Test', run_name='wanted')
+    fixed = LoggerHandle(lambda: Logger(run_name='other'), None, 'Test')
+    assert fixed.get().run_name == 'other'  # the first one fixes the run: the factory's own name
+    fixed.close()
+    with pytest.warns(RuntimeWarning, match="run_name='another'.*not this adapter's run 'other'"):
+        fixed._factory = lambda: Logger(run_name='another')  # a factory that changes its mind
         fixed.get()
 
 
