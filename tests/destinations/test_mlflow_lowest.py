@@ -52,8 +52,10 @@ def _build(version: str, marker: dict) -> None:
                           check=True, capture_output=True, text=True, timeout=60).stdout.strip()
     # After the venv's own packages: the running environment's (torch, numpy when unpinned, pytest...).
     pathlib.Path(site, 'zz_parent_environment.pth').write_text(marker['parent'] + '\n')
+    # Few, short retries: without an index this skips in about a minute instead of hanging on retries.
     done = subprocess.run([str(python), '-m', 'pip', 'install', '--quiet', '--disable-pip-version-check',
-                           f'mlflow=={version}', *ERA_PINS], capture_output=True, text=True, timeout=840)
+                           '--retries', '2', '--timeout', '30', f'mlflow=={version}', *ERA_PINS],
+                          capture_output=True, text=True, timeout=840)
     if done.returncode != 0:
         output = (done.stdout + done.stderr)[-2000:]
         shutil.rmtree(VENV, ignore_errors=True)
