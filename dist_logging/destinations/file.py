@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import os
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from dist_logging._artifacts import jsonable, safe_artifact_name, table_json
@@ -27,6 +27,18 @@ __all__ = ['FileLogger']
 FORMATS = ('text', 'jsonl')
 _EARLY_TEXT_LIMIT = 1 << 22  # characters of text (e.g. captured output) held until the Logger opens the file
 TABLE_FORMATS = ('jsonl', 'csv')
+
+
+def _captured_line_sink(destination: 'FileLogger', stream: str) -> Any:
+    """The tee's sink: each captured line to ``destination``, held weakly so the tee never keeps it alive."""
+    ref = weakref.ref(destination)
+
+    def sink(line: str) -> None:
+        target = ref()
+        if target is not None:
+            target._write_captured(stream, line)
+
+    return sink
 
 
 def _artifact_base(path: str) -> str:
@@ -145,7 +157,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         capture_here = (self.capture_stdout or self.capture_stderr) and rank_included(self.ranks)
         for stream, wanted in (('stdout', self.capture_stdout), ('stderr', self.capture_stderr)):
             if wanted and capture_here:
-                self._tees.append((stream, install_tee(stream, functools.partial(self._write_captured, stream))))
+                tee = install_tee(stream, _captured_line_sink(self, stream))
+                self._tees.append((stream, tee))
+                # A FileLogger dropped without being closed (e.g. its Logger failed to build) stops copying.
+                weakref.finalize(self, remove_tee, stream, tee)
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:

@@ -321,6 +321,20 @@ def test_capture_starts_at_construction_as_in_composer(tmp_path, capsys):
     assert [(r['kind'], r['data']) for r in records] == [('stdout', 'early json')]
 
 
+def test_a_capturing_file_logger_dropped_unclosed_stops_capturing(tmp_path, capsys):
+    import gc
+    import sys
+
+    real_out = sys.stdout
+    destination = FileLogger(str(tmp_path / 'never-opened.txt'), capture_stdout=True)
+    assert sys.stdout is not real_out
+    del destination
+    gc.collect()
+    assert sys.stdout is real_out  # the tee is gone with it
+    print('after')
+    assert capsys.readouterr().out == 'after\n'
+
+
 def test_early_text_is_bounded_and_the_rest_counted(tmp_path, monkeypatch):
     from dist_logging.destinations import file as file_module
 
