@@ -103,6 +103,8 @@ class LoggerHandle:
         self.built_here = self._logger is None
         # The run name of the first Logger built (or given): every later one gets it.
         self._pinned: Optional[str] = self._logger.run_name if self._logger is not None else None
+        # The state_dict() of each destination of the last Logger built from the config, once closed.
+        self._destination_states: Optional[list[dict[str, Any]]] = None
 
     @property
     def run_name(self) -> Optional[str]:
@@ -164,7 +166,17 @@ class LoggerHandle:
             return logger
         run_name = pinned if pinned is not None else self._run_name
         overrides = {'run_name': run_name} if run_name is not None else {}
-        return logger_from_config(self._config, **overrides)
+        states = self._destination_states
+        if states is None:
+            return logger_from_config(self._config, **overrides)
+        # A later Logger of the run: its destinations take the state of the previous one's before the
+        # Logger opens them, so trackers continue their run (W&B, Comet, Neptune by id; MLflow also by tag).
+        from dist_logging.config import build_destinations
+
+        destinations = build_destinations(self._config)
+        for destination, state in zip(destinations, states):
+            destination.load_state_dict(state)
+        return Logger(destinations, **{**self._config.logger_kwargs, **overrides})
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawn-based launchers pickle the adapter into each process: a Logger this handle built
@@ -192,7 +204,19 @@ class LoggerHandle:
         try:
             logger.fit_end()  # destinations flush what they buffer (file lines, console metrics)
         finally:
-            logger.close()
+            try:
+                logger.close()
+            finally:
+                if self.built_here and self._config is not None:
+                    self._destination_states = _states_of(logger)
+
+
+def _states_of(logger: 'Logger') -> Optional[list[dict[str, Any]]]:
+    """Each destination's ``state_dict()`` (None when one fails: the next Logger then starts afresh)."""
+    try:
+        return [dict(destination.state_dict()) for destination in logger.destinations]
+    except Exception:  # noqa: BLE001 - continuing a tracker run is a convenience, never a reason to fail
+        return None
 
 
 #: At most this many BATCH_END events are replayed by one :func:`advance_to` (a resumed run's first step

@@ -80,7 +80,8 @@ class DistLoggingLogger(_pl.loggers.Logger):
             and cannot log again; a factory or config builds a new one at each stage (``validate``,
             ``test``, ``predict`` after ``fit``) with the same run name (the factory must build new
             destinations at each call and leave ``run_name`` unset or fixed), so the stages append to
-            the same per-rank files and tracker runs.
+            the same per-rank files and MLflow run; with a config, each new destination also loads
+            the previous one's ``state_dict()``, so W&B, Comet and Neptune runs continue too.
         config: with ``logger=None``, a YAML path or a mapping for :meth:`Logger.from_config`; with
             neither, the path in the environment variable ``DIST_LOGGING_CONFIG``.
         upload_checkpoints: whether ``after_save_checkpoint`` uploads checkpoint files.

@@ -114,3 +114,20 @@ def test_checkpoint_names_keep_braces_of_file_names(tmp_path):
         CheckpointNamer('/abs/{name}', ('name',), 'Test')
     with pytest.raises(TypeError, match='checkpoint_name must be a str'):
         CheckpointNamer(None, ('name',), 'Test')
+
+
+def test_a_config_built_logger_hands_its_destinations_state_to_the_next_one():
+    """Each later Logger of a handle built from a config: its destinations load the previous ones' state
+    before the Logger opens them, so a tracker continues its run instead of opening another."""
+    from _integration_helpers import StatefulDestination
+
+    StatefulDestination.opened.clear()
+    handle = LoggerHandle(None, {'destinations': [{'type': '_integration_helpers:StatefulDestination'}]}, 'Test')
+    first = handle.get()
+    handle.close()
+    second = handle.get()
+    handle.close()
+    handle.get()
+    handle.close()
+    assert StatefulDestination.opened == [('run-0', False), ('run-0', True), ('run-0', True)]
+    assert second.run_name == first.run_name and second.destinations[0] is not first.destinations[0]
