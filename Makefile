@@ -41,4 +41,4 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) runs buckets .pytest_cache
+	rm -rf $(VENV) .venv-mlflow-lowest .venv-mlflow-lowest.lock runs buckets .pytest_cache

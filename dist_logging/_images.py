@@ -29,8 +29,9 @@ def _as_numpy(image: Any) -> np.ndarray:
 def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
     """Return ``images`` as one NHWC numpy batch (channels 1, 3 or 4).
 
-    Accepts a single image (HW, CHW or HWC), a batch (NCHW or NHWC), or a sequence
-    of single images of equal shape; ``channels_last`` says where the channels are.
+    Accepts a single image (HW, CHW or HWC; a 1-D array is one row of grey pixels, 1 x W),
+    a batch (NCHW or NHWC), or a sequence of single images of equal shape; ``channels_last``
+    says where the channels are.
     dtype must be uint8 (0-255), bool, or floating point (values in [0, 1]).
 
     Raises:
@@ -43,12 +44,16 @@ def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
         shapes = {s.shape for s in singles}
         if len(shapes) != 1:
             raise ValueError(f'images in a sequence must share one shape, got {sorted(shapes)}')
-        if singles[0].ndim not in (2, 3):
-            raise ValueError(f'each image in a sequence must be HW, CHW or HWC, got shape {singles[0].shape}')
+        if singles[0].ndim not in (1, 2, 3):
+            raise ValueError(f'each image in a sequence must be W, HW, CHW or HWC, got shape {singles[0].shape}')
+        if singles[0].ndim == 1:
+            singles = [single[None] for single in singles]
         array = np.stack(singles)
     else:
         array = _as_numpy(images)
-        if array.ndim in (2, 3):
+        if array.ndim == 1:  # one row of grey pixels, as Comet draws a 1-D array Composer's logger hands it
+            array = array[None, None]
+        elif array.ndim in (2, 3):
             array = array[None]
     if array.ndim == 3:  # a batch of HW images
         array = array[..., None]

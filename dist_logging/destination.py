@@ -15,14 +15,14 @@ from __future__ import annotations
 import enum
 import inspect
 import pathlib
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
     from dist_logging.state import State
 
 __all__ = ['LogLevel', 'Event', 'RANK_POLICIES', 'LoggerDestination', 'validate_ranks', 'ranks_from_rank_zero_only',
-           'post_close_caller']
+           'post_close_caller', 'check_state']
 
 RANK_POLICIES = ('zero', 'local_zero', 'all')
 
@@ -299,5 +299,48 @@ class LoggerDestination:
         ``post_close(self, state, logger)``; the Logger reads which form at construction.
         """
 
+    # ------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """What this destination needs to continue after a restart, as Composer's ``Serializable``.
+
+        Picklable by ``torch.save``. Composer stores each destination's ``state_dict()`` in its
+        checkpoints (``state['callbacks'][type(d).__qualname__]``) and hands it back to
+        :meth:`load_state_dict`; code that does the same with dist_logging destinations works
+        unchanged. The default holds nothing; the tracker destinations hold their run's id
+        (W&B, MLflow, Neptune, Comet), so a job restored from a checkpoint continues that run.
+        """
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (Composer's ``Serializable.load_state_dict``).
+
+        Call it before the Logger opens the destination (before ``Logger(...)``): a tracker
+        destination then continues the saved run instead of opening a new one. The default
+        takes the empty state Composer's own destinations save.
+
+        Raises:
+            TypeError: ``state`` is not a mapping.
+            ValueError: keys this destination does not know (names them).
+        """
+        check_state(self, state, ())
+
     def __repr__(self) -> str:
         return f'{type(self).__name__}(ranks={self.ranks!r})'
+
+
+def check_state(destination: LoggerDestination, state: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``state`` as a dict, checked for :meth:`LoggerDestination.load_state_dict`.
+
+    Raises:
+        TypeError: ``state`` is not a mapping.
+        ValueError: a key not in ``keys`` (names it and the known ones).
+    """
+    owner = type(destination).__name__
+    if not isinstance(state, Mapping):
+        raise TypeError(f'{owner}.load_state_dict: expected a mapping (what state_dict() returned), '
+                        f'got {type(state).__name__}')
+    unknown = sorted(str(k) for k in state if k not in keys)
+    if unknown:
+        raise ValueError(f'{owner}.load_state_dict: unknown key(s) {unknown}; this destination saves '
+                         f'{list(keys) or "nothing"}')
+    return dict(state)

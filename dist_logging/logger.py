@@ -80,7 +80,8 @@ def _takes_files(destination: LoggerDestination) -> bool:
     return type(destination).upload_file is not LoggerDestination.upload_file or bool(destination.can_upload_files())
 
 
-def _rank_included(ranks: str) -> bool:
+def rank_included(ranks: str) -> bool:
+    """Whether the rank policy ``ranks`` includes this process's rank (the Logger's test, in one place)."""
     if ranks == 'all':
         return True
     if ranks == 'local_zero':
@@ -154,7 +155,7 @@ class Logger:
 
         # Rank policy, applied once: the destinations active on this rank, and per log level
         # the ones that take data of that level (indexed by the int value of the level).
-        self._active = tuple(d for d in self.destinations if _rank_included(d.ranks))
+        self._active = tuple(d for d in self.destinations if rank_included(d.ranks))
         self._is_global_zero = dist.get_global_rank() == 0
         self._hparam_destinations = self._active if self._is_global_zero else ()
         self._routes: Any = [()] + [
@@ -534,7 +535,7 @@ class Logger:
         if not isinstance(destination, LoggerDestination):
             raise TypeError(f'add_listener: {type(destination).__name__} is not a LoggerDestination')
         validate_ranks(getattr(destination, 'ranks', 'zero'), f'add_listener({type(destination).__name__})')
-        if destination in self._active or not _rank_included(destination.ranks):
+        if destination in self._active or not rank_included(destination.ranks):
             return
         self._post_close[id(destination)] = post_close_caller(destination)
         self._active = self._active + (destination,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import TYPE_CHECKING, Callable, Optional
 
 from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
@@ -45,6 +46,22 @@ class TrackerDestination(LoggerDestination):
         """
         return ranks_from_rank_zero_only(ranks, None if ranks is not None and rank_zero_only is True
                                          else rank_zero_only, 'zero', owner)
+
+    def _restore_run(self, saved: Optional[str], current: Optional[str], what: str) -> bool:
+        """Whether a run id from :meth:`load_state_dict` is to be used when the run opens.
+
+        False when there is none, or when the run is open already: then a different saved run
+        is reported (warning) and the open run is kept (it cannot be swapped mid-run).
+        """
+        if saved is None:
+            return False
+        if self._worker is not None and not self._ended:
+            if saved != current:
+                warnings.warn(f'{self.tracker_owner}.load_state_dict: this destination is logging to {what} '
+                              f'{current!r} already; the saved {what} {saved!r} is not switched to (load the '
+                              'state before building the Logger)', RuntimeWarning, stacklevel=3)
+            return False
+        return True
 
     def _start_worker(self, state: 'State') -> None:
         """Mark the run open for ``state`` and start its background worker (the end of ``init``)."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 from dist_logging import dist
 from dist_logging._artifacts import jsonable, table_json
 from dist_logging._values import format_log_data_value, metric_scalar
+from dist_logging.destination import check_state
 from dist_logging.destinations._optional import import_installed, require_installed
 from dist_logging.destinations._tracker import TrackerDestination
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
@@ -44,7 +45,8 @@ class CometMLLogger(TrackerDestination):
     * metrics -> metrics at their step (``step``, else the Logger's batch count);
     * tables -> a JSON asset ``<name>.json`` at the step, holding
       ``{"columns": [...], "data": [...]}`` (pandas' ``orient='split'``, as Composer's);
-    * images -> one image each, ``<name>_<index>`` at the step; with masks also
+    * images -> one image each, ``<name>_<index>`` at the step (a 1-D array is one row of grey
+      pixels, as Comet draws what Composer's logger hands it); with masks also
       ``<name>_<index> + <mask> mask overlaid`` and ``<mask>_<index> mask`` (Composer's names);
     * traces -> numbers as metrics ``traces/<name>`` at the current batch, anything else as
       the experiment's "other" value ``traces/<name>`` (the latest wins);
@@ -124,6 +126,25 @@ class CometMLLogger(TrackerDestination):
         self.rank_zero_only = self.ranks == 'zero'
         self.exp_kwargs = kwargs
         self.experiment: Any = None
+        self._saved_key: Optional[str] = None
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The experiment's key (``experiment_key``): loaded into a new CometMLLogger, it continues that experiment."""
+        key = self.experiment.get_key() if self.experiment is not None else self._saved_key
+        return {'experiment_key': key}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved experiment when the Logger opens this destination (``comet_ml.ExistingExperiment``,
+        or ``ExistingOfflineExperiment`` offline).
+
+        Raises:
+            TypeError, ValueError: as :meth:`LoggerDestination.load_state_dict`.
+        """
+        key = check_state(self, state, ('experiment_key',)).get('experiment_key')
+        current = self.experiment.get_key() if self.experiment is not None else None
+        if self._restore_run(key, current, 'experiment'):
+            self._saved_key = key
 
     # ------------------------------------------------------------------ lifecycle
     def experiment_name(self, run_name: str) -> str:
@@ -142,8 +163,13 @@ class CometMLLogger(TrackerDestination):
         if self.experiment is not None and not self._ended:
             return  # already open
         comet_ml = import_installed('comet_ml', INSTALL_HINT)
-        factory = comet_ml.Experiment if self.online else comet_ml.OfflineExperiment
-        experiment = factory(**self.exp_kwargs)
+        kwargs = dict(self.exp_kwargs)
+        if self._saved_key is not None:  # load_state_dict: continue that experiment
+            factory = comet_ml.ExistingExperiment if self.online else comet_ml.ExistingOfflineExperiment
+            kwargs['experiment_key'] = self._saved_key
+        else:
+            factory = comet_ml.Experiment if self.online else comet_ml.OfflineExperiment
+        experiment = factory(**kwargs)
         self.name = self.experiment_name(state.run_name)
         experiment.set_name(self.name)
         experiment.log_other('Created from', 'dist_logging')

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import os
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from dist_logging import _sigterm, dist
@@ -26,7 +26,20 @@ if TYPE_CHECKING:
 __all__ = ['FileLogger']
 
 FORMATS = ('text', 'jsonl')
+_EARLY_TEXT_LIMIT = 1 << 22  # characters of text (e.g. captured output) held until the Logger opens the file
 TABLE_FORMATS = ('jsonl', 'csv')
+
+
+def _captured_line_sink(destination: 'FileLogger', stream: str) -> Any:
+    """The tee's sink: each captured line to ``destination``, held weakly so the tee never keeps it alive."""
+    ref = weakref.ref(destination)
+
+    def sink(line: str) -> None:
+        target = ref()
+        if target is not None:
+            target._write_captured(stream, line)
+
+    return sink
 
 
 def _artifact_base(path: str) -> str:
@@ -79,7 +92,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         overwrite: truncate an existing log file; by default a restarted run appends to it.
         capture_stdout: also write what this rank prints to ``sys.stdout`` to the log, a line
             each (``[stdout]: <line>`` as Composer, or a JSON record of kind ``stdout`` with its
-            time); it still reaches the real stream. From the Logger's ``init`` to its close.
+            time); it still reaches the real stream. From this constructor on (as Composer), so what
+            is printed before the Logger exists is written first when it opens the file (up to 4 Mi
+            characters; more is counted in a notice line), until close. Not on a rank its policy
+            excludes (``ranks='zero'`` on rank 1), where the Logger never opens it.
         capture_stderr: the same for ``sys.stderr`` (``[stderr]: <line>``).
 
     Raises:
@@ -136,7 +152,20 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self._write_lock = threading.Lock()
         self._closed = False
         self.capture_stdout, self.capture_stderr = bool(capture_stdout), bool(capture_stderr)
+        self._early_chars = 0  # held in _early_text; beyond _EARLY_TEXT_LIMIT early text is counted, not kept
+        self._early_dropped = 0
         self._tees: list[tuple[str, StreamTee]] = []
+        # As Composer: output is copied from here on, so what is printed before the Logger exists is kept
+        # too; only where the Logger will open this log (the Logger's own rank-policy test).
+        from dist_logging.logger import rank_included
+
+        capture_here = (self.capture_stdout or self.capture_stderr) and rank_included(self.ranks)
+        for stream, wanted in (('stdout', self.capture_stdout), ('stderr', self.capture_stderr)):
+            if wanted and capture_here:
+                tee = install_tee(stream, _captured_line_sink(self, stream))
+                self._tees.append((stream, tee))
+                # A FileLogger dropped without being closed (e.g. its Logger failed to build) stops copying.
+                weakref.finalize(self, remove_tee, stream, tee)
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
@@ -151,17 +180,25 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         if directory:
             os.makedirs(directory, exist_ok=True)
         # Append by default: a restarted run with the same name keeps what the first attempt wrote.
-        self._file = open(self.filename, 'w' if self.overwrite else 'a', encoding='utf-8', buffering=self.buffer_size)
-        self._mark_attempt(state.run_name)
-        if self._early_text:
-            self._file.write(''.join(self._early_text))
-            self._early_text = []
-            self._dirty = True
-        self._file.flush()
+        handle = open(self.filename, 'w' if self.overwrite else 'a', encoding='utf-8', buffering=self.buffer_size)
+        with self._write_lock:  # a line printed by another thread meanwhile goes after the early text
+            self._file = handle
+            self._mark_attempt(state.run_name)
+            if self._early_text:
+                handle.write(''.join(self._early_text))
+                self._early_text, self._early_chars = [], 0
+                self._dirty = True
+            dropped, self._early_dropped = self._early_dropped, 0
+        if dropped:
+            notice = (f'{dropped} characters written before the Logger opened this log were not kept '
+                      f'(more than {_EARLY_TEXT_LIMIT} waited)')
+            if self.format == 'jsonl':
+                self._write('notice', notice)
+            else:
+                self.write('[notice]: ', notice + '\n')
+        with self._write_lock:
+            handle.flush()
         _sigterm.register(self)
-        for stream, wanted in (('stdout', self.capture_stdout), ('stderr', self.capture_stderr)):
-            if wanted:
-                self._tees.append((stream, install_tee(stream, functools.partial(self._write_captured, stream))))
 
     @property
     def artifact_dir(self) -> Optional[str]:
@@ -170,6 +207,9 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self._file is None:
+            for stream, tee in reversed(self._tees):
+                remove_tee(stream, tee)
+            self._tees.clear()
             self._closed = True
             return
         try:
@@ -301,6 +341,8 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 if self._file is not None:
                     self._file.write(record + '\n')
                     self._dirty = True
+                elif not self._closed:
+                    self._keep_early(record + '\n')
         else:
             self.write(f'[{stream}]: ', line + '\n')
 
@@ -323,10 +365,19 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 self._at_line_start = line.endswith('\n')
             text = ''.join(pieces)
             if self._file is None:
-                self._early_text.append(text)
+                self._keep_early(text)
             else:
                 self._file.write(text)
                 self._dirty = True
+
+    def _keep_early(self, text: str) -> None:
+        """Hold text written before the file opens (under ``_write_lock``), up to a bound: a FileLogger that
+        is never opened (e.g. on a rank its policy excludes) must not grow without limit."""
+        if self._early_chars + len(text) > _EARLY_TEXT_LIMIT:
+            self._early_dropped += len(text)
+        else:
+            self._early_text.append(text)
+            self._early_chars += len(text)
 
     def _step(self, step: Optional[int]) -> int:
         if step is not None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 from dist_logging import _private_dirs
 from dist_logging._artifacts import flatten, jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
-from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
+from dist_logging.destination import LoggerDestination, check_state, ranks_from_rank_zero_only
 from dist_logging.destinations._optional import require_installed
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist, validate_template
@@ -38,6 +38,10 @@ MAX_KEY_LENGTH = 250
 RUN_NAME_TAG = 'dist_logging.run_name'
 COMPOSER_RUN_NAME_TAG = 'run_name'  # the tag Composer's MLFlowLogger sets (and resumes by)
 DEFAULT_EXPERIMENT_NAME = 'dist_logging'
+COMPOSER_DEFAULT_EXPERIMENT_NAME = 'my-mlflow-experiment'  # Composer's default: where its runs are by default
+# A tag value a search filter can hold as one quoted literal: MLflow strips the quotes and unescapes nothing,
+# so a quote or a backslash in a value cannot be written into a filter (see _find_run_tagged).
+_FILTER_SAFE_VALUE = re.compile(r"[^'\"\\]*")
 _BAD_KEY_CHARS = re.compile(r'[^A-Za-z0-9_\-. :/]')
 
 
@@ -146,6 +150,8 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         ranks = ranks_from_rank_zero_only(ranks, rank_zero_only, 'zero', 'MLFlowLogger')
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         require_installed('mlflow', INSTALL_HINT)
+        # Given neither way: a run Composer created in its default experiment is resumed too.
+        self._default_experiment = experiment_name is None and not os.environ.get('MLFLOW_EXPERIMENT_NAME')
         if experiment_name is None:
             experiment_name = os.environ.get('MLFLOW_EXPERIMENT_NAME') or DEFAULT_EXPERIMENT_NAME
         if not isinstance(experiment_name, str) or not experiment_name.strip():
@@ -232,24 +238,22 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             return
 
         self._state = state
-        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
+        client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
         template = self.run_name_template
         self.run_name = format_name_with_dist(template, state.run_name) if template else state.run_name
         # As Composer: the job's run name as a tag (MosaicML's platform sets RUN_NAME).
         self.tags[COMPOSER_RUN_NAME_TAG] = os.environ.get('RUN_NAME', state.run_name)
-        run, created = self._open_run(state)
+        # Opened only once the run exists: after a failed init, close() has nothing to end (and no
+        # second, misleading error to raise).
+        run, created = self._open_run(client, state)
+        if not created and self.tags:
+            client.log_batch(run.info.run_id, tags=[RunTag(k, v) for k, v in self.tags.items()])
+        self.client = client
         self.run_id = run.info.run_id
         self.experiment_id = run.info.experiment_id
         self._existing_params = dict(run.data.params)
-        if not created and self.tags:
-            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in self.tags.items()])
         if self.log_system_metrics:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            # Composer's sampling: every 5 s, sent in groups of 6 (every 30 s).
-            self._system_monitor = SystemMetricsMonitor(self.run_id, sampling_interval=5, samples_before_logging=6,
-                                                        resume_logging=not created,
-                                                        tracking_uri=self.client.tracking_uri)
+            self._system_monitor = _system_metrics_monitor(self.run_id, client.tracking_uri, resume=not created)
             self._system_monitor.start()
         self._tmpdir = tempfile.TemporaryDirectory(prefix='mlflow-', dir=_private_dirs.private_dir('scratch'))
         if not self.synchronous:
@@ -260,11 +264,10 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         # One run per job (rank zero) or one per rank: the key must tell the runs of one job apart.
         return state.run_name if self.ranks == 'zero' else (self.run_name or state.run_name)
 
-    def _open_run(self, state: 'State') -> tuple[Any, bool]:
+    def _open_run(self, client: Any, state: 'State') -> tuple[Any, bool]:
         """The run to log to, and whether it was created now."""
         from mlflow.exceptions import MlflowException
 
-        client = self.client
         if self.run_id:
             try:
                 run = client.get_run(self.run_id)
@@ -286,14 +289,18 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                     experiment_id = client.get_experiment_by_name(self.experiment_name).experiment_id
         key = self._resume_key(state)
         if self.resume:
-            searches = [f"tags.`{RUN_NAME_TAG}` = '{key}'"]
+            searches = [(experiment_id, RUN_NAME_TAG, key)]
             if self.ranks == 'zero':  # a run Composer's MLFlowLogger created for this job
-                searches.append(f"tags.`{COMPOSER_RUN_NAME_TAG}` = '{self.tags[COMPOSER_RUN_NAME_TAG]}'")
-            for search in searches:
-                found = client.search_runs([experiment_id], filter_string=search, max_results=1,
-                                           order_by=['attributes.start_time DESC'])
-                if found:
-                    run = found[0]
+                composer_name = self.tags[COMPOSER_RUN_NAME_TAG]
+                searches.append((experiment_id, COMPOSER_RUN_NAME_TAG, composer_name))
+                if self._default_experiment and 'MLFLOW_EXPERIMENT_ID' not in os.environ:
+                    # Composer's runs are in its own default experiment unless it was given another name.
+                    composer_experiment = client.get_experiment_by_name(COMPOSER_DEFAULT_EXPERIMENT_NAME)
+                    if composer_experiment is not None:
+                        searches.append((composer_experiment.experiment_id, COMPOSER_RUN_NAME_TAG, composer_name))
+            for search_experiment, tag, value in searches:
+                run = _find_run_tagged(client, search_experiment, tag, value)
+                if run is not None:
                     if run.info.status != 'RUNNING':
                         client.update_run(run.info.run_id, status='RUNNING')
                     return run, False
@@ -570,6 +577,30 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             raise RuntimeError('MLFlowLogger.register_model_with_run_id: no run yet (the Logger opens it)')
         return self._create_version(model_uri, name, await_creation_for, tags, self.run_id, resolve_runs_uri=False)
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The MLflow run (``run_id``, ``experiment_id``): loaded into a new MLFlowLogger, it continues that run."""
+        return {'run_id': self.run_id, 'experiment_id': self.experiment_id}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved run when the Logger opens this destination (as ``run_id=`` does).
+
+        Loaded into an open destination logging to another run: a warning, and the open run is kept.
+
+        Raises:
+            TypeError, ValueError: as :meth:`LoggerDestination.load_state_dict`.
+        """
+        run_id = check_state(self, state, ('run_id', 'experiment_id')).get('run_id')
+        if run_id is None:
+            return
+        if self.client is not None:
+            if run_id != self.run_id:
+                warnings.warn(f'MLFlowLogger.load_state_dict: this destination is logging to run {self.run_id!r} '
+                              f'already; the saved run {run_id!r} is not switched to (load the state before '
+                              'building the Logger)', RuntimeWarning, stacklevel=2)
+            return
+        self.run_id = run_id
+
     def _upload_files(self, folder: str, files: list[tuple[str, bytes]]) -> None:
         with tempfile.TemporaryDirectory(
                 dir=self._tmpdir.name if self._tmpdir else _private_dirs.private_dir('scratch')) as directory:
@@ -577,3 +608,50 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                 with open(os.path.join(directory, file_name), 'wb') as f:
                     f.write(data)
             self.client.log_artifacts(self.run_id, directory, artifact_path=folder)
+
+
+def _find_run_tagged(client: Any, experiment_id: str, tag: str, value: str) -> Any:
+    """The newest run of the experiment whose tag ``tag`` is exactly ``value``, or None.
+
+    MLflow's filter grammar takes a value as one quoted literal and unescapes nothing, so a
+    value with a quote or a backslash (``bob's run``) cannot be written into a filter. Such a
+    value is searched by the part before its first such character (``LIKE 'bob%'``, wider than
+    needed) and compared exactly here, page by page.
+    """
+    if _FILTER_SAFE_VALUE.fullmatch(value):
+        search = f"tags.`{tag}` = '{value}'"
+    else:
+        prefix = _FILTER_SAFE_VALUE.match(value).group(0)
+        search = f"tags.`{tag}` LIKE '{prefix}%'"
+    page_token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=search, max_results=500,
+                                  order_by=['attributes.start_time DESC'], page_token=page_token)
+        for run in page:
+            if run.data.tags.get(tag) == value:
+                return run
+        page_token = getattr(page, 'token', None)
+        if not page_token:
+            return None
+
+
+def _system_metrics_monitor(run_id: str, tracking_uri: str, resume: bool) -> Any:
+    """MLflow's system-metrics sampler for ``run_id`` in ``tracking_uri``, with Composer's rhythm (every 5 s, sent
+    in groups of 6).
+
+    MLflow 3 takes ``tracking_uri``; MLflow 2 samples into the process-wide tracking URI, which is then set
+    to this destination's (``mlflow.set_tracking_uri``, as Composer's MLFlowLogger always does).
+    """
+    import inspect
+
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    kwargs: dict[str, Any] = {'sampling_interval': 5, 'samples_before_logging': 6, 'resume_logging': resume}
+    if 'tracking_uri' in inspect.signature(SystemMetricsMonitor.__init__).parameters:
+        kwargs['tracking_uri'] = tracking_uri
+    else:
+        import mlflow
+
+        if mlflow.get_tracking_uri() != tracking_uri:
+            mlflow.set_tracking_uri(tracking_uri)
+    return SystemMetricsMonitor(run_id, **kwargs)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from dist_logging import _private_dirs, dist
 from dist_logging._artifacts import jsonable, table_json
 from dist_logging._values import format_log_data_value, metric_scalar
+from dist_logging.destination import check_state
 from dist_logging.destinations._optional import import_installed, require_installed
 from dist_logging.destinations._tracker import TrackerDestination
 
@@ -137,6 +138,36 @@ class NeptuneLogger(TrackerDestination):
         self._snapshot_dir: Optional[str] = None
         if upload_checkpoints:
             self.upload_file = self._upload_file  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The Neptune run's id (``run_id``, e.g. ``'PROJ-12'``): loaded into a new NeptuneLogger, it continues that
+        run. None before the run opens, and for an offline or debug run (Neptune resumes only runs it stores)."""
+        run_id = self.neptune_kwargs.get('with_id')
+        if self._neptune_run is not None:
+            run_id = getattr(self._neptune_run, '_sys_id', None)
+            if str(run_id).startswith('OFFLINE') or self._effective_mode() in ('offline', 'debug'):
+                run_id = None
+        return {'run_id': run_id}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved run when the Logger opens this destination (``neptune.init_run(with_id=...)``).
+
+        Raises:
+            TypeError, ValueError: as :meth:`LoggerDestination.load_state_dict`; also a saved run id that
+                contradicts ``with_id=``.
+        """
+        run_id = check_state(self, state, ('run_id',)).get('run_id')
+        current = getattr(self._neptune_run, '_sys_id', None) if self._neptune_run is not None else None
+        if not self._restore_run(run_id, current, 'run'):
+            return
+        given = self.neptune_kwargs.get('with_id')
+        if given is not None and given != run_id:
+            raise ValueError(f'NeptuneLogger.load_state_dict: the saved run {run_id!r} contradicts with_id={given!r}')
+        self.neptune_kwargs['with_id'] = run_id
+
+    def _effective_mode(self) -> Optional[str]:
+        return self.mode or os.environ.get('NEPTUNE_MODE')
 
     # ------------------------------------------------------------------ lifecycle
     @property

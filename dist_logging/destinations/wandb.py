@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Un
 from dist_logging import dist
 from dist_logging._artifacts import jsonable
 from dist_logging._values import format_log_data_value
+from dist_logging.destination import check_state
 from dist_logging.destinations._optional import import_installed, require_installed
 from dist_logging.destinations._tracker import TrackerDestination
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_template
@@ -236,6 +237,34 @@ class WandBLogger(TrackerDestination):
 
         return [finish]
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The W&B run (``run_id``, ``entity``, ``project``): loaded into a new WandBLogger, it continues that run."""
+        run_id = getattr(self.run, 'id', None) if self.run is not None else self.init_kwargs.get('id')
+        return {'run_id': run_id, 'entity': self.entity, 'project': self.project}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved run when the Logger opens this destination (``wandb.init(id=..., resume='allow')``).
+
+        Raises:
+            TypeError, ValueError: as :meth:`LoggerDestination.load_state_dict`; also a saved run id
+                that contradicts ``init_kwargs['id']``.
+        """
+        state = check_state(self, state, ('run_id', 'entity', 'project'))
+        run_id = state.get('run_id')
+        if not self._restore_run(run_id, getattr(self.run, 'id', None), 'run'):
+            return
+        given = self.init_kwargs.get('id')
+        if given is not None and given != run_id:
+            raise ValueError(f'WandBLogger.load_state_dict: the saved run {run_id!r} contradicts '
+                             f'init_kwargs[\'id\']={given!r}')
+        self.init_kwargs['id'] = run_id
+        self.init_kwargs.setdefault('resume', 'allow')
+        for key in ('entity', 'project'):  # a run id is only unique within its entity and project
+            if state.get(key) and self.init_kwargs.get(key) is None:
+                self.init_kwargs[key] = state[key]
+                setattr(self, key, state[key])
+
     # ------------------------------------------------------------------ helpers
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -311,7 +340,19 @@ class WandBLogger(TrackerDestination):
 
     def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = False) -> None:
+        """Log images as ``wandb.Image`` (see the class docstring).
+
+        ``use_table`` defaults to False here, as on Composer's ``WandBLogger.log_images``: the images
+        are logged as a list under ``name``. :meth:`Logger.log_images <dist_logging.Logger.log_images>`
+        passes its own ``use_table`` (True by default there, as Composer's ``Logger``), which puts
+        them in one ``wandb.Table`` under ``'<name> Table'``.
+
+        Raises:
+            ValueError: images or masks of a shape or dtype that is no image, a class id above 255.
+            TypeError: ``mask_class_labels`` not a mapping of int to str.
+            RuntimeError: this destination is not open, or an earlier wandb call failed.
+        """
         import numpy as np
 
         from dist_logging._images import snapshot_images

@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import numbers
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ __all__ = ['CONFIG_ENV', 'import_framework', 'LoggerHandle', 'CheckpointNamer', 
 #: The environment variable naming a Logger config (a YAML path) for adapters built with no
 #: ``logger`` and no ``config`` (e.g. ``report_to=['dist_logging']`` or ``log_with='dist_logging'``).
 CONFIG_ENV = 'DIST_LOGGING_CONFIG'
+RUN_NAME_ENV = 'DIST_LOGGING_RUN_NAME'  # read by the Logger when no run_name is given
 
 
 def import_framework(candidates: tuple[str, ...], extra: str, what: str) -> Any:
@@ -63,6 +65,10 @@ class LoggerHandle:
         owner: the adapter's name, for messages.
         run_name: the run name to give a Logger built from a config (None: the config's or default).
 
+    One handle is one run: the run name of the first Logger built (or given) is kept, and every
+    Logger built later (after :meth:`close`, e.g. for Lightning's ``test`` after ``fit``) gets the
+    same name, so its destinations continue the same files and tracker runs.
+
     Raises:
         TypeError: ``logger`` is neither a Logger nor callable; ``config`` is not a path or mapping.
         ValueError: both ``logger`` and ``config``; neither and no ``DIST_LOGGING_CONFIG``; a bad config key.
@@ -95,6 +101,15 @@ class LoggerHandle:
             self._config = _check_config(config, owner)
         #: Whether this handle built the Logger (and so owns closing it).
         self.built_here = self._logger is None
+        # The run name of the first Logger built (or given): every later one gets it.
+        self._pinned: Optional[str] = self._logger.run_name if self._logger is not None else None
+        # The state_dict() of each destination of the last Logger built from the config, once closed.
+        self._destination_states: Optional[list[dict[str, Any]]] = None
+
+    @property
+    def run_name(self) -> Optional[str]:
+        """The run name of the Logger built (or given) first; None until one exists."""
+        return self._pinned
 
     @property
     def is_built(self) -> bool:
@@ -106,26 +121,62 @@ class LoggerHandle:
 
         Raises:
             TypeError: the factory returned something that is not a Logger.
-            RuntimeError: the Logger was closed.
+            RuntimeError: the Logger passed as ``logger=`` was closed (only a factory or a config can
+                build another one).
         """
         logger = self._logger
         if logger is None:
             logger = self._build()
             self._logger = logger
+            if self._pinned is None:
+                self._pinned = logger.run_name
+        elif not self.built_here and getattr(logger, '_closed', False):
+            raise RuntimeError(f'{self.owner}: the Logger passed as logger= was closed (at the end of an earlier '
+                               'stage, e.g. fit); pass a factory (logger=lambda: Logger(...)) or config= to log '
+                               'several stages (fit, then test) into one run')
         return logger
 
     def _build(self) -> 'Logger':
         from dist_logging.config import logger_from_config
         from dist_logging.logger import Logger
 
+        pinned = self._pinned
         if self._factory is not None:
-            logger = self._factory()
+            if pinned is None:
+                logger = self._factory()
+            else:
+                # The factory takes no arguments: the run name reaches a Logger that does not set its own
+                # through the environment variable the Logger reads.
+                previous = os.environ.get(RUN_NAME_ENV)
+                os.environ[RUN_NAME_ENV] = pinned
+                try:
+                    logger = self._factory()
+                finally:
+                    if previous is None:
+                        os.environ.pop(RUN_NAME_ENV, None)
+                    else:
+                        os.environ[RUN_NAME_ENV] = previous
             if not isinstance(logger, Logger):
                 raise TypeError(f'{self.owner}: the logger factory {self._factory!r} returned a '
                                 f'{type(logger).__name__}, not a dist_logging.Logger')
+            if pinned is not None and logger.run_name != pinned:
+                warnings.warn(f'{self.owner}: the logger factory built a Logger with run_name={logger.run_name!r}, '
+                              f'not this adapter\'s run {pinned!r}; let the factory leave run_name unset (or pass '
+                              'the same one) so one adapter logs one run', RuntimeWarning, stacklevel=3)
             return logger
-        overrides = {'run_name': self._run_name} if self._run_name is not None else {}
-        return logger_from_config(self._config, **overrides)
+        run_name = pinned if pinned is not None else self._run_name
+        overrides = {'run_name': run_name} if run_name is not None else {}
+        states = self._destination_states
+        if states is None:
+            return logger_from_config(self._config, **overrides)
+        # A later Logger of the run: its destinations take the state of the previous one's before the
+        # Logger opens them, so trackers continue their run (W&B, Comet, Neptune by id; MLflow also by tag).
+        from dist_logging.config import build_destinations
+
+        destinations = build_destinations(self._config)
+        for destination, state in zip(destinations, states):
+            destination.load_state_dict(state)
+        return Logger(destinations, **{**self._config.logger_kwargs, **overrides})
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawn-based launchers pickle the adapter into each process: a Logger this handle built
@@ -137,8 +188,8 @@ class LoggerHandle:
 
     def close(self) -> None:
         """End the fit and close the Logger (waits for its uploads; no collective), and forget a Logger
-        built here, so a later :meth:`get` builds a new one from the factory or config (a given Logger
-        cannot be reopened). Idempotent.
+        built here, so a later :meth:`get` builds a new one, with the same run name, from the factory or
+        config (a given Logger cannot be reopened). Idempotent.
 
         Raises:
             UploadError: uploads that did not land (named), as :meth:`Logger.close`.
@@ -153,7 +204,19 @@ class LoggerHandle:
         try:
             logger.fit_end()  # destinations flush what they buffer (file lines, console metrics)
         finally:
-            logger.close()
+            try:
+                logger.close()
+            finally:
+                if self.built_here and self._config is not None:
+                    self._destination_states = _states_of(logger)
+
+
+def _states_of(logger: 'Logger') -> Optional[list[dict[str, Any]]]:
+    """Each destination's ``state_dict()`` (None when one fails: the next Logger then starts afresh)."""
+    try:
+        return [dict(destination.state_dict()) for destination in logger.destinations]
+    except Exception:  # noqa: BLE001 - continuing a tracker run is a convenience, never a reason to fail
+        return None
 
 
 #: At most this many BATCH_END events are replayed by one :func:`advance_to` (a resumed run's first step

@@ -25,6 +25,7 @@ import argparse
 import logging
 import os
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 from dist_logging.integrations._common import advance_to, CheckpointNamer, import_framework, LoggerHandle
@@ -65,10 +66,22 @@ class DistLoggingLogger(_pl.loggers.Logger):
     ``<default_root_dir>/dist_logging/<run_name>/checkpoints``: ``name`` is ``'dist_logging'``
     and ``version`` the run name.
 
+    One object, one run (as Lightning's loggers keep one ``version``): the first Logger built fixes
+    the run name, and each later stage builds its Logger with that name (reading ``version``
+    between stages builds nothing). Threads: none until the Logger's destinations start theirs
+    (upload workers at the first upload, trackers when they open their run); all end at
+    ``finalize`` (the end of every stage), :meth:`close`, garbage collection of this object,
+    or interpreter exit (uploads drained as ``close()`` does). A pickled copy carries no Logger
+    and no thread; it builds its own Logger, with the same run name once one was fixed.
+
     Args:
         logger: a :class:`~dist_logging.Logger`, or a zero-argument callable returning one (called
-            on every rank when Lightning sets up). A Logger closed by ``finalize`` cannot log again;
-            a factory or config builds a new one on the next use (e.g. ``trainer.test`` after ``fit``).
+            on every rank when Lightning sets up). A Logger you pass is closed by the first ``finalize``
+            and cannot log again; a factory or config builds a new one at each stage (``validate``,
+            ``test``, ``predict`` after ``fit``) with the same run name (the factory must build new
+            destinations at each call and leave ``run_name`` unset or fixed), so the stages append to
+            the same per-rank files and MLflow run; with a config, each new destination also loads
+            the previous one's ``state_dict()``, so W&B, Comet and Neptune runs continue too.
         config: with ``logger=None``, a YAML path or a mapping for :meth:`Logger.from_config`; with
             neither, the path in the environment variable ``DIST_LOGGING_CONFIG``.
         upload_checkpoints: whether ``after_save_checkpoint`` uploads checkpoint files.
@@ -106,11 +119,17 @@ class DistLoggingLogger(_pl.loggers.Logger):
         self._handed_over: dict[str, tuple[int, int, int, int]] = {}
         self._checkpoint_callbacks: list[Any] = []
         self._upload_errors: list[BaseException] = []
+        self._finalizer = _close_when_collected(self)
 
     # ------------------------------------------------------------------ identity
     @property
     def experiment(self) -> 'Logger':
-        """The :class:`~dist_logging.Logger` (on every rank: it applies the rank policy itself)."""
+        """The :class:`~dist_logging.Logger`, on every rank.
+
+        Lightning's own loggers return a dummy on ranks other than zero; ours returns the real
+        Logger everywhere because the Logger applies each destination's rank policy itself
+        (per-rank files, ``reduce=`` collectives and uploads need every rank).
+        """
         return self._handle.get()
 
     @property
@@ -120,8 +139,13 @@ class DistLoggingLogger(_pl.loggers.Logger):
 
     @property
     def version(self) -> str:
-        """The run name (identical on every rank)."""
-        return self._handle.get().run_name
+        """The run name (identical on every rank), the same for the life of this object.
+
+        Read before anything was logged, it builds the Logger (on every rank, once the process group
+        exists, as Lightning reads it in setup); read between stages, it builds nothing.
+        """
+        run_name = self._handle.run_name
+        return run_name if run_name is not None else self._handle.get().run_name
 
     @property
     def save_dir(self) -> Optional[str]:
@@ -225,11 +249,42 @@ class DistLoggingLogger(_pl.loggers.Logger):
             return
         raise first
 
+    def close(self) -> None:
+        """Close the Logger now (waits for its uploads; no collective), as :meth:`finalize` does; idempotent.
+
+        For a logger used outside a ``Trainer``. Unneeded otherwise: ``finalize`` closes it at the end
+        of each stage, and garbage collection or interpreter exit closes one left open.
+
+        Raises:
+            UploadError: as :meth:`finalize` with ``status='success'``.
+        """
+        self.finalize('success')
+
     def __getstate__(self) -> dict[str, Any]:
-        # Spawn-based launchers pickle the Trainer: each process builds its own Logger.
+        # Spawn-based launchers pickle the Trainer: each process builds its own Logger (the handle
+        # leaves a Logger it built behind) and a copy gets its own collector hook.
         state = self.__dict__.copy()
         state['_checkpoint_callbacks'] = []
+        state.pop('_finalizer', None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._finalizer = _close_when_collected(self)
+
+
+def _close_when_collected(adapter: DistLoggingLogger) -> weakref.finalize:
+    """Close the adapter's Logger when the adapter is garbage-collected, or at interpreter exit (draining
+    its uploads as ``close()`` does), if no ``finalize`` did. The hook holds the handle, never the adapter."""
+    return weakref.finalize(adapter, _close_handle, adapter._handle)
+
+
+def _close_handle(handle: LoggerHandle) -> None:
+    try:
+        handle.close()
+    except Exception as exc:  # noqa: BLE001 - a collector or exit hook has nobody to raise to
+        log.error('DistLoggingLogger: closing the Logger of an adapter that was not finalized: %s: %s',
+                  type(exc).__name__, exc, exc_info=exc)
 
 
 def _same_callback(a: Any, b: Any) -> bool:

@@ -217,8 +217,9 @@ class ThreadExecutor:
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._threads_lock = threading.Lock()
-        for _ in range(num_workers):
-            self._spawn()
+        # Threads start at the first task: an uploader that never uploads leaves no thread behind.
+        self._num_workers = num_workers
+        self._started = False
 
     def _spawn(self) -> None:
         with self._threads_lock:
@@ -228,6 +229,12 @@ class ThreadExecutor:
         thread.start()
 
     def dispatch(self, task: UploadTask) -> None:
+        if not self._started:
+            with self._threads_lock:
+                start, self._started = not self._started and not self._stopping, True
+            if start:
+                for _ in range(self._num_workers):
+                    self._spawn()
         self._queue.put(task)
 
     def _loop(self) -> None:

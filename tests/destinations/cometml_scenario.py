@@ -44,6 +44,7 @@ def main(offline_dir: str) -> None:
         logger.log_metrics({'loss': 0.5, 'acc': 0.75}, step=2)
         logger.log_table(['prompt', 'generation'], [['p0', 'g0'], ['p1', 2]], name='samples', step=2)
         logger.log_images(image, name='inputs', step=2, masks={'pred': rng.integers(0, 3, (5, 6))})
+        logger.log_images(np.linspace(0, 1, 4, dtype=np.float32), name='line', step=2)  # 1-D, as Composer's takes
         logger.batch_end()
         logger.batch_end()
         logger.batch_end()
@@ -58,7 +59,18 @@ def main(offline_dir: str) -> None:
         gate.set()
     assert held == [True], 'a log call waited for the background thread'
     assert destination.experiment.ended and destination.name == 'round-trip-exp'
+
+    # The experiment key, saved the Composer way and loaded before the Logger opens a new destination:
+    # the new one continues the saved experiment (an ExistingOfflineExperiment, in its own folder here).
+    saved = destination.state_dict()
+    restored = CometMLLogger(workspace='ws', project_name='proj',
+                             exp_kwargs={**destination.exp_kwargs, 'offline_directory': offline_dir + '-resumed'})
+    restored.load_state_dict(saved)
+    with Logger(restored, run_name='resumed') as logger:
+        logger.log_metrics({'loss': 0.125}, step=4)
     print(json.dumps({'experiment_key': destination.experiment.get_key(), 'returned_in': returned_in,
+                      'saved': saved, 'restored_key': restored.experiment.get_key(),
+                      'restored_type': type(restored.experiment).__name__,
                       'image': (np.clip(np.moveaxis(image, 0, -1), 0, 1) * 255 + 0.5).astype(np.uint8).tolist()}))
 
 

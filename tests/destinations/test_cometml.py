@@ -128,11 +128,26 @@ def test_offline_experiment_round_trip(tmp_path):
     assert table['additional_params']['step'] == 2
     assert json.loads(files[table['file_path']]) == {'columns': ['prompt', 'generation'],
                                                      'data': [['p0', 'g0'], ['p1', 2]]}
-    assert set(uploads) == {'samples.json', 'creds.json', 'inputs_0', 'inputs_0 + pred mask overlaid', 'pred_0 mask'}
+    assert set(uploads) == {'samples.json', 'creds.json', 'inputs_0', 'inputs_0 + pred mask overlaid', 'pred_0 mask',
+                            'line_0'}
     from PIL import Image
 
     image = uploads['inputs_0']
     assert image['upload_type'] == 'visualization' and image['additional_params']['step'] == 2
     pixels = np.asarray(Image.open(io.BytesIO(files[image['file_path']])))
     assert np.array_equal(pixels, np.array(report['image'], dtype=np.uint8))
+    # A 1-D image is one row of grey pixels (as Comet draws the 1-D array Composer's logger hands it).
+    line = np.asarray(Image.open(io.BytesIO(files[uploads['line_0']['file_path']])))
+    assert line.tolist() == [[0, 85, 170, 255]]
+
+    # state_dict / load_state_dict: the experiment key; the restored destination continued that experiment.
+    assert report['saved'] == {'experiment_key': report['experiment_key']}
+    assert report['restored_key'] == report['experiment_key']
+    assert report['restored_type'] == 'ExistingOfflineExperiment'
+    (resumed,) = os.listdir(str(offline_dir) + '-resumed')
+    with zipfile.ZipFile(os.path.join(str(offline_dir) + '-resumed', resumed)) as z:
+        resumed_messages = [json.loads(line) for line in z.read('messages.json').decode().splitlines() if line.strip()]
+    assert ('loss', 4, 0.125) in [(m['payload']['metric']['metricName'], m['payload']['metric']['step'],
+                                   m['payload']['metric']['metricValue'])
+                                  for m in resumed_messages if m['type'] == 'metric_msg']
     assert not os.listdir(scratch)  # Comet's temporary copies are gone

@@ -299,6 +299,60 @@ def test_capture_stdout_and_stderr_copy_each_line_and_still_print(tmp_path, caps
         '[stdout]: unfinished']
 
 
+def test_capture_starts_at_construction_as_in_composer(tmp_path, capsys):
+    """What is printed between building the FileLogger and building the Logger reaches the log, first."""
+    import sys
+
+    real_out = sys.stdout
+    destination = FileLogger(str(tmp_path / 'log.txt'), capture_stdout=True, capture_stderr=True)
+    assert sys.stdout is not real_out
+    print('before the Logger')
+    print('warned early', file=sys.stderr)
+    with Logger(destination, run_name='early') as logger:
+        print('inside')
+        logger.log_metrics({'loss': 1.0}, step=1)
+    assert sys.stdout is real_out
+    capsys.readouterr()
+    assert (tmp_path / 'log.txt').read_text().splitlines() == [
+        '[stdout]: before the Logger', '[stderr]: warned early', '[stdout]: inside', '[metric][batch=1]: loss: 1.0 ']
+
+    jsonl = FileLogger(str(tmp_path / 'log.jsonl'), format='jsonl', capture_stdout=True)
+    print('early json')
+    with Logger(jsonl, run_name='early'):
+        pass
+    capsys.readouterr()
+    records = [json.loads(line) for line in (tmp_path / 'log.jsonl').read_text().splitlines()]
+    assert [(r['kind'], r['data']) for r in records] == [('stdout', 'early json')]
+
+
+def test_a_capturing_file_logger_dropped_unclosed_stops_capturing(tmp_path, capsys):
+    import gc
+    import sys
+
+    real_out = sys.stdout
+    destination = FileLogger(str(tmp_path / 'never-opened.txt'), capture_stdout=True)
+    assert sys.stdout is not real_out
+    del destination
+    gc.collect()
+    assert sys.stdout is real_out  # the tee is gone with it
+    print('after')
+    assert capsys.readouterr().out == 'after\n'
+
+
+def test_early_text_is_bounded_and_the_rest_counted(tmp_path, monkeypatch):
+    from dist_logging.destinations import file as file_module
+
+    monkeypatch.setattr(file_module, '_EARLY_TEXT_LIMIT', 10)
+    destination = FileLogger(str(tmp_path / 'log.txt'))
+    destination.write('[x]: ', 'kept\n')  # 10 characters with the prefix
+    destination.write('[x]: ', 'not kept\n')
+    with Logger(destination, run_name='bounded'):
+        pass
+    assert (tmp_path / 'log.txt').read_text().splitlines() == [
+        '[x]: kept', '[notice]: 14 characters written before the Logger opened this log were not kept '
+        '(more than 10 waited)']
+
+
 def test_capture_stdout_jsonl_records_carry_the_time(tmp_path, capsys):
     destination = FileLogger(str(tmp_path / 'log.jsonl'), format='jsonl', capture_stdout=True)
     with Logger(destination, run_name='cj'):
@@ -317,6 +371,9 @@ def test_capture_is_off_by_default_and_only_where_the_logger_opens_the_file(tmp_
     fake_rank(1, 2)
     with Logger(FileLogger(str(tmp_path / 'b.txt'), ranks='zero', capture_stdout=True), run_name='off'):
         assert sys.stdout is real_out  # rank 1: this FileLogger is not opened here, so nothing is captured
+    assert sys.stdout is real_out
+    FileLogger(str(tmp_path / 'c.txt'), ranks='zero', capture_stdout=True)
+    assert sys.stdout is real_out  # nor from its constructor
 
 
 def test_capture_leaves_a_later_wrapper_in_place(tmp_path, capsys):

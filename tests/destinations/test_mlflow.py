@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import warnings
 
 import numpy as np
@@ -16,6 +17,16 @@ from dist_logging.destinations import MLFlowLogger  # noqa: E402
 
 # Creating the sqlite schema takes seconds on a loaded machine: one store per module.
 pytestmark = pytest.mark.timeout(300)
+
+
+def test_runs_on_the_mlflow_version_asked_for():
+    """tests/destinations/test_mlflow_lowest.py runs this module on the lowest MLflow the extra allows."""
+    import mlflow
+
+    expected = os.environ.get('DIST_LOGGING_EXPECT_MLFLOW')
+    if expected is None:
+        pytest.skip('the MLflow installed here is the one under test')
+    assert mlflow.__version__ == expected
 
 
 @pytest.fixture(scope='module')
@@ -86,6 +97,8 @@ def test_tables_images_and_traces_as_artifacts(tracking_uri, tmp_path, client):
                           masks={'pred': np.eye(4, 5, dtype=np.int64)}, mask_class_labels={1: 'edge'})
         logger.log_traces({'algo': {'k': 1}})
     run_id = destination.run_id
+    for folder in ('dl', 'dl2', 'dl3'):  # MLflow 2 downloads only into a folder that exists
+        (tmp_path / folder).mkdir()
     table_path = client.download_artifacts(run_id, 'tables/eval/results/step000007.json', str(tmp_path / 'dl'))
     with open(table_path) as f:
         assert json.load(f) == {'columns': ['name', 'score'], 'data': [['a', 1], ['b', 2.5]]}
@@ -193,8 +206,13 @@ def test_resumes_a_run_composer_created(tracking_uri, tmp_path, client):
 def test_path_tracking_uri(tmp_path, monkeypatch):
     folder = tmp_path / 'mlruns'
     monkeypatch.delenv('MLFLOW_ALLOW_FILE_STORE', raising=False)
-    with pytest.raises(ValueError, match=r"is a folder.*MLFLOW_ALLOW_FILE_STORE=true.*sqlite:///"):
-        MLFlowLogger(tracking_uri=folder)
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE  # noqa: F401
+    except ImportError:  # an MLflow without the switch (2.x) takes folders: nothing to refuse
+        pass
+    else:
+        with pytest.raises(ValueError, match=r"is a folder.*MLFLOW_ALLOW_FILE_STORE=true.*sqlite:///"):
+            MLFlowLogger(tracking_uri=folder)
     monkeypatch.setenv('MLFLOW_ALLOW_FILE_STORE', 'true')
     destination = MLFlowLogger(tracking_uri=folder, experiment_name='path-uri')
     assert destination.tracking_uri == str(folder)
@@ -267,3 +285,105 @@ def test_system_metrics_and_bfloat16_images(tracking_uri, tmp_path, client, monk
     assert client.get_metric_history(destination.run_id, 'system/cpu_utilization_percentage')
     assert sorted(a.path for a in client.list_artifacts(destination.run_id, 'images/bf16')) == [
         'images/bf16/step000001-0.png', 'images/bf16/step000001-1.png']
+
+
+@pytest.mark.parametrize('run_name, composer_run_name', [
+    ("bob's run", "bob's run"),
+    ('say "hi" twice', 'say "hi" twice'),
+    ('quotes \'both\' "kinds"', 'team\\bob\'s "job"'),  # RUN_NAME (Composer's tag) may hold a backslash
+])
+def test_run_names_with_quotes_backslashes_and_spaces(tracking_uri, tmp_path, client, monkeypatch, run_name,
+                                                      composer_run_name):
+    """Values go into MLflow's search filters safely: a restart finds the run again (by our tag, and by
+    Composer's), and a name that only starts like another one does not match it."""
+    kwargs = {**_logger_kwargs(tracking_uri, tmp_path), 'experiment_name': f'quoted-{len(run_name)}'}
+    decoy = MLFlowLogger(**kwargs)
+    prefix = run_name.split("'")[0].split('"')[0]
+    monkeypatch.setenv('RUN_NAME', composer_run_name.split('\\')[0].split("'")[0] + 'x')
+    with Logger(decoy, run_name=prefix + 'x'):  # shares the searchable prefixes of both tags
+        pass
+    monkeypatch.setenv('RUN_NAME', composer_run_name)
+    first = MLFlowLogger(**kwargs)
+    with Logger(first, run_name=run_name) as logger:
+        logger.log_metrics({'loss': 1.0}, step=1)
+    assert first.run_id != decoy.run_id
+    again = MLFlowLogger(**kwargs)
+    with Logger(again, run_name=run_name) as logger:
+        logger.log_metrics({'loss': 0.5}, step=2)
+    assert again.run_id == first.run_id
+    run = client.get_run(first.run_id)
+    assert run.info.run_name == run_name and run.data.tags['run_name'] == composer_run_name
+    assert [m.value for m in client.get_metric_history(first.run_id, 'loss')] == [1.0, 0.5]
+
+    # Only Composer's tag (a run Composer created for this job): found by it too.
+    experiment_id = client.get_experiment_by_name(kwargs['experiment_name']).experiment_id
+    composer_run = client.create_run(experiment_id, run_name='c', tags={'run_name': composer_run_name + '!'})
+    monkeypatch.setenv('RUN_NAME', composer_run_name + '!')
+    by_composer_tag = MLFlowLogger(**kwargs)
+    with Logger(by_composer_tag, run_name='unrelated'):
+        pass
+    assert by_composer_tag.run_id == composer_run.info.run_id
+
+
+def test_close_after_a_failed_init_raises_only_the_init_error(tracking_uri, tmp_path):
+    destination = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path, run_id='0123456789abcdef'))
+    with pytest.warns(RuntimeWarning, match='not found'):
+        logger = Logger(destination, run_name='failed-init')
+    with pytest.raises(ValueError, match="run_id '0123456789abcdef' not found") as info:
+        logger.close()
+    assert not getattr(info.value, '__notes__', None)  # no second error from closing a run that never opened
+    assert destination.client is None
+    destination.close(None, None)  # and closing it directly is a no-op
+
+
+def test_resumes_a_run_composer_created_in_its_default_experiment(tracking_uri, tmp_path, client, monkeypatch):
+    """As Composer's MLFlowLogger creates one: in 'my-mlflow-experiment' (Composer's default), tagged run_name."""
+    import mlflow
+
+    monkeypatch.delenv('MLFLOW_EXPERIMENT_NAME', raising=False)
+    monkeypatch.delenv('MLFLOW_EXPERIMENT_ID', raising=False)
+    monkeypatch.setenv('MLFLOW_TRACKING_URI', tracking_uri)
+    experiment = client.get_experiment_by_name('my-mlflow-experiment')
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(
+        'my-mlflow-experiment', artifact_location=(tmp_path / 'composer').as_uri())
+    # Composer: MlflowClient.create_run(experiment_id, run_name=...), then mlflow.start_run(run_id, tags=...).
+    created = client.create_run(experiment_id=experiment_id, run_name='composer-job-9')
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        with mlflow.start_run(run_id=created.info.run_id, tags={'run_name': 'composer-job-9'}):
+            mlflow.log_metric('loss', 2.0, step=1)
+    finally:
+        mlflow.set_tracking_uri(previous)
+    destination = MLFlowLogger(tracking_uri)  # no experiment_name=
+    with Logger(destination, run_name='composer-job-9') as logger:
+        logger.log_metrics({'loss': 1.0}, step=2)
+    assert destination.run_id == created.info.run_id and destination.experiment_id == experiment_id
+    assert [m.step for m in client.get_metric_history(created.info.run_id, 'loss')] == [1, 2]
+    other = MLFlowLogger(tracking_uri, experiment_name='elsewhere')  # a named experiment: not looked for there
+    with Logger(other, run_name='composer-job-9'):
+        pass
+    assert other.run_id != created.info.run_id
+
+
+def test_state_dict_round_trip_continues_the_run(tracking_uri, tmp_path, client):
+    import torch
+
+    first = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path, resume=False))
+    assert first.state_dict() == {'run_id': None, 'experiment_id': None}
+    with Logger(first, run_name='saved') as logger:
+        logger.log_metrics({'loss': 1.0}, step=1)
+        saved = first.state_dict()
+    path = tmp_path / 'state.pt'
+    torch.save({'callbacks': {type(first).__qualname__: saved}}, path)  # as Composer's checkpoint holds it
+    restored = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path, resume=False))  # would otherwise start anew
+    restored.load_state_dict(torch.load(path)['callbacks']['MLFlowLogger'])
+    with Logger(restored, run_name='another-job') as logger:
+        logger.log_metrics({'loss': 0.5}, step=2)
+    assert restored.run_id == first.run_id and restored.state_dict() == saved
+    assert [m.value for m in client.get_metric_history(first.run_id, 'loss')] == [1.0, 0.5]
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['runid'\]"):
+        restored.load_state_dict({'runid': 'x'})
+    with pytest.raises(TypeError, match='expected a mapping'):
+        restored.load_state_dict(['run_id'])
+    restored.load_state_dict({})  # what Composer's own MLFlowLogger saves

@@ -186,7 +186,8 @@ def test_run_round_trip(tmp_path, wandb_env):
         masks = {'pred': rng.integers(0, 3, (2, 5, 6))}
         logger.log_images(images, name='seg', step=5, masks=masks, mask_class_labels={0: 'bg', 1: 'cat', 2: 'dog'},
                           use_table=False)
-        logger.log_images(images[0], name='single', step=5)  # default use_table=True: a table of images
+        logger.log_images(images[0], name='single', step=5)  # Logger's default use_table=True: a table of images
+        destination.log_images(images[0], name='direct', step=5)  # the destination's default, as Composer's: False
         with pytest.raises(ValueError, match="mask 'big' has class id 300"):  # checked at the call
             destination.log_images(images, name='seg', masks={'big': np.full((2, 5, 6), 300)})
         logger.batch_end()
@@ -242,6 +243,7 @@ def test_run_round_trip(tmp_path, wandb_env):
     images_row = rows[5]
     assert images_row['seg/_type'] == 'images/separated' and images_row['seg/count'] == 2
     assert images_row['single Table/_type'] == 'table-file'
+    assert images_row['direct/_type'] == 'images/separated' and 'direct Table/_type' not in images_row
     pngs = sorted(p for p in os.listdir(os.path.join(files, 'media', 'images')) if p.startswith('seg'))
     mask_pngs = sorted(os.listdir(os.path.join(files, 'media', 'images', 'mask')))
     assert len(pngs) == 2 and len(mask_pngs) == 2  # one mask per image of 'seg'
@@ -390,3 +392,30 @@ def test_disabled_mode_takes_every_call_and_stores_nothing(tmp_path, wandb_env):
         with pytest.raises(FileNotFoundError):
             destination.upload_file(logger.state, 'gone.pt', str(tmp_path / 'gone.pt'))
     assert (set(os.listdir(staging)) if staging.exists() else set()) == before  # no snapshot left behind
+
+
+def test_state_dict_continues_the_run(wandb_env, tmp_path):
+    """Saved the Composer way (torch.save of state_dict()), loaded into a new WandBLogger before the Logger
+    opens it: the new run has the saved id (wandb.init(id=..., resume='allow'))."""
+    import torch
+
+    first = WandBLogger(project='dl')
+    assert first.state_dict() == {'run_id': None, 'entity': None, 'project': 'dl'}
+    with Logger(first, run_name='saved') as logger:
+        logger.log_metrics({'loss': 1.0}, step=1)
+    saved = first.state_dict()
+    assert saved['run_id'] == first.run.id and saved['project'] == 'dl'
+    torch.save({'callbacks': {'WandBLogger': saved}}, tmp_path / 'ckpt.pt')
+    run_log(first)
+
+    restored = WandBLogger()  # no project given: the saved one is used
+    restored.load_state_dict(torch.load(tmp_path / 'ckpt.pt')['callbacks']['WandBLogger'])
+    assert restored.init_kwargs['id'] == first.run.id and restored.init_kwargs['resume'] == 'allow'
+    with Logger(restored, run_name='resumed') as logger:
+        logger.log_metrics({'loss': 0.5}, step=2)
+    assert restored.run.id == first.run.id and restored.state_dict()['run_id'] == first.run.id
+    assert restored.run.project == 'dl'
+    run_log(restored)
+    with pytest.raises(ValueError, match="contradicts init_kwargs\\['id'\\]='other'"):
+        WandBLogger(init_kwargs={'id': 'other'}).load_state_dict({'run_id': 'x'})
+    WandBLogger().load_state_dict({})  # what Composer's own WandBLogger saves

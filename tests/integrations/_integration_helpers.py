@@ -90,3 +90,33 @@ def _recording_remote_class():
 
 
 RecordingRemote = _recording_remote_class()
+
+
+def _stateful_destination_class():
+    from dist_logging.destination import LoggerDestination, check_state
+
+    class StatefulDestination(LoggerDestination):
+        """A tracker-like destination for configs (``type: '_integration_helpers:StatefulDestination'``): it
+        opens a run at init (a new id unless a state was loaded) and saves the id in its state."""
+
+        opened: list = []  # (run id, resumed?) per init, across instances
+
+        def __init__(self):
+            super().__init__()
+            self.run_id = None
+            self._saved = None
+
+        def init(self, state, logger):
+            self.run_id = self._saved or f'run-{len(self.opened)}'
+            self.opened.append((self.run_id, self._saved is not None))
+
+        def state_dict(self):
+            return {'run_id': self.run_id}
+
+        def load_state_dict(self, state):
+            self._saved = check_state(self, state, ('run_id',)).get('run_id')
+
+    return StatefulDestination
+
+
+StatefulDestination = _stateful_destination_class()

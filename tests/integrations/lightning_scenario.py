@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,6 +45,19 @@ class TinyRegression(LightningModule):
         prediction = self.net(x).detach()
         self.log_dict({'pred_mean': prediction.mean(), 'target_mean': y.mean(), 'abs_err': (prediction - y).abs().mean()})
         return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log('val_loss', torch.nn.functional.mse_loss(self.net(x), y))
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log('test_loss', torch.nn.functional.mse_loss(self.net(x), y))
+
+    def predict_step(self, batch, batch_idx):
+        # Lightning takes no self.log in predict: a user logs through the logger itself.
+        self.loggers[0].log_metrics({'predict_batch': batch_idx}, step=self.global_step)
+        return self.net(batch[0])
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
@@ -92,16 +106,28 @@ def main(mode: str) -> None:
     checkpoint = ModelCheckpoint(every_n_train_steps=5, save_top_k=-1, save_last=True)
     trainer = Trainer(strategy='ddp', accelerator='cpu', devices=2, max_steps=20, log_every_n_steps=5,
                       logger=loggers,
-                      callbacks=[checkpoint], default_root_dir=str(OUT), limit_val_batches=0,
-                      num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(TinyRegression(), data)
+                      callbacks=[checkpoint], default_root_dir=str(OUT), limit_val_batches=2, limit_test_batches=2,
+                      limit_predict_batches=2, num_sanity_val_steps=0, enable_progress_bar=False,
+                      enable_model_summary=False)
+    model = TinyRegression()
+    trainer.fit(model, data)
     rank = dist.get_global_rank() if dist.is_initialized() else int(os.environ.get('LOCAL_RANK', '0'))
     output = {'rank': rank, 'run_name': adapter.version, 'checkpoint_dir': checkpoint.dirpath,
-              'env_rank': os.environ.get('RANK'), 'mode': mode}
+              'env_rank': os.environ.get('RANK'), 'mode': mode, 'threads_after': {'fit': our_threads()}}
     if mode == 'torchrun':
         output['mean_collectives'] = [logger._group.collective_count for logger in mean_loggers]
-        output['mean_calls'] = loggers[-1].calls
+        output['mean_calls'] = list(loggers[-1].calls)
+        # The later stages with the same Trainer and logger objects: one run, the same per-rank files.
+        output['versions'] = [adapter.version]
+        for stage in ('validate', 'test', 'predict'):
+            getattr(trainer, stage)(model, data)
+            output['versions'].append(adapter.version)
+            output['threads_after'][stage] = our_threads()
     (OUT / f'rank{rank}.json').write_text(json.dumps(output))
+
+
+def our_threads():
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith(('upload-', 'dist_logging')))
 
 
 if __name__ == '__main__':

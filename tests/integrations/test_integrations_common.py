@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
@@ -58,9 +59,37 @@ def test_handle_does_not_forget_a_given_logger_and_closes_it_once():
     handle = LoggerHandle(logger, None, 'Test')
     handle.close()
     handle.close()
-    assert handle.get() is logger
+    assert handle.run_name == 'given'
+    with pytest.raises(RuntimeError, match='logger= was closed.*pass a factory'):
+        handle.get()  # a given Logger cannot be reopened: said at the next use, not at a log call
     with pytest.raises(RuntimeError, match='closed'):
         logger.log_metrics({'x': 1.0})
+
+
+def test_handle_builds_every_logger_of_one_run_with_the_first_ones_name(monkeypatch):
+    built = []
+
+    def factory():
+        built.append(Logger())  # leaves run_name unset: the handle supplies its run's name
+        return built[-1]
+
+    monkeypatch.delenv('DIST_LOGGING_RUN_NAME', raising=False)
+    handle = LoggerHandle(factory, None, 'Test')
+    first = handle.get().run_name
+    handle.close()
+    assert handle.run_name == first and handle.get().run_name == first and len(built) == 2
+    assert 'DIST_LOGGING_RUN_NAME' not in os.environ  # set only while the factory ran
+    handle.close()
+    configured = LoggerHandle(None, {'destinations': []}, 'Test')
+    name = configured.get().run_name
+    configured.close()
+    assert configured.get().run_name == name
+    fixed = LoggerHandle(lambda: Logger(run_name='other'), None, 'Test')
+    assert fixed.get().run_name == 'other'  # the first one fixes the run: the factory's own name
+    fixed.close()
+    with pytest.warns(RuntimeWarning, match="run_name='another'.*not this adapter's run 'other'"):
+        fixed._factory = lambda: Logger(run_name='another')  # a factory that changes its mind
+        fixed.get()
 
 
 def test_handle_reads_the_config_from_the_environment(tmp_path, monkeypatch):
@@ -85,3 +114,20 @@ def test_checkpoint_names_keep_braces_of_file_names(tmp_path):
         CheckpointNamer('/abs/{name}', ('name',), 'Test')
     with pytest.raises(TypeError, match='checkpoint_name must be a str'):
         CheckpointNamer(None, ('name',), 'Test')
+
+
+def test_a_config_built_logger_hands_its_destinations_state_to_the_next_one():
+    """Each later Logger of a handle built from a config: its destinations load the previous ones' state
+    before the Logger opens them, so a tracker continues its run instead of opening another."""
+    from _integration_helpers import StatefulDestination
+
+    StatefulDestination.opened.clear()
+    handle = LoggerHandle(None, {'destinations': [{'type': '_integration_helpers:StatefulDestination'}]}, 'Test')
+    first = handle.get()
+    handle.close()
+    second = handle.get()
+    handle.close()
+    handle.get()
+    handle.close()
+    assert StatefulDestination.opened == [('run-0', False), ('run-0', True), ('run-0', True)]
+    assert second.run_name == first.run_name and second.destinations[0] is not first.destinations[0]
