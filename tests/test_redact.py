@@ -16,12 +16,12 @@ from dist_logging._redact import REDACTED, build_redactor, is_secret_key, key_wo
 # valid anywhere), so that secret scanners do not flag this file either.
 ALNUM = 'aB3dE5gH7jK9mN2pQ4sT6vW8yZ1cF0xL'
 AWS_ID = 'AKIA' + 'Q3EXAMPLE7KD2MZP'
-AWS_TEMP_ID = 'ASIA' + 'Y7EXAMPLE4FJ9RXT'
-HF = 'hf_' + ALNUM + 'Zq'
+AWS_TEMP_ID = 'ASIA' + 'Y7EXAMPLE4FJ2RXT'  # base32: no 0, 1, 8, 9
+HF = 'hf_' + ''.join(c for c in ALNUM if c.isalpha()) + 'ZqWbcdefghij'  # 34 letters
 OPENAI = 'sk-' + ALNUM + 'T3BlbkFJ' + ALNUM[:12]
 OPENAI_PROJECT = 'sk-proj-' + ALNUM + '_' + ALNUM[::-1] + '-x9'
 GITHUB = {prefix: prefix + ALNUM + 'abcd' for prefix in ('ghp_', 'gho_', 'ghs_', 'ghu_', 'ghr_')}
-GITHUB_PAT = 'github_pat_11ABCDEFG0' + ALNUM[:12] + '_' + ALNUM + ALNUM[:10]
+GITHUB_PAT = 'github_pat_11ABCDEFG0' + ALNUM[:12] + '_' + ALNUM + ALNUM[:27]  # 82 after the prefix
 SLACK = 'xoxb-' + '2417365' + '0912' + '-' + '4827361' + '09187-' + ALNUM[:24]
 PEM = ('-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA' + ALNUM + '\n' + ALNUM[::-1] + '==\n'
        '-----END RSA PRIVATE KEY-----')
@@ -137,7 +137,7 @@ REPLACED = [
     (HF, REDACTED), (f'HF_TOKEN={HF}', 'HF_TOKEN=***'), (OPENAI, REDACTED), (OPENAI_PROJECT, REDACTED),
     *[(token, REDACTED) for token in GITHUB.values()], (GITHUB_PAT, REDACTED),
     (f'https://{GITHUB["ghp_"]}@github.com/o/r.git', 'https://***@github.com/o/r.git'),
-    (SLACK, REDACTED), ('xoxp-' + ALNUM, REDACTED),
+    (SLACK, REDACTED), ('xoxp-' + '283316862324-298911817009-298923149681-' + ALNUM, REDACTED),
     (PEM, '-----BEGIN RSA PRIVATE KEY-----***-----END RSA PRIVATE KEY-----'),
     ('-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA', '-----BEGIN OPENSSH PRIVATE KEY-----***'),
     ('AIza' + ALNUM + 'aaa', REDACTED),
