@@ -87,6 +87,9 @@ _NOT_CREDENTIAL_BEFORE = frozenset({
     'record', 'row', 'dedup', 'query', 'value', 'attention', 'attn', 'kv', 'rng', 'random', 'seed', 'lora',
     'hot', 'sample', 'batch', 'sequence', 'seq', 'sub', 'word', 'byte', 'char', 'cross', 'self', 'memory',
 })
+# A key ending in one of these names a reference to a credential (Kubernetes ``secretKeyRef``,
+# ``secretName``, ``password_file``, ``token_path``), whose value is a name or a path.
+_REFERENCE_WORDS = frozenset({'ref', 'refs', 'name', 'names', 'path', 'paths', 'file', 'files', 'arn', 'url', 'uri'})
 # Words allowed after the credential ``token`` (``hf_token_value``, ``token2``).
 _TOKEN_SUFFIXES = frozenset({'value', 'str', 'string', 'raw', 'b64', 'base64'})
 
@@ -131,6 +134,8 @@ def is_secret_key(key: str) -> bool:
         ``secret_sharing_rounds``, ``PAD_TOKEN`` are not.
     """
     words = key_words(key)
+    if len(words) > 1 and words[-1] in _REFERENCE_WORDS:
+        return False  # where a credential is kept (``secretKeyRef``, ``secret_name``, ``password_file``), not one
     previous = ''
     for index, word in enumerate(words):
         if _SECRET_WORD.match(word):
@@ -365,6 +370,33 @@ def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool) 
     return False
 
 
+def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
+    """Replace the values of credential-named pairs.
+
+    A pair whose name is no credential gives up only its name and operator, so its value is read
+    again (``train: env KAGGLE_KEY=...``: the log line's ``train:`` does not hide the pair after it).
+    """
+    parts = []
+    position = 0
+    while True:
+        match = _ASSIGNMENT.search(text, position)
+        if match is None:
+            break
+        for name_group, value_group, head_group in _GROUPS:
+            name = match.group(name_group)
+            if name is not None:
+                break
+        value = match.group(value_group)
+        if value not in _NOT_SECRET_VALUES and REDACTED not in value and is_secret(name):
+            parts.append(text[position:match.start()] + match.group(head_group) + _quoted_or_bare(value))
+            position = match.end()
+        else:
+            parts.append(text[position:match.end(head_group)])
+            position = match.end(head_group)
+    parts.append(text[position:])
+    return ''.join(parts)
+
+
 def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool = False) -> str:
     """``text`` with credentials replaced; the same object when nothing is found."""
     out = text
@@ -373,17 +405,7 @@ def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool =
     if _may_hold_token(out):
         out = _apply_formats(out)
     if _may_hold_pair(out, is_secret, any_name):
-        def assignment(match: re.Match) -> str:
-            for name_group, value_group, head_group in _GROUPS:
-                name = match.group(name_group)
-                if name is not None:
-                    value = match.group(value_group)
-                    if value in _NOT_SECRET_VALUES or REDACTED in value or not is_secret(name):
-                        return match.group(0)  # nothing there, or the value rule already took the secret
-                    return match.group(head_group) + _quoted_or_bare(value)
-            return match.group(0)
-
-        out = _ASSIGNMENT.sub(assignment, out)
+        out = _redact_pairs(out, is_secret)
     return text if out == text else out
 
 

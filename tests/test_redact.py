@@ -259,3 +259,108 @@ def test_key_classification_is_cached():
     got = redactor(config)
     assert got['layer_7'] == {'pad_token_id': 0, 'hf_token': REDACTED}
     assert len(redactor._cache) < 210  # one entry per distinct key, not per occurrence
+
+
+# --------------------------------------------------------------------------- issue 23: scanners' formats, shapes
+
+
+@pytest.mark.parametrize('key', [
+    'KAGGLE_KEY', 'B2_APPLICATION_KEY', 'MLFLOW_TRACKING_TOKEN', 'mlflow_tracking_token', 'kaggle_key',
+    'ACME_API_KEY', 'ACME_SECRET_KEY', 'ACME_ACCESS_TOKEN', 'STRIPE_KEY', 'COMET_API_KEY', 'NEPTUNE_API_TOKEN',
+    'DATABRICKS_TOKEN', 'apiToken', 'X_TOKEN', 'GITHUB_API_KEY',
+])
+def test_service_names_before_credential_words(key):
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize('key', [
+    'key_dim', 'keyword', 'passkey_retrieval_length', 'secret_sharing_rounds', 'max_tokens', 'token_budget',
+    'signature_name', 'sig_figs', 'PAD_TOKEN', 'EOS_TOKEN', 'SORT_KEY', 'image_key', 'text_key', 'key',
+    'num_key_value_heads', 'access_token_url', 'tokenizer',
+])
+def test_ml_words_stay_ordinary(key):
+    assert not is_secret_key(key)
+
+
+def test_auth_required_true_is_kept():
+    assert redact_text('auth_required: true') == 'auth_required: true'
+    assert build_redactor(True)({'auth_required': True}) == {'auth_required': True}
+
+
+def test_every_scanner_format_is_replaced_in_every_context():
+    from credential_samples import samples, webhook_urls
+
+    for name, value in samples().items():
+        for text in (value, f'x {value} y', f'"{value}"', f'k={value}&n=1', f'f({value})', f'{value}\n'):
+            if name == 'azure_ad_client_secret' and '&' in text:
+                continue  # gitleaks' own right-hand delimiters for this rule; a ?k=...& query is not one
+            assert value not in redact_text(text), (name, text)
+    for name, (url, secret) in webhook_urls().items():
+        got = redact_text(url)
+        assert secret not in got and got == url.replace(secret, REDACTED), name  # host and path stay
+
+
+CODE_PAIRS = [
+    ('token := "{v}"', 'token := "***"'),
+    ('API_KEY ?= {v}', 'API_KEY ?= ***'),
+    ("'secret_key' => '{v}'", "'secret_key' => '***'"),
+    ('var apiToken string = "{v}"', 'var apiToken string = "***"'),
+    ('System.setProperty("X_TOKEN", "{v}");', 'System.setProperty("X_TOKEN", "***");'),
+    ('os.environ["HF_TOKEN"] = "{v}"', 'os.environ["HF_TOKEN"] = "***"'),
+    ('<apiToken>{v}</apiToken>', '<apiToken>***</apiToken>'),
+    ('curl --user alice:{v} https://h/x', 'curl --user alice:*** https://h/x'),
+    ('curl -u alice:{v} https://h/x', 'curl -u alice:*** https://h/x'),
+    ('curl -H "Authorization: Token {v}" https://h', 'curl -H "Authorization: Token ***" https://h'),
+    ('export WANDB_API_KEY={v} && python train.py', 'export WANDB_API_KEY=*** && python train.py'),
+    ('KAGGLE_KEY={v}', 'KAGGLE_KEY=***'),
+]
+
+
+@pytest.mark.parametrize('template, expected', CODE_PAIRS)
+def test_pairs_written_the_way_code_writes_them(template, expected):
+    from credential_samples import hex40
+
+    value = hex40()
+    assert redact_text(template.format(v=value)) == expected
+
+
+KEPT_23 = [
+    'GITHUB_API_KEY=\nDYNATRACE_API_KEY=', 'snowflake.password=\njdbc.snowflake.url=',
+    'xoxb-12345-abcd234', 'xoxb-xxxxxxxxx-xxxxxxxxxx-xxxxxxxxxxxx', 'sk-ant-api03-abc123xyz', 'sk-ant-...abc123xyz',
+    '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;', 'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+    'secret_sharing_rounds: 3', 'key_dim=64 keyword=foo', "access_token_url='https://github.com/login/oauth/access_token'",
+    'max_tokens: 4096, token_budget: 100000', 'signature_name: serving_default', 'sig_figs=3',
+    'AKIA' + 'IOSFODNN7EXAMPLE', GIT_SHA, UUID, 'a == b', 'x => y', 'if (token == null)',
+    'Saving checkpoint to /data/checkpoints/llama2_7b_sft_lora_r16/ep3-ba1200-rank0.pt',
+    'model.layers.0.self_attn.q_proj.weight', 'https://hooks.slack.com/services/T000/B000/XXXX',
+]
+
+
+def test_issue_23_decoys_are_kept_as_the_same_object():
+    changed = [(text, redact_text(text)) for text in KEPT_23 if redact_text(text) is not text]
+    assert not changed, f'decoys changed: {changed}'
+
+
+def test_structural_pairs_in_lists_and_mappings():
+    from credential_samples import hex40
+
+    keys = [hex40() for _ in range(6)]
+    data = {
+        'argv': ['train.py', '--wandb-api-key', keys[0], '--run-name', 'token', '--lr', '0.1', '--hf_token', keys[1]],
+        'argv_eq': ['--hub-token=' + keys[2], '--max-tokens=128'],
+        'env': [{'name': 'WANDB_API_KEY', 'value': keys[3]}, {'name': 'NCCL_DEBUG', 'value': 'INFO'},
+                {'name': 'HF_TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'hf', 'key': 'token'}}}],
+        'ecs': [{'Name': 'KAGGLE_KEY', 'Value': keys[4]}],
+        'docker': ['WANDB_API_KEY=' + keys[5], 'OMP_NUM_THREADS=8'],
+        'values_are_not_names': ['token', 'password', 'abc'], 'flag_then_flag': ('--password', '--verbose'),
+    }
+    got = build_redactor(True)(data)
+    assert got['argv'] == ['train.py', '--wandb-api-key', REDACTED, '--run-name', 'token', '--lr', '0.1',
+                           '--hf_token', REDACTED]
+    assert got['argv_eq'] == ['--hub-token=***', '--max-tokens=128']
+    assert got['env'] == [{'name': 'WANDB_API_KEY', 'value': REDACTED}, {'name': 'NCCL_DEBUG', 'value': 'INFO'},
+                          data['env'][2]]
+    assert got['ecs'] == [{'Name': 'KAGGLE_KEY', 'Value': REDACTED}]
+    assert got['docker'] == ['WANDB_API_KEY=***', 'OMP_NUM_THREADS=8']
+    assert got['values_are_not_names'] == ['token', 'password', 'abc'] and got['flag_then_flag'] == ('--password', '--verbose')
+    assert not any(key in repr(got) for key in keys)
