@@ -197,10 +197,10 @@ def _keyword_regex(words: Iterable[str]) -> str:
             return ('(?:' + body + ')?') if len(branches) == 1 else body + '?'
         return body
 
-    return '(?=(' + emit(trie) + '))'
+    return '(' + emit(trie) + ')'
 
 
-def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str]]:
+def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple[str, ...]]:
     by_keyword: dict[str, list[_Format]] = {}
     # Ours first: where both match (a Slack webhook), ours replaces only the secret part of the URL.
     for order, (rule_id, regex, keywords, entropy, allow) in enumerate(_extra_formats.RULES + _gitleaks_formats.RULES):
@@ -209,15 +209,20 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str]]:
         rule = _Format(order, rule_id, compiled, entropy, tuple(re.compile(a) for a in allow), group)
         for keyword in keywords:
             by_keyword.setdefault(keyword.lower(), []).append(rule)
-    # The scan reports the longest keyword starting at a position: let it also run the rules of the
-    # keywords it begins with (``sk_live`` also runs the rules of ``sk``).
+    # The scan reports one keyword per position, the longest: let it also run the rules of the keywords
+    # inside it (``sk_live`` also runs the rules of ``sk``, ``xoxe.xoxb-`` those of ``xoxb``).
     expanded = {keyword: tuple(dict.fromkeys(rule for other, rules in by_keyword.items()
-                                             if keyword.startswith(other) for rule in rules))
+                                             if other in keyword for rule in rules))
                 for keyword in by_keyword}
-    return expanded, re.compile(_keyword_regex(by_keyword))
+    # Keywords are looked for where a word starts (the scan then tests few positions); the few that
+    # sit inside a word (``...T3BlbkFJ...``, ``abc8Q~``, ``..._mmk``) are looked for by substring.
+    inner = tuple(sorted(k for k in by_keyword if not k[0].isalnum() or k in _INNER_KEYWORDS))
+    starts = [k for k in by_keyword if k not in inner]
+    return expanded, re.compile('(?<![a-z0-9])' + _keyword_regex(starts)), inner
 
 
-_RULES_BY_KEYWORD, _KEYWORD_SCAN = _load_formats()
+_INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~'})
+_RULES_BY_KEYWORD, _KEYWORD_SCAN, _INNER = _load_formats()
 
 #: Where each rule list comes from (recorded in the docs).
 FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
@@ -237,7 +242,9 @@ def _may_hold_token(text: str) -> bool:
 
 def _apply_formats(text: str) -> str:
     """Run the rules whose keywords occur in ``text`` (gitleaks' keyword gate), each with its entropy and allowlist."""
-    found = set(_KEYWORD_SCAN.findall(text.lower()))
+    lower = text.lower()
+    found = set(_KEYWORD_SCAN.findall(lower))
+    found.update(keyword for keyword in _INNER if keyword in lower)
     if not found:
         return text
     rules = sorted({rule for keyword in found for rule in _RULES_BY_KEYWORD[keyword]})
