@@ -44,5 +44,5 @@ RULES = (
     # rule is exact) and never hyphenated words (``sk-learn-compatible-...``).
     ('openai-compatible-api-key',
      r'\bsk-(?!ant-)(?:(?=[A-Za-z]*[0-9])[A-Za-z0-9]{32,}|(?:proj|svcacct|admin)-[A-Za-z0-9_\-]{40,})' + _RIGHT,
-     ('sk-',), 3.5, ()),
+     ('sk-',), 3.0, ()),
 )

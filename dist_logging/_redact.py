@@ -217,12 +217,16 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple
     # Keywords are looked for where a word starts (the scan then tests few positions); the few that
     # sit inside a word (``...T3BlbkFJ...``, ``abc8Q~``, ``..._mmk``) are looked for by substring.
     inner = tuple(sorted(k for k in by_keyword if not k[0].isalnum() or k in _INNER_KEYWORDS))
-    starts = [k for k in by_keyword if k not in inner]
+    starts = [k for k in by_keyword if k not in inner and not k.startswith('xox')]
     return expanded, re.compile('(?<![a-z0-9])' + _keyword_regex(starts)), inner
 
 
-_INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~'})
+# Keywords inside a word, or far from the secret's run (a webhook URL's host), or before a short
+# secret (``SG.``): looked for by substring.
+_INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~', 'hooks.slack.com', 'webhook.office.com', 'webhookb2',
+                             'incomingwebhook', 'discord', 'sig=', 'sg.'})
 _RULES_BY_KEYWORD, _KEYWORD_SCAN, _INNER = _load_formats()
+_SLACK_KEYWORDS = tuple(k for k in _RULES_BY_KEYWORD if k.startswith('xox'))
 
 #: Where each rule list comes from (recorded in the docs).
 FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
@@ -232,19 +236,43 @@ FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
 _RUN_TABLE = bytes(ord('a') if chr(b).isascii() and (chr(b).isalnum() or chr(b) in '_-') else ord(' ')
                    for b in range(256))
 _RUN = b'a' * 18
-_SHORT_FORMATS = ('xox', 'Q~', 'SG.', 'sig=')
+
+
+def _runs(text: str) -> Optional[bytes]:
+    """``text`` as bytes with every run character ``a`` and every other one a space, or None without a run."""
+    data = text.encode('utf-8', 'surrogatepass').translate(_RUN_TABLE)
+    return data if _RUN in data else None
 
 
 def _may_hold_token(text: str) -> bool:
     return (_RUN in text.encode('utf-8', 'surrogatepass').translate(_RUN_TABLE)
-            or any(marker in text for marker in _SHORT_FORMATS))
+            or 'xox' in text or 'Q~' in text or 'SG.' in text or 'sig=' in text)
+
+
+def _found_keywords(text: str) -> set[str]:
+    """The keywords in ``text``: looked for by the scan only around runs (a keyword starts a run or
+    ends at most 20 characters before it: ``dp.pt.<run>``), and by substring for the rest."""
+    lower = text.lower()
+    found: set[str] = set()
+    data = _runs(text) if text.isascii() else None  # byte offsets are character offsets in ASCII only
+    if data is None:
+        found.update(_KEYWORD_SCAN.findall(lower))
+    else:
+        start = data.find(_RUN)
+        while start != -1:
+            end = data.find(b' ', start)
+            end = len(data) if end == -1 else end
+            found.update(_KEYWORD_SCAN.findall(lower, max(0, start - 20), end))
+            start = data.find(_RUN, end)
+    found.update(keyword for keyword in _INNER if keyword in lower)
+    if 'xox' in lower:
+        found.update(keyword for keyword in _SLACK_KEYWORDS if keyword in lower)
+    return found
 
 
 def _apply_formats(text: str) -> str:
     """Run the rules whose keywords occur in ``text`` (gitleaks' keyword gate), each with its entropy and allowlist."""
-    lower = text.lower()
-    found = set(_KEYWORD_SCAN.findall(lower))
-    found.update(keyword for keyword in _INNER if keyword in lower)
+    found = _found_keywords(text)
     if not found:
         return text
     rules = sorted({rule for keyword in found for rule in _RULES_BY_KEYWORD[keyword]})
