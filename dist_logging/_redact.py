@@ -339,14 +339,16 @@ def _may_hold_shape(text: str) -> bool:
 # 6. ``<name>value</name>`` (XML: Maven settings, .NET config).
 # The value never starts on the next line (``GITHUB_API_KEY=\nNEXT=`` is two empty values).
 _QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\''
+# A value that is a template reference is read whole, so the reference check sees it whole.
+_REFERENCE_TEXT = r'|\$\{\{[^}\n]*\}\}|\{\{[^}\n]*\}\}|\$\{[^}\s]*\}'
 _ASSIGNMENT = re.compile(
     r'(?P<head1>(?<![A-Za-z0-9_.])(?P<name1>[A-Za-z_][A-Za-z0-9_.\-]*)'
     r'(?:[ \t]+(?:string|String|str|\[\]byte))?["\'\]]*[ \t]*(?::=|\?=|=>|=)(?![=>])[ \t]*)'
-    r'(?P<value1>' + _QUOTED + r'|[^\s&;,\'")\]}]+)'
+    r'(?P<value1>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s&;,\'")\]}]+)'
     r'|(?P<head2>(?P<q2>["\'])(?P<name2>[A-Za-z_][A-Za-z0-9_.\- ]*)(?P=q2)\s*:\s*)'
-    r'(?P<value2>' + _QUOTED + r'|[^\s,}\]]+)'
+    r'(?P<value2>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s,}\]]+)'
     r'|(?P<head3>(?<![A-Za-z0-9_.\-"\'])(?P<name3>[A-Za-z_][A-Za-z0-9_.\-]*):[ \t]+)'
-    r'(?P<value3>' + _QUOTED + r'|[^\s,;}\]]+(?:[ \t]+[^\s,;}\]]+)*)'
+    r'(?P<value3>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s,;}\]]+(?:[ \t]+[^\s,;}\]]+)*)'
     r'|(?P<head4>(?<!\S)--?(?P<name4>[A-Za-z][A-Za-z0-9_.\-]*)[ \t]+)'
     r'(?P<value4>' + _QUOTED + r'|(?!-)[^\s]+)'
     r'|(?P<head5>\([ \t]*(?P<q5>["\'])(?P<name5>[A-Za-z_][A-Za-z0-9_.\-]*)(?P=q5)[ \t]*,[ \t]*)'
@@ -358,6 +360,16 @@ _GROUPS = tuple(('name' + n, 'value' + n, 'head' + n) for n in '123456')
 # Values that hold no secret (JSON/YAML/Python literals, already redacted, empty).
 _NOT_SECRET_VALUES = frozenset({REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False',
                                 '~', '"***"', "'***'"})
+# A reference to where the secret is, not the secret: ``$VAR``, ``${VAR}``, ``%VAR%``, ``{{ .Values.x }}``,
+# ``${{ secrets.HF_TOKEN }}`` (gitleaks' global allowlist), quoted or not. ``${VAR:-default}`` is not one.
+_REFERENCE_VALUE = re.compile(
+    r'''(["']?)(?:\$(?:[A-Z_][A-Z0-9_]*|[a-z_][a-z0-9_]*)|\$\{(?:[A-Z_][A-Z0-9_]*|[a-z_][a-z0-9_]*)\}'''
+    r'''|%(?:[A-Z_]+|[a-z_]+)%|\{\{[ \t]*[\w ().|]+[ \t]*\}\}'''
+    r'''|\$\{\{[ \t]*(?:env|github|secrets|vars|inputs)(?:\.[A-Za-z]\w*)+[ \t]*\}\})\1''')
+
+
+def _is_reference(value: str) -> bool:
+    return ('$' in value or '%' in value or '{{' in value) and _REFERENCE_VALUE.fullmatch(value) is not None
 
 
 def _quoted_or_bare(value: str) -> str:
@@ -422,7 +434,7 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
             if name is not None:
                 break
         value = match.group(value_group)
-        if value not in _NOT_SECRET_VALUES and REDACTED not in value and is_secret(name):
+        if value not in _NOT_SECRET_VALUES and REDACTED not in value and not _is_reference(value) and is_secret(name):
             parts.append(text[position:match.start()] + match.group(head_group) + _quoted_or_bare(value))
             position = match.end()
         else:
@@ -607,8 +619,8 @@ class Redactor:
 
     def _conceal(self, value: Any) -> Any:
         """The value of a credential-named key: every leaf replaced, the shape kept."""
-        if value is None or isinstance(value, bool) or (isinstance(value, str) and not value):
-            return value
+        if value is None or isinstance(value, bool) or (isinstance(value, str) and (not value or _is_reference(value))):
+            return value  # no secret in it, or only where the secret is kept (``${POSTGRES_PASSWORD}``)
         if isinstance(value, Mapping):
             return {self._key(k): self._conceal(v) for k, v in value.items()}
         fields = self._fields(value)

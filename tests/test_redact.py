@@ -364,3 +364,14 @@ def test_structural_pairs_in_lists_and_mappings():
     assert got['docker'] == ['WANDB_API_KEY=***', 'OMP_NUM_THREADS=8']
     assert got['values_are_not_names'] == ['token', 'password', 'abc'] and got['flag_then_flag'] == ('--password', '--verbose')
     assert not any(key in repr(got) for key in keys)
+
+
+def test_references_to_where_a_secret_is_are_kept():
+    refs = {'POSTGRES_PASSWORD': '${POSTGRES_PASSWORD}', 'HF_TOKEN': '${{ secrets.HF_TOKEN }}', 'api_key': '$API_KEY',
+            'token': '{{ .Values.hubToken }}', 'password': '%DB_PASSWORD%'}
+    assert build_redactor(True)(refs) == refs
+    for text in ('password=${DB_PASSWORD} user=x', 'HF_TOKEN: ${{ secrets.HF_TOKEN }}', '{"password": "${X}"}'):
+        assert redact_text(text) is text
+    # a default after the reference is a value, and may be the secret itself
+    assert build_redactor(True)({'password': '${X:-hunter2}'}) == {'password': REDACTED}
+    assert redact_text('password: ${X:-hunter2}, a: 1') == 'password: ***, a: 1'
