@@ -316,7 +316,8 @@ def _shape_replacement(match: re.Match) -> str:
     for head, value in (('url_head', 'url_password'), ('auth_head', 'auth_value'), ('scheme', 'credential'),
                         ('user_head', 'user_password')):
         if match.group(head) is not None:
-            if match.group(value) in _NOT_SECRET_VALUES or REDACTED in match.group(value):
+            secret = match.group(value)
+            if secret in _NOT_SECRET_VALUES or REDACTED in secret or _is_placeholder(secret):
                 return match.group(0)
             return match.group(head) + REDACTED
     return match.group(0)
@@ -370,6 +371,13 @@ _REFERENCE_VALUE = re.compile(
 
 def _is_reference(value: str) -> bool:
     return ('$' in value or '%' in value or '{{' in value) and _REFERENCE_VALUE.fullmatch(value) is not None
+
+
+def _is_placeholder(value: str) -> bool:
+    """A header or ``--user`` value that is a template: a reference, ``$1``, ``$(command)``, ``${...}``,
+    ``<token>``, ``[PASSWORD]``, ``{base64(...)}`` (gitleaks' curl rules skip these too)."""
+    return value.startswith(('$(', '${', '<', '[', '{')) or _is_reference(value) or (
+        value[:1] == '$' and value[1:].isdigit())
 
 
 def _quoted_or_bare(value: str) -> str:

@@ -375,3 +375,32 @@ def test_references_to_where_a_secret_is_are_kept():
     # a default after the reference is a value, and may be the secret itself
     assert build_redactor(True)({'password': '${X:-hunter2}'}) == {'password': REDACTED}
     assert redact_text('password: ${X:-hunter2}, a: 1') == 'password: ***, a: 1'
+
+
+#: gitleaks' own false-positive examples (cmd/generate/config/rules/*.go at b58d3f10) for the rules we
+#: take: placeholders and look-alikes that its rules do not report, so neither do we.
+GITLEAKS_FALSE_POSITIVES = [
+    'xoxb-xxxxxxxxx-xxxxxxxxxx-xxxxxxxxxxxx', 'xoxb-xxx', 'xoxb-12345-abcd234', 'xoxb-xoxb-my-bot-token',
+    'xoxe.xoxp-1-SlackAppConfigurationAccessTokenHere', 'xoxe-1-xxx', 'xoxb-Slack_BOT_TOKEN', 'xoxb-abcdef-abcdef',
+    'https://indieweb.org/images/3/35/2018-250-xoxo-indieweb-1.jpg',
+    '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;',
+    '                            _kHMSymptomhf_generatedByHomeAppForDebuggingPurposesKey,',
+    '    #define OSCHF_DebugGetExpectedAverageCrystalAmplitude NOROM_OSCHF_DebugGetExpectedAverageCrystalAmplitude',
+    'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', "const api_org_controller = require('../../controllers/api/index').organizations;",
+    'api_org_96726c78_4ae3_402f_b08b_7a78c6903d2a.xml',
+    'ghp_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', 'gho_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+    'github_pat_xxxxxxxxxxxxxxxxxxxxxx_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+    'glpat-XXXXXXXXXXX-XXXXXXXX', 'glptt-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', 'GR1348941XXXXXXXXXXXXXXXXXXXX',
+    'key = AKIAXXXXXXXXXXXXXXXX', 'TODAYINASIAASACKOFRICEFELLOVER', 'AKIA' + 'IOSFODNN7EXAMPLE',
+    'discord=000000000000000000',
+    '   curl -sL --user "$1:$2" "$3" > "$4"', 'curl --user neo4j:[PASSWORD] http://[IP]:7474/db/data/',
+    'curl -u "${_username}:${_password}"', 'curl -k -X POST -I -u "SRVC_JENKINS:${APPID}"',
+    "curl -sw '%{http_code}' -X POST --user '$USERNAME:$PASSWORD' $GItHUB_API_URL/$GIT_COMMIT --data",
+    'curl -XGET -i -u "${{ env.ELK_ID }}:${{ build.env.ELK_PASS }}"',
+    'curl -X POST --user "$(cat ./login.txt):$(cat ./password.txt)"',
+]
+
+
+def test_gitleaks_false_positives_are_kept():
+    changed = [(text, redact_text(text)) for text in GITLEAKS_FALSE_POSITIVES if redact_text(text) != text]
+    assert not changed, f'changed: {changed}'
