@@ -224,7 +224,8 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple
 # Keywords inside a word, or far from the secret's run (a webhook URL's host), or before a short
 # secret (``SG.``): looked for by substring.
 _INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~', 'hooks.slack.com', 'webhook.office.com', 'webhookb2',
-                             'incomingwebhook', 'discord', 'sig=', 'sg.'})
+                             'incomingwebhook', 'discord', 'sig=', 'sg.', 'gems.contribsys.com',
+                             'enterprise.contribsys.com'})
 _RULES_BY_KEYWORD, _KEYWORD_SCAN, _INNER = _load_formats()
 _SLACK_KEYWORDS = tuple(k for k in _RULES_BY_KEYWORD if k.startswith('xox'))
 
@@ -251,7 +252,7 @@ def _may_hold_token(text: str) -> bool:
 
 def _found_keywords(text: str) -> set[str]:
     """The keywords in ``text``: looked for by the scan only around runs (a keyword starts a run or
-    ends at most 20 characters before it: ``dp.pt.<run>``), and by substring for the rest."""
+    ends at most 8 characters before it: ``dt0c01.<run>``), and by substring for the rest."""
     lower = text.lower()
     found: set[str] = set()
     data = _runs(text) if text.isascii() else None  # byte offsets are character offsets in ASCII only
@@ -262,7 +263,7 @@ def _found_keywords(text: str) -> set[str]:
         while start != -1:
             end = data.find(b' ', start)
             end = len(data) if end == -1 else end
-            found.update(_KEYWORD_SCAN.findall(lower, max(0, start - 20), end))
+            found.update(_KEYWORD_SCAN.findall(lower, max(0, start - 8), end))
             start = data.find(_RUN, end)
     found.update(keyword for keyword in _INNER if keyword in lower)
     if 'xox' in lower:
