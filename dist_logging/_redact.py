@@ -356,7 +356,7 @@ _ASSIGNMENT = re.compile(
     r'|(?P<head2>(?P<q2>["\'])(?P<name2>[A-Za-z_][A-Za-z0-9_.\- ]*)(?P=q2)\s*:\s*)'
     r'(?P<value2>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s,}\]]+)'
     r'|(?P<head3>(?<![A-Za-z0-9_.\-"\'])(?P<name3>[A-Za-z_][A-Za-z0-9_.\-]*):[ \t]+)'
-    r'(?P<value3>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s,;}\]]+(?:[ \t]+[^\s,;}\]]+)*)'
+    r'(?P<value3>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s,;}\]]+(?:[ \t]+[^\s,;}\]]+){0,7})'
     r'|(?P<head4>(?<!\S)--?(?P<name4>[A-Za-z][A-Za-z0-9_.\-]*)[ \t]+)'
     r'(?P<value4>' + _QUOTED + r'|(?!-)[^\s]+)'
     r'|(?P<head5>\([ \t]*(?P<q5>["\'])(?P<name5>[A-Za-z_][A-Za-z0-9_.\-]*)(?P=q5)[ \t]*,[ \t]*)'
@@ -364,6 +364,9 @@ _ASSIGNMENT = re.compile(
     r'|(?P<head6><(?P<name6>[A-Za-z_][A-Za-z0-9_.\-:]*)(?:[ \t][^<>\n]*)?>)'
     r'(?P<value6>[^<>\n]+)(?=</(?P=name6)>)'
 )
+# ``name: value`` reads at most 8 words per match, so a name that is no credential costs a bounded
+# look ahead (a line of many ``x: y`` stays linear); a credential's value takes the rest of the line.
+_MORE_WORDS = re.compile(r'(?:[ \t]+[^\s,;}\]]+)*')
 _GROUPS = tuple(('name' + n, 'value' + n, 'head' + n) for n in '123456')
 # Values that hold no secret (JSON/YAML/Python literals, already redacted, empty).
 _NOT_SECRET_VALUES = frozenset({REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False',
@@ -452,6 +455,8 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
         if value not in _NOT_SECRET_VALUES and REDACTED not in value and not _is_reference(value) and is_secret(name):
             parts.append(text[position:match.start()] + match.group(head_group) + _quoted_or_bare(value))
             position = match.end()
+            if head_group == 'head3' and value[:1] not in '"\'':  # the rest of a long ``name: many words`` value
+                position = _MORE_WORDS.match(text, position).end()
         else:
             parts.append(text[position:match.end(head_group)])
             position = match.end(head_group)
