@@ -9,6 +9,12 @@ interleaved round by round (the order rotated), each round timing ``--inner`` ba
 line and dividing. Lines: plain training log lines (what almost every call sees), a line with a long
 path component (it passes the cheap check and pays the keyword scan), and lines that do hold a
 credential (a URL password, a Hugging Face token, a ``KAGGLE_KEY=...`` pair).
+
+With ``detect-secrets`` installed (the ``bench`` extra) it is timed too (``scan_line`` with its
+default plugins; ``--inner`` divided by 20 for it, it is ~100x slower), and its coverage is
+counted on freshly drawn credentials of each format in ``tests/credential_samples.py``: which
+formats a named plugin reports (high-entropy plugins do not count: they also report git SHAs,
+which is checked) against ours.
 """
 
 from __future__ import annotations
@@ -38,18 +44,59 @@ LINES = {
 }
 PLAIN = ('plain_metrics', 'plain_logging', 'plain_path')
 MODES = {'before': _redact_v1.redact_text, 'after': redact_text}
+GIT_SHA = '01c7f73d771dfac7d292323805ebc428287df4f9'
+_DETECT_SECRETS_SETTINGS: Any = None
+
+
+def detect_secrets_scanner() -> Optional[Any]:
+    """``line -> [secret types]`` with detect-secrets' default plugins, or None when it is not installed."""
+    try:
+        from detect_secrets.core.scan import scan_line
+        from detect_secrets.settings import default_settings
+    except ImportError:
+        return None
+    global _DETECT_SECRETS_SETTINGS
+    # Entered until run() ends (kept referenced: a collected context manager would exit at once).
+    _DETECT_SECRETS_SETTINGS = default_settings()
+    _DETECT_SECRETS_SETTINGS.__enter__()
+
+    def scan(line: str) -> list[str]:
+        return [secret.type for secret in scan_line(line)]
+
+    return scan
+
+
+def coverage(scan: Any) -> dict[str, Any]:
+    """Formats of tests/credential_samples.py that detect-secrets (a named plugin) and we report."""
+    sys.path.insert(0, str(C.REPO_ROOT / 'tests'))
+    from credential_samples import samples, webhook_urls
+
+    values = dict(samples())
+    values.update({name: url for name, (url, _) in webhook_urls().items()})
+    named = {name: [t for t in scan(value) if 'High Entropy' not in t] for name, value in values.items()}
+    ours = {name: redact_text(value) != value for name, value in values.items()}
+    return {'formats': len(values),
+            'detect_secrets_named_plugin': sorted(name for name, types in named.items() if types),
+            'ours': sorted(name for name, hit in ours.items() if hit),
+            'detect_secrets_flags_git_sha': scan(f'revision: {GIT_SHA}'),
+            'ours_flags_git_sha': redact_text(f'revision: {GIT_SHA}') != f'revision: {GIT_SHA}'}
 
 
 def run(rounds: int, inner: int) -> dict[str, Any]:
-    samples: dict[str, dict[str, list[float]]] = {mode: {line: [] for line in LINES} for mode in MODES}
-    for _, order in C.rotations(list(MODES), rounds):
+    modes = dict(MODES)
+    scan = detect_secrets_scanner()
+    if scan is not None:
+        modes['detect_secrets'] = scan
+    samples: dict[str, dict[str, list[float]]] = {mode: {line: [] for line in LINES} for mode in modes}
+    for _, order in C.rotations(list(modes), rounds):
         for mode in order:
-            fn = MODES[mode]
+            fn = modes[mode]
+            calls = max(1, inner // 20) if mode == 'detect_secrets' else inner
             for line_name, line in LINES.items():
                 start = time.perf_counter_ns()
-                for _ in range(inner):
+                for _ in range(calls):
                     fn(line)
-                samples[mode][line_name].append((time.perf_counter_ns() - start) / inner)
+                samples[mode][line_name].append((time.perf_counter_ns() - start) / calls)
     per_line = {}
     for line_name in LINES:
         before = min(samples['before'][line_name])
@@ -57,8 +104,15 @@ def run(rounds: int, inner: int) -> dict[str, Any]:
         per_line[line_name] = {'before_ns': round(before), 'after_ns': round(after), 'ratio': round(after / before, 2),
                                'before_median_ns': round(C.percentile(sorted(samples['before'][line_name]), 50)),
                                'after_median_ns': round(C.percentile(sorted(samples['after'][line_name]), 50))}
+        if scan is not None:
+            per_line[line_name]['detect_secrets_ns'] = round(min(samples['detect_secrets'][line_name]))
+            per_line[line_name]['detect_secrets_over_after'] = round(min(samples['detect_secrets'][line_name]) / after, 1)
     worst_plain = max(per_line[name]['ratio'] for name in PLAIN)
-    return {'lines': LINES, 'per_line': per_line, 'worst_plain_ratio': worst_plain, 'target_plain_ratio': 2.0}
+    summary = {'lines': LINES, 'per_line': per_line, 'worst_plain_ratio': worst_plain, 'target_plain_ratio': 2.0}
+    if scan is not None:
+        summary['coverage'] = coverage(scan)
+        _DETECT_SECRETS_SETTINGS.__exit__(None, None, None)
+    return summary
 
 
 def plot(summary: dict[str, Any], d: C.Dist, out_json: Optional[str]) -> None:
