@@ -6,7 +6,8 @@ webhook URL stay readable); otherwise the whole match is the secret.
 """
 
 SOURCE = {'name': 'dist_logging', 'version': 'issue 23',
-          'url': 'https://docs.github.com/en/code-security/secret-scanning/introduction/supported-secret-scanning-patterns'}
+          'url': ('https://docs.github.com/en/code-security/secret-scanning/introduction/'
+                  'supported-secret-scanning-patterns')}
 
 _RIGHT = r'(?![A-Za-z0-9_\-])'
 

@@ -28,7 +28,8 @@ def draw(alphabet: str, n: int) -> str:
 def samples() -> dict[str, str]:
     """One fresh credential per format: name -> value (the whole value is the secret)."""
     header = base64.urlsafe_b64encode(b'{"alg":"HS256","typ":"JWT"}').rstrip(b'=').decode()
-    payload = base64.urlsafe_b64encode(('{"sub":"%s","iat":1700000000}' % draw(DIGITS, 10)).encode()).rstrip(b'=').decode()
+    claims = '{"sub":"%s","iat":1700000000}' % draw(DIGITS, 10)
+    payload = base64.urlsafe_b64encode(claims.encode()).rstrip(b'=').decode()
     return {
         'aws_access_key_id': 'AKIA' + draw(UPPER + '234567', 16),
         'aws_temp_key_id': 'ASIA' + draw(UPPER + '234567', 16),

@@ -328,7 +328,8 @@ KEPT_23 = [
     'GITHUB_API_KEY=\nDYNATRACE_API_KEY=', 'snowflake.password=\njdbc.snowflake.url=',
     'xoxb-12345-abcd234', 'xoxb-xxxxxxxxx-xxxxxxxxxx-xxxxxxxxxxxx', 'sk-ant-api03-abc123xyz', 'sk-ant-...abc123xyz',
     '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;', 'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
-    'secret_sharing_rounds: 3', 'key_dim=64 keyword=foo', "access_token_url='https://github.com/login/oauth/access_token'",
+    'secret_sharing_rounds: 3', 'key_dim=64 keyword=foo',
+    "access_token_url='https://github.com/login/oauth/access_token'",
     'max_tokens: 4096, token_budget: 100000', 'signature_name: serving_default', 'sig_figs=3',
     'AKIA' + 'IOSFODNN7EXAMPLE', GIT_SHA, UUID, 'a == b', 'x => y', 'if (token == null)',
     'Saving checkpoint to /data/checkpoints/llama2_7b_sft_lora_r16/ep3-ba1200-rank0.pt',
@@ -362,7 +363,8 @@ def test_structural_pairs_in_lists_and_mappings():
                           data['env'][2]]
     assert got['ecs'] == [{'Name': 'KAGGLE_KEY', 'Value': REDACTED}]
     assert got['docker'] == ['WANDB_API_KEY=***', 'OMP_NUM_THREADS=8']
-    assert got['values_are_not_names'] == ['token', 'password', 'abc'] and got['flag_then_flag'] == ('--password', '--verbose')
+    assert got['values_are_not_names'] == ['token', 'password', 'abc']
+    assert got['flag_then_flag'] == ('--password', '--verbose')
     assert not any(key in repr(got) for key in keys)
 
 
@@ -386,7 +388,8 @@ GITLEAKS_FALSE_POSITIVES = [
     '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;',
     '                            _kHMSymptomhf_generatedByHomeAppForDebuggingPurposesKey,',
     '    #define OSCHF_DebugGetExpectedAverageCrystalAmplitude NOROM_OSCHF_DebugGetExpectedAverageCrystalAmplitude',
-    'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', "const api_org_controller = require('../../controllers/api/index').organizations;",
+    'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+    "const api_org_controller = require('../../controllers/api/index').organizations;",
     'api_org_96726c78_4ae3_402f_b08b_7a78c6903d2a.xml',
     'ghp_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', 'gho_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
     'github_pat_xxxxxxxxxxxxxxxxxxxxxx_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',

@@ -13,7 +13,8 @@ our key-name and pair rules cover more broadly. Each regex is rewritten from Go 
 becomes a scoped group, ``\\z`` becomes ``\\Z``, POSIX classes are spelt out, and the consuming
 right-hand delimiter (``(?:[\\x60'"\\s;]|\\\\[nr]|$)``) or left-hand delimiter becomes a look-around, so
 a match is exactly the secret; the right-hand delimiter also admits ``& , ) ] } < > |`` (a secret
-ending a URL query value or a call argument), the only place the rules are looser than gitleaks'. Every rewritten regex is compiled before it is written.
+ending a URL query value or a call argument), the only place the rules are looser than gitleaks'.
+Every rewritten regex is compiled before it is written.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def main(path: str, version: str, commit: str) -> None:
         '"""',
         '',
         f'SOURCE = {{\'name\': \'gitleaks\', \'version\': {version!r}, \'commit\': {commit!r},',
-        "          'url': 'https://github.com/gitleaks/gitleaks/blob/' + " + repr(commit) + " + '/config/gitleaks.toml'}",
+        "          'url': 'https://github.com/gitleaks/gitleaks/blob/' + "
+        + repr(commit) + " + '/config/gitleaks.toml'}",
         '',
         'RULES = (']
     for rule in config['rules']:

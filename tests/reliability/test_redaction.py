@@ -259,6 +259,10 @@ def test_real_configs_arrive_unchanged_but_for_their_credentials(path):
     assert _load(path) == config  # the caller's config is untouched
 
 
+#: Hugging Face tokens are ``hf_`` + 34 letters (gitleaks' rule): no digits.
+LETTERS = 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ'
+
+
 def _token(prefix: str, length: int, alphabet: str = 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789') -> str:
     import random
 
@@ -274,12 +278,12 @@ def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
     """
     s = {
         'password': f'pw-{uuid.uuid4().hex}', 'client_secret': f'cs-{uuid.uuid4().hex}',
-        'aws_secret': _token('', 40), 'hf_token_named': _token('hf_', 34, 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ'), 'github_named': _token('ghp_', 36),
+        'aws_secret': _token('', 40), 'hf_token_named': _token('hf_', 34, LETTERS), 'github_named': _token('ghp_', 36),
         'private_key_named': _token('MIIEpAIBAAKCAQEA', 48),
         # credentials whose key names say nothing
         'db_url_password': f'dbpw{uuid.uuid4().hex[:12]}', 'repo_ghp': _token('ghp_', 36),
         'index_password': f'ix{uuid.uuid4().hex[:10]}', 'aws_key_id': _token('AKIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'),
-        'aws_temp_key_id': _token('ASIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'), 'hub_hf': _token('hf_', 34, 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ'),
+        'aws_temp_key_id': _token('ASIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'), 'hub_hf': _token('hf_', 34, LETTERS),
         'openai_sk': _token('sk-', 48), 'openai_project': _token('sk-proj-', 60) + '_' + _token('', 20),
         'github_pat': _token('github_pat_', 22) + '_' + _token('', 59), 'ghs': _token('ghs_', 36),
         'slack': 'xoxb-' + _token('', 12, '0123456789') + '-' + _token('', 13, '0123456789') + '-' + _token('', 24),
