@@ -239,8 +239,8 @@ CORPUS_FILES = sorted(p for p in CORPUS.iterdir() if p.suffix in ('.json', '.yam
 
 
 def test_corpus_is_large_enough():
-    assert len(CORPUS_FILES) >= 20 and set(CREDENTIAL_LEAVES) <= {p.name for p in CORPUS_FILES}
-    assert sum(len(_leaves(_load(p))) for p in CORPUS_FILES) > 1500
+    assert len(CORPUS_FILES) >= 34 and set(CREDENTIAL_LEAVES) <= {p.name for p in CORPUS_FILES}
+    assert sum(len(_leaves(_load(p))) for p in CORPUS_FILES) >= 2500
 
 
 @pytest.mark.parametrize('path', CORPUS_FILES, ids=lambda p: p.name)
