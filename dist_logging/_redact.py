@@ -245,26 +245,24 @@ _RUN_TABLE = bytes(ord('a') if chr(b).isascii() and (chr(b).isalnum() or chr(b) 
 _RUN = b'a' * 18
 
 
-def _runs(text: str) -> Optional[bytes]:
-    """``text`` as bytes with every run character ``a`` and every other one a space, or None without a run."""
-    data = text.encode('utf-8', 'surrogatepass').translate(_RUN_TABLE)
-    return data if _RUN in data else None
+def _run_map(text: str) -> bytes:
+    """``text`` as bytes with every run character ``a`` and every other one a space."""
+    return text.encode('utf-8', 'surrogatepass').translate(_RUN_TABLE)
 
 
-def _may_hold_token(text: str) -> bool:
-    return (_RUN in text.encode('utf-8', 'surrogatepass').translate(_RUN_TABLE)
-            or 'xox' in text or 'Q~' in text or 'SG.' in text or 'sig=' in text)
+def _may_hold_token(text: str, run_map: bytes) -> bool:
+    return _RUN in run_map or 'xox' in text or 'Q~' in text or 'SG.' in text or 'sig=' in text
 
 
-def _found_keywords(text: str) -> set[str]:
+def _found_keywords(text: str, run_map: bytes) -> set[str]:
     """The keywords in ``text``: looked for by the scan only around runs (a keyword starts a run or
     ends at most 8 characters before it: ``dt0c01.<run>``), and by substring for the rest."""
     lower = text.lower()
     found: set[str] = set()
-    data = _runs(text) if text.isascii() else None  # byte offsets are character offsets in ASCII only
-    if data is None:
+    if len(run_map) != len(text):  # not ASCII: byte offsets are not character offsets
         found.update(_KEYWORD_SCAN.findall(lower))
     else:
+        data = run_map
         start = data.find(_RUN)
         while start != -1:
             end = data.find(b' ', start)
@@ -277,9 +275,12 @@ def _found_keywords(text: str) -> set[str]:
     return found
 
 
-def _apply_formats(text: str) -> str:
-    """Run the rules whose keywords occur in ``text`` (gitleaks' keyword gate), each with its entropy and allowlist."""
-    found = _found_keywords(text)
+def _apply_formats(text: str, run_map: Optional[bytes] = None) -> str:
+    """Run the rules whose keywords occur in ``text`` (gitleaks' keyword gate), each with its entropy and allowlist.
+
+    ``run_map`` is ``_run_map(text)`` when the caller has it already.
+    """
+    found = _found_keywords(text, _run_map(text) if run_map is None else run_map)
     if not found:
         return text
     rules = sorted({rule for keyword in found for rule in _RULES_BY_KEYWORD[keyword]})
@@ -469,8 +470,9 @@ def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool =
     out = text
     if _may_hold_shape(out):
         out = _CREDENTIAL_SHAPES.sub(_shape_replacement, out)
-    if _may_hold_token(out):
-        out = _apply_formats(out)
+    run_map = _run_map(out)
+    if _may_hold_token(out, run_map):
+        out = _apply_formats(out, run_map)
     if _may_hold_pair(out, is_secret, any_name):
         out = _redact_pairs(out, is_secret)
     return text if out == text else out
