@@ -318,6 +318,9 @@ _CREDENTIAL_SHAPES = re.compile(
 )
 
 
+_FLAG_VALUE = re.compile(r'[\s="\']+')
+
+
 def _shape_replacement(match: re.Match) -> str:
     if match.group('pem_begin') is not None:
         return f'{match.group("pem_begin")}{REDACTED}{match.group("pem_end")}'
@@ -327,6 +330,8 @@ def _shape_replacement(match: re.Match) -> str:
             secret = match.group(value)
             if secret in _NOT_SECRET_VALUES or REDACTED in secret or _is_placeholder(secret):
                 return match.group(0)
+            if head == 'user_head' and secret.isdigit() and _FLAG_VALUE.split(match.group(head)[:-1])[-1].isdigit():
+                return match.group(0)  # ``docker run -u 1000:1000``: a uid and gid
             return match.group(head) + REDACTED
     return match.group(0)
 

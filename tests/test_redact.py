@@ -407,3 +407,9 @@ GITLEAKS_FALSE_POSITIVES = [
 def test_gitleaks_false_positives_are_kept():
     changed = [(text, redact_text(text)) for text in GITLEAKS_FALSE_POSITIVES if redact_text(text) != text]
     assert not changed, f'changed: {changed}'
+
+
+def test_uid_gid_after_user_flags_is_kept():
+    for text in ('docker run -u 1000:1000 img', 'docker run --user=1000:1000 img', 'docker run --user "0:0" img'):
+        assert redact_text(text) is text
+    assert redact_text('curl -u 1000:s3cret https://h') == 'curl -u 1000:*** https://h'
