@@ -92,7 +92,12 @@ _NOT_CREDENTIAL_BEFORE = frozenset({
     'feature', 'column', 'field', 'metric', 'monitor', 'data', 'dataset', 'model', 'layer', 'state', 'config',
     'record', 'row', 'dedup', 'query', 'value', 'attention', 'attn', 'kv', 'rng', 'random', 'seed', 'lora',
     'hot', 'sample', 'batch', 'sequence', 'seq', 'sub', 'word', 'byte', 'char', 'cross', 'self', 'memory',
+    'bucket', 'object', 'blob', 'log', 'event', 'message', 'map', 'item', 'entry', 'node', 'section', 'table',
+    'topic', 'queue', 'stream', 'point', 'box', 'region', 'obj', 'frame', 'patch', 'im', 'img', 'vid', 'speech',
+    'time', 'action', 'reward', 'answer', 'question', 'context', 'doc', 'document', 'page', 'turn', 'role',
 })
+# An earlier word that makes the whole name a vocabulary constant (LLaVA's ``DEFAULT_POINT_TOKEN``).
+_VOCABULARY_CONTEXT = frozenset({'default', 'special', 'vocab', 'tokenizer', 'im', 'ignore'})
 # A key ending in one of these names a reference to a credential (Kubernetes ``secretKeyRef``,
 # ``secretName``, ``password_file``, ``token_path``), whose value is a name or a path.
 _REFERENCE_WORDS = frozenset({'ref', 'refs', 'name', 'names', 'path', 'paths', 'file', 'files', 'arn', 'url', 'uri'})
@@ -158,8 +163,9 @@ def is_secret_key(key: str) -> bool:
                 continue
             if word == 'token' and (index == 0 or previous in _TOKEN_SERVICES):
                 return True
-            if index > 0 and previous not in _NOT_CREDENTIAL_BEFORE and (
-                    _environment_style(key) or any(w in _SERVICES for w in words[:index])):
+            if (index > 0 and previous not in _NOT_CREDENTIAL_BEFORE
+                    and not any(w in _VOCABULARY_CONTEXT for w in words[:index])
+                    and (_environment_style(key) or any(w in _SERVICES for w in words[:index]))):
                 return True
         previous = word
     return False

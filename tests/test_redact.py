@@ -276,7 +276,8 @@ def test_service_names_before_credential_words(key):
 @pytest.mark.parametrize('key', [
     'key_dim', 'keyword', 'passkey_retrieval_length', 'secret_sharing_rounds', 'max_tokens', 'token_budget',
     'signature_name', 'sig_figs', 'PAD_TOKEN', 'EOS_TOKEN', 'SORT_KEY', 'image_key', 'text_key', 'key',
-    'num_key_value_heads', 'access_token_url', 'tokenizer',
+    'num_key_value_heads', 'access_token_url', 'tokenizer', 'DEFAULT_IMAGE_TOKEN', 'DEFAULT_POINT_TOKEN',
+    'DEFAULT_IM_START_TOKEN', 'S3_BUCKET_KEY', 'PARTITION_KEY',
 ])
 def test_ml_words_stay_ordinary(key):
     assert not is_secret_key(key)
