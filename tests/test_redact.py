@@ -292,7 +292,8 @@ def test_every_scanner_format_is_replaced_in_every_context():
     from credential_samples import samples, webhook_urls
 
     for name, value in samples().items():
-        for text in (value, f'x {value} y', f'"{value}"', f'k={value}&n=1', f'f({value})', f'{value}\n'):
+        for text in (value, f'x {value} y', f'"{value}"', f'k={value}&n=1', f'f({value})', f'{value}\n',
+                     f'clé {value} ü'):  # non-ASCII text takes the whole-line keyword scan
             if name == 'azure_ad_client_secret' and '&' in text:
                 continue  # gitleaks' own right-hand delimiters for this rule; a ?k=...& query is not one
             assert value not in redact_text(text), (name, text)
@@ -414,3 +415,17 @@ def test_uid_gid_after_user_flags_is_kept():
     for text in ('docker run -u 1000:1000 img', 'docker run --user=1000:1000 img', 'docker run --user "0:0" img'):
         assert redact_text(text) is text
     assert redact_text('curl -u 1000:s3cret https://h') == 'curl -u 1000:*** https://h'
+
+
+def test_every_rule_keyword_is_found_where_a_secret_would_follow():
+    """The keyword scan (word starts around runs, substrings, Slack prefixes) reaches every rule's keywords."""
+    from dist_logging import _redact
+
+    missed = []
+    for keyword, rules in _redact._RULES_BY_KEYWORD.items():
+        text = f'value: {keyword}' + 'Ab3' * 10  # the keyword, then a run as a secret's body would make
+        found = _redact._found_keywords(text, _redact._run_map(text))
+        if not any(rule in _redact._RULES_BY_KEYWORD[f] for f in found for rule in rules):
+            missed.append(keyword)
+    assert not missed, f'keywords never found: {missed}'
+    assert len(_redact._RULES_BY_KEYWORD) > 120
