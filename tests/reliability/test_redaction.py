@@ -239,8 +239,8 @@ CORPUS_FILES = sorted(p for p in CORPUS.iterdir() if p.suffix in ('.json', '.yam
 
 
 def test_corpus_is_large_enough():
-    assert len(CORPUS_FILES) >= 20 and set(CREDENTIAL_LEAVES) <= {p.name for p in CORPUS_FILES}
-    assert sum(len(_leaves(_load(p))) for p in CORPUS_FILES) > 1500
+    assert len(CORPUS_FILES) >= 34 and set(CREDENTIAL_LEAVES) <= {p.name for p in CORPUS_FILES}
+    assert sum(len(_leaves(_load(p))) for p in CORPUS_FILES) >= 2500
 
 
 @pytest.mark.parametrize('path', CORPUS_FILES, ids=lambda p: p.name)
@@ -259,6 +259,10 @@ def test_real_configs_arrive_unchanged_but_for_their_credentials(path):
     assert _load(path) == config  # the caller's config is untouched
 
 
+#: Hugging Face tokens are ``hf_`` + 34 letters (gitleaks' rule): no digits.
+LETTERS = 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ'
+
+
 def _token(prefix: str, length: int, alphabet: str = 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789') -> str:
     import random
 
@@ -274,12 +278,12 @@ def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
     """
     s = {
         'password': f'pw-{uuid.uuid4().hex}', 'client_secret': f'cs-{uuid.uuid4().hex}',
-        'aws_secret': _token('', 40), 'hf_token_named': _token('hf_', 34), 'github_named': _token('ghp_', 36),
+        'aws_secret': _token('', 40), 'hf_token_named': _token('hf_', 34, LETTERS), 'github_named': _token('ghp_', 36),
         'private_key_named': _token('MIIEpAIBAAKCAQEA', 48),
         # credentials whose key names say nothing
         'db_url_password': f'dbpw{uuid.uuid4().hex[:12]}', 'repo_ghp': _token('ghp_', 36),
         'index_password': f'ix{uuid.uuid4().hex[:10]}', 'aws_key_id': _token('AKIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'),
-        'aws_temp_key_id': _token('ASIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'), 'hub_hf': _token('hf_', 34),
+        'aws_temp_key_id': _token('ASIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'), 'hub_hf': _token('hf_', 34, LETTERS),
         'openai_sk': _token('sk-', 48), 'openai_project': _token('sk-proj-', 60) + '_' + _token('', 20),
         'github_pat': _token('github_pat_', 22) + '_' + _token('', 59), 'ghs': _token('ghs_', 36),
         'slack': 'xoxb-' + _token('', 12, '0123456789') + '-' + _token('', 13, '0123456789') + '-' + _token('', 24),
@@ -363,3 +367,88 @@ def test_planted_credentials_reach_no_destination_and_everything_else_arrives(tm
     assert config == before  # the caller's objects are never modified
     where.assert_nowhere(secrets)
     assert any((tmp_path / 'bucket').rglob('log.txt'))  # the logs went through upload staging too
+
+
+# --------------------------------------------------------------------------- issue 23: every shape a scanner knows
+
+
+def planted_shapes() -> tuple[dict, list[str], dict[str, object], list[str]]:
+    """Freshly generated credentials in every format and structural shape of issue 23, next to decoys.
+
+    Returns:
+        (config, the secret strings, the decoy leaves that must arrive unchanged (dotted path -> value),
+        log lines that mix both).
+    """
+    from credential_samples import hex40, samples, webhook_urls
+
+    formats = samples()
+    hooks = webhook_urls()
+    wandb, kaggle, b2, mlflow = hex40(), hex40(), hex40(), 'dapi' + hex40()[:32]
+    argv_key, env_key, docker_key, ecs_key = hex40(), hex40(), hex40(), hex40()
+    code = {n: hex40() for n in ('go', 'make', 'php', 'govar', 'java', 'xml', 'curl', 'header', 'shell')}
+    config = {
+        'formats': {name: f'value {value} here' for name, value in formats.items()},
+        'webhooks': {name: url for name, (url, _) in hooks.items()},
+        'env': {'KAGGLE_KEY': kaggle, 'B2_APPLICATION_KEY': b2, 'MLFLOW_TRACKING_TOKEN': mlflow,
+                'MLFLOW_TRACKING_URI': 'databricks', 'KAGGLE_USERNAME': 'alice'},
+        'argv': ['train.py', '--wandb-api-key', argv_key, '--run-name', 'token', '--max-tokens', '128'],
+        'k8s_env': [{'name': 'WANDB_API_KEY', 'value': env_key}, {'name': 'NCCL_DEBUG', 'value': 'INFO'},
+                    {'name': 'HF_TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'hf-secret', 'key': 'token'}}}],
+        'ecs_env': [{'Name': 'WANDB_API_KEY', 'Value': ecs_key}],
+        'docker_env': ['WANDB_API_KEY=' + docker_key, 'OMP_NUM_THREADS=8'],
+        'shell': f'export WANDB_API_KEY={wandb} && torchrun --nproc-per-node=8 train.py',
+        'code': [f'token := "{code["go"]}"', f'API_KEY ?= {code["make"]}', f"'secret_key' => '{code['php']}'",
+                 f'var apiToken string = "{code["govar"]}"', f'System.setProperty("X_TOKEN", "{code["java"]}");',
+                 f'<apiToken>{code["xml"]}</apiToken>', f'curl --user alice:{code["curl"]} https://h/x',
+                 f'curl -H "Authorization: Token {code["header"]}" https://h/x',
+                 f'GITHUB_API_KEY={code["shell"]}\nDYNATRACE_API_KEY=\n'],
+        # decoys: ordinary ML settings and placeholders that no scanner reports
+        'decoys': {'key_dim': 64, 'keyword': 'attention', 'passkey_retrieval_length': 4096, 'secret_sharing_rounds': 3,
+                   'max_tokens': 4096, 'token_budget': 100000, 'signature_name': 'serving_default', 'sig_figs': 3,
+                   'auth_required': True, 'revision': '01c7f73d771dfac7d292323805ebc428287df4f9',
+                   'run_id': '9b2f6c1e-4a7d-4e3b-8c5a-1f0e2d3c4b5a', 'slack_placeholder': 'xoxb-12345-abcd234',
+                   'anthropic_placeholder': 'sk-ant-api03-abc123xyz',
+                   'objc': '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;',
+                   'empty_env': 'GITHUB_API_KEY=\nDYNATRACE_API_KEY=',
+                   'argv_values': ['--run-name', 'token', '--tokenizer', 'gpt2']},
+    }
+    secrets = ([*formats.values(), *(secret for _, secret in hooks.values()), wandb, kaggle, b2, mlflow, argv_key,
+                env_key, docker_key, ecs_key, *code.values()])
+    decoys = {key: value for key, value in _leaves(config).items() if key.startswith('decoys.')}
+    decoys.update({'env.MLFLOW_TRACKING_URI': 'databricks', 'env.KAGGLE_USERNAME': 'alice', 'argv.3': '--run-name',
+                   'argv.4': 'token', 'argv.6': '128', 'k8s_env.1.value': 'INFO',
+                   'k8s_env.2.valueFrom.secretKeyRef.name': 'hf-secret', 'docker_env.1': 'OMP_NUM_THREADS=8'})
+    lines = [f'step 10 loss=1.25 uploading with {formats["huggingface"]} to {hooks["slack_webhook"][0]}',
+             f'env KAGGLE_KEY={kaggle} MLFLOW_TRACKING_TOKEN={mlflow}', f'posting to {hooks["discord_webhook"][0]}',
+             *config['code']]
+    return config, secrets, decoys, lines
+
+
+def test_every_scanner_shape_reaches_no_destination_and_decoys_arrive(tmp_path, capsys, mlflow_db):
+    import logging
+
+    from dist_logging import setup_logging
+    from dist_logging.logging_setup import teardown_logging
+
+    config, secrets, decoys, lines = planted_shapes()
+    where = Destinations(tmp_path, capsys, mlflow_db, upload=True)
+    setup_logging(file=str(tmp_path / 'pylogs' / 'python-rank{rank}.log'), run_name='shapes')
+    try:
+        def log(logger):
+            logger.log_hyperparameters(config)
+            logger.log_traces({'shapes': config, 'lines': lines})
+            logger.log_table(['line'], [[line] for line in lines], name='lines')
+            for line in lines:
+                logging.getLogger('train').warning(line)
+            logger.log_metrics({'loss': 0.5}, step=1)
+            logger.batch_end()
+
+        where.run(log)
+    finally:
+        teardown_logging()
+    got = _leaves(where.memory.hyperparameters)
+    changed = {key: got[key] for key, value in decoys.items() if got[key] != value}
+    assert not changed, f'decoys changed: {changed}'
+    python_logs = b''.join(p.read_bytes() for p in (tmp_path / 'pylogs').iterdir())
+    assert b'uploading with' in python_logs  # the Python log file was written (and is searched below)
+    where.assert_nowhere({f'planted {i}': value for i, value in enumerate(secrets)})
