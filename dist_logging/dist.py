@@ -563,6 +563,14 @@ class LoggingGroup:
         first = text.splitlines()[0] if text else type(exc).__name__
         connection_lost = bool(_CONNECTION_LOST.search(text))
         left, silent, where = self.departed_ranks(connection_lost)
+        if left:
+            # A rank that reached this collective and ended afterwards (e.g. it timed out first and exited)
+            # is not the cause: keep the ranks that never arrived, when the arrival marks tell.
+            missing = self.missing_ranks()
+            if missing is not None:
+                arrived_then_ended = [rank for rank in left if rank not in missing]
+                if len(arrived_then_ended) < len(left) or not connection_lost:
+                    left = [rank for rank in left if rank in missing]
         if left or silent:
             parts = []
             if left:

@@ -137,3 +137,28 @@ def test_a_live_rank_on_this_host_is_not_said_to_have_left(monkeypatch):
     store.set(f'{dist._PROC_PREFIX}1', f'{dist._HOST} {os.getppid()}')  # alive
     error = group._failure('flush', RuntimeError('Connection closed by peer [127.0.0.1]:1'))
     assert error.left_ranks == () and 'a rank left or failed' in str(error)
+
+
+def test_a_rank_that_arrived_and_ended_after_a_timeout_is_not_blamed(monkeypatch):
+    """Rank 1 reached the collective, timed out first and exited; rank 3 never arrived: a timeout names
+    rank 3 (from the arrival marks), not rank 1 (seen under load: the 4-rank gather scenario)."""
+    import subprocess
+    import sys
+
+    from dist_logging import dist
+
+    ended = subprocess.Popen([sys.executable, '-c', 'pass'])
+    ended.wait()
+    group = LoggingGroup(timeout=3)
+    store = torch_dist.HashStore()
+    group._store = store
+    monkeypatch.setattr(torch_dist, 'get_world_size', lambda group=None: 4)
+    group._announce()
+    group._arrive()  # this rank (0) reached collective 1
+    store.set(f'{dist._PROC_PREFIX}1', f'{dist._HOST} {ended.pid}')
+    for rank in (1, 2):
+        store.set(f'{group._prefix}{rank}', str(group._sequence))
+    error = group._failure('flush at step 0', RuntimeError('[../third_party/gloo/...] Timed out waiting 3000ms'))
+    assert error.left_ranks == ()
+    assert error.missing_ranks == (3,), str(error)
+    assert 'left the job' not in str(error)
