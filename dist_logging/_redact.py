@@ -212,8 +212,7 @@ def _keyword_regex(words: Iterable[str]) -> str:
     return '(' + emit(trie) + ')'
 
 
-def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], Pattern[str],
-                              tuple[tuple[str, tuple[str, ...]], ...]]:
+def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple[tuple[str, tuple[str, ...]], ...]]:
     by_keyword: dict[str, list[_Format]] = {}
     # Ours first: where both match (a Slack webhook), ours replaces only the secret part of the URL.
     for order, (rule_id, regex, keywords, entropy, allow) in enumerate(_extra_formats.RULES + _gitleaks_formats.RULES):
@@ -234,9 +233,9 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], Patte
     # ``[^a-z0-9]`` first (not a look-behind): re's search then skips in C to the next character that
     # may end a word, and tries the keywords only there: an ordinary 22-letter path component with 4
     # ``_`` costs 5 tries, not 30. The look-ahead consumes only that character, so keywords that touch
-    # (``ghp_sk...``) are all found; ``_KEYWORD_AT`` looks at the start of the text.
+    # (``ghp_sk...``) are all found. A region that starts the text is scanned with a space before it.
     trie = _keyword_regex(starts)
-    return expanded, re.compile('[^a-z0-9](?=' + trie + ')'), re.compile(trie), _inner_gates(inner)
+    return expanded, re.compile('[^a-z0-9](?=' + trie + ')'), _inner_gates(inner)
 
 
 def _inner_gates(inner: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -256,7 +255,7 @@ _INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~', 'hooks.slack.com', 'webhook.offic
                              'enterprise.contribsys.com'})
 # Shared parts of those keywords (a webhook host's ``.com``, ``webhook``, ``=``, Slack's ``xox``).
 _INNER_GATES = ('.com', 'webhook', '=', 'xox')
-_RULES_BY_KEYWORD, _KEYWORD_SCAN, _KEYWORD_AT, _INNER = _load_formats()
+_RULES_BY_KEYWORD, _KEYWORD_SCAN, _INNER = _load_formats()
 
 #: Where each rule list comes from (recorded in the docs).
 FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
@@ -282,25 +281,19 @@ def _found_keywords(text: str, run_map: bytes, lower: Optional[str] = None, star
     if lower is None:
         lower = text.lower()
     if len(run_map) != len(text):  # not ASCII: byte offsets are not character offsets
-        found = _KEYWORD_SCAN.findall(lower)
-        first = 0
+        found = _KEYWORD_SCAN.findall(' ' + lower)
     else:
         found = []
-        first = -1
         start = run_map.find(_RUN) if start is None else start
         while start != -1:
             end = run_map.find(b' ', start)
             end = len(run_map) if end == -1 else end
             # The scan's first character is the one before the region (it must end the word before).
-            region = start - 9
-            if region < 0:
-                region = first = 0
-            found += _KEYWORD_SCAN.findall(lower, region, end)
+            if start > 8:
+                found += _KEYWORD_SCAN.findall(lower, start - 9, end)
+            else:
+                found += _KEYWORD_SCAN.findall(' ' + lower[:end])
             start = run_map.find(_RUN, end)
-    if first == 0:  # a keyword at the very start has no character before it
-        at_start = _KEYWORD_AT.match(lower)
-        if at_start is not None:
-            found.append(at_start.group(1))
     for gate, keywords in _INNER:
         if gate in lower:
             found += [keyword for keyword in keywords if keyword in lower]
