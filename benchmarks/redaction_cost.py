@@ -7,8 +7,8 @@ Launch::
 Every rank times the same lines (redaction has no collective; more ranks only add load). Modes are
 interleaved round by round (the order rotated), each round timing ``--inner`` back-to-back calls per
 line and dividing. Lines: plain training log lines (what almost every call sees), a line with a long
-path component and one with a UUID (they pass the cheap check and pay the keyword scan), and lines that do hold a
-credential (a URL password, a Hugging Face token, a ``KAGGLE_KEY=...`` pair).
+path component and one with a UUID (they pass the cheap check and pay the keyword scan), and lines
+that do hold a credential (a URL password, a Hugging Face token, a ``KAGGLE_KEY=...`` pair).
 
 With ``detect-secrets`` installed (the ``bench`` extra) it is timed too (``scan_line`` with its
 default plugins; ``--inner`` divided by 20 for it, it is ~100x slower), and its coverage is
