@@ -475,3 +475,16 @@ def test_keyword_scan_finds_what_the_plain_definition_finds():
         if found != expected:
             mismatches.append((text, sorted(found), sorted(expected)))
     assert not mismatches, mismatches[:5]
+
+
+def test_microsoft_teams_webhook_secret_is_replaced_whole():
+    """gitleaks' Teams rule would replace only its first capture group (5 characters of a UUID); ours takes the path."""
+    import uuid
+
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    secret = uuid.uuid4().hex
+    url = (f'https://contoso.webhook.office.com/webhookb2/{ids[0]}@{ids[1]}/IncomingWebhook/{secret}/{ids[2]}')
+    for text in (f'notify: {url}', f'notify {url}/V2Ab3_kQ9-zz done', f'{{"teams_url": "{url}"}}'):
+        out = redact_text(text)
+        assert 'https://contoso.webhook.office.com/webhookb2/***' in out, out
+        assert not any(part in out for part in ids + [secret]), out
