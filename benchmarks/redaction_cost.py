@@ -7,8 +7,8 @@ Launch::
 Every rank times the same lines (redaction has no collective; more ranks only add load). Modes are
 interleaved round by round (the order rotated), each round timing ``--inner`` back-to-back calls per
 line and dividing. Lines: plain training log lines (what almost every call sees), a line with a long
-path component (it passes the cheap check and pays the keyword scan), and lines that do hold a
-credential (a URL password, a Hugging Face token, a ``KAGGLE_KEY=...`` pair).
+path component and one with a UUID (they pass the cheap check and pay the keyword scan), and lines
+that do hold a credential (a URL password, a Hugging Face token, a ``KAGGLE_KEY=...`` pair).
 
 With ``detect-secrets`` installed (the ``bench`` extra) it is timed too (``scan_line`` with its
 default plugins; ``--inner`` divided by 20 for it, it is ~100x slower), and its coverage is
@@ -38,6 +38,7 @@ LINES = {
     'plain_logging': '2026-11-25 12:00:01 INFO trainer: epoch 3 batch 1200/5000 loss 1.2345 grad_norm 0.87 lr 3.0e-04',
     'plain_path': 'Saving checkpoint to /data/checkpoints/llama2_7b_sft/ep3-ba1200-rank0.pt',
     'long_path': 'Saving checkpoint to /data/checkpoints/llama2_7b_sft_lora_r16/ep3-ba1200-rank0.pt',
+    'uuid': 'run 5f0c3a9e-8b7d-4c2e-9a1f-3e6d2b8c7a40 resumed from step 1200',
     'url_password': 'connecting to postgres://alice:s3cr3t@db:5432/x',
     'hf_token': 'login with hf_' + (_LETTERS * 2)[7:41] + ' done',
     'env_pair': 'env KAGGLE_KEY=0123456789abcdef0123456789abcdef01234567 WORLD_SIZE=8',

@@ -212,7 +212,7 @@ def _keyword_regex(words: Iterable[str]) -> str:
     return '(' + emit(trie) + ')'
 
 
-def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple[str, ...]]:
+def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple[tuple[str, tuple[str, ...]], ...]]:
     by_keyword: dict[str, list[_Format]] = {}
     # Ours first: where both match (a Slack webhook), ours replaces only the secret part of the URL.
     for order, (rule_id, regex, keywords, entropy, allow) in enumerate(_extra_formats.RULES + _gitleaks_formats.RULES):
@@ -228,9 +228,24 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple
                 for keyword in by_keyword}
     # Keywords are looked for where a word starts (the scan then tests few positions); the few that
     # sit inside a word (``...T3BlbkFJ...``, ``abc8Q~``, ``..._mmk``) are looked for by substring.
-    inner = tuple(sorted(k for k in by_keyword if not k[0].isalnum() or k in _INNER_KEYWORDS))
-    starts = [k for k in by_keyword if k not in inner and not k.startswith('xox')]
-    return expanded, re.compile('(?<![a-z0-9])' + _keyword_regex(starts)), inner
+    inner = tuple(sorted(k for k in by_keyword if not k[0].isalnum() or k in _INNER_KEYWORDS or k.startswith('xox')))
+    starts = [k for k in by_keyword if k not in inner]
+    # ``[^a-z0-9]`` first (not a look-behind): re's search then skips in C to the next character that
+    # may end a word, and tries the keywords only there: an ordinary 22-letter path component with 4
+    # ``_`` costs 5 tries, not 30. The look-ahead consumes only that character, so keywords that touch
+    # (``ghp_sk...``) are all found. A region that starts the text is scanned with a space before it.
+    trie = _keyword_regex(starts)
+    return expanded, re.compile('[^a-z0-9](?=' + trie + ')'), _inner_gates(inner)
+
+
+def _inner_gates(inner: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The substring keywords grouped under a shorter substring each of them contains: when a gate is
+    absent from a line, none of its keywords can be there (one search instead of one per keyword)."""
+    groups: dict[str, list[str]] = {}
+    for keyword in inner:
+        gate = next((g for g in _INNER_GATES if g in keyword), keyword)
+        groups.setdefault(gate, []).append(keyword)
+    return tuple((gate, tuple(keywords)) for gate, keywords in sorted(groups.items()))
 
 
 # Keywords inside a word, or far from the secret's run (a webhook URL's host), or before a short
@@ -238,8 +253,9 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple
 _INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~', 'hooks.slack.com', 'webhook.office.com', 'webhookb2',
                              'incomingwebhook', 'discord', 'sig=', 'sg.', 'gems.contribsys.com',
                              'enterprise.contribsys.com'})
+# Shared parts of those keywords (a webhook host's ``.com``, ``webhook``, ``=``, Slack's ``xox``).
+_INNER_GATES = ('.com', 'webhook', '=', 'xox')
 _RULES_BY_KEYWORD, _KEYWORD_SCAN, _INNER = _load_formats()
-_SLACK_KEYWORDS = tuple(k for k in _RULES_BY_KEYWORD if k.startswith('xox'))
 
 #: Where each rule list comes from (recorded in the docs).
 FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
@@ -256,39 +272,36 @@ def _run_map(text: str) -> bytes:
     return text.encode('utf-8', 'surrogatepass').translate(_RUN_TABLE)
 
 
-def _may_hold_token(text: str, run_map: bytes) -> bool:
-    return _RUN in run_map or 'xox' in text or 'Q~' in text or 'SG.' in text or 'sig=' in text
-
-
-def _found_keywords(text: str, run_map: bytes) -> set[str]:
+def _found_keywords(text: str, run_map: bytes, lower: Optional[str] = None, start: Optional[int] = None) -> set[str]:
     """The keywords in ``text``: looked for by the scan only around runs (a keyword starts a run or
-    ends at most 8 characters before it: ``dt0c01.<run>``), and by substring for the rest."""
-    lower = text.lower()
-    found: set[str] = set()
-    if len(run_map) != len(text):  # not ASCII: byte offsets are not character offsets
-        found.update(_KEYWORD_SCAN.findall(lower))
-    else:
-        data = run_map
-        start = data.find(_RUN)
-        while start != -1:
-            end = data.find(b' ', start)
-            end = len(data) if end == -1 else end
-            found.update(_KEYWORD_SCAN.findall(lower, max(0, start - 8), end))
-            start = data.find(_RUN, end)
-    found.update(keyword for keyword in _INNER if keyword in lower)
-    if 'xox' in lower:
-        found.update(keyword for keyword in _SLACK_KEYWORDS if keyword in lower)
-    return found
+    ends at most 8 characters before it: ``dt0c01.<run>``), and by substring for the rest.
 
-
-def _apply_formats(text: str, run_map: Optional[bytes] = None) -> str:
-    """Run the rules whose keywords occur in ``text`` (gitleaks' keyword gate), each with its entropy and allowlist.
-
-    ``run_map`` is ``_run_map(text)`` when the caller has it already.
+    ``lower`` is ``text.lower()`` and ``start`` is ``run_map.find(_RUN)`` when the caller has them already.
     """
-    found = _found_keywords(text, _run_map(text) if run_map is None else run_map)
-    if not found:
-        return text
+    if lower is None:
+        lower = text.lower()
+    if len(run_map) != len(text):  # not ASCII: byte offsets are not character offsets
+        found = _KEYWORD_SCAN.findall(' ' + lower)
+    else:
+        found = []
+        start = run_map.find(_RUN) if start is None else start
+        while start != -1:
+            end = run_map.find(b' ', start)
+            end = len(run_map) if end == -1 else end
+            # The scan's first character is the one before the region (it must end the word before).
+            if start > 8:
+                found += _KEYWORD_SCAN.findall(lower, start - 9, end)
+            else:
+                found += _KEYWORD_SCAN.findall(' ' + lower[:end])
+            start = run_map.find(_RUN, end)
+    for gate, keywords in _INNER:
+        if gate in lower:
+            found += [keyword for keyword in keywords if keyword in lower]
+    return set(found)
+
+
+def _apply_formats(text: str, found: set[str]) -> str:
+    """Run the rules of the keywords ``found`` in ``text`` (gitleaks' keyword gate), each with its entropy and allowlist."""
     rules = sorted({rule for keyword in found for rule in _RULES_BY_KEYWORD[keyword]})
     for rule in rules:
         def replace(match: re.Match, rule: _Format = rule) -> str:
@@ -414,7 +427,7 @@ _NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _TYPE_WORDS = ('string', 'String', 'str', '[]byte')
 
 
-def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool) -> bool:
+def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool, lower: Optional[str] = None) -> bool:
     """Cheap pre-check for a pair (``name=value``, ``name: value``, ``--name value``...) with a credential name.
 
     Without a user pattern only names around a credential fragment are looked at (no regex), so a
@@ -424,7 +437,8 @@ def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool) 
         return False
     if any_name:  # a user pattern may match any name
         return True
-    lower = text.lower()
+    if lower is None:
+        lower = text.lower()
     size = len(text)
     for fragment in _CREDENTIAL_FRAGMENTS:
         index = lower.find(fragment)
@@ -482,9 +496,15 @@ def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool =
     if _may_hold_shape(out):
         out = _CREDENTIAL_SHAPES.sub(_shape_replacement, out)
     run_map = _run_map(out)
-    if _may_hold_token(out, run_map):
-        out = _apply_formats(out, run_map)
-    if _may_hold_pair(out, is_secret, any_name):
+    lower = None
+    # Every format's secret holds a run (``_RUN``) but for these few, which have their own check.
+    start = run_map.find(_RUN)
+    if start != -1 or 'xox' in out or 'Q~' in out or 'SG.' in out or 'sig=' in out:
+        lower = out.lower()
+        found = _found_keywords(out, run_map, lower, start)
+        if found:
+            out, lower = _apply_formats(out, found), None
+    if _may_hold_pair(out, is_secret, any_name, lower):
         out = _redact_pairs(out, is_secret)
     return text if out == text else out
 

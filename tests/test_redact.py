@@ -429,3 +429,62 @@ def test_every_rule_keyword_is_found_where_a_secret_would_follow():
             missed.append(keyword)
     assert not missed, f'keywords never found: {missed}'
     assert len(_redact._RULES_BY_KEYWORD) > 120
+
+
+def _reference_keywords(text: str) -> set[str]:
+    """The keyword gate written plainly: at every word start (no letter or digit before it) in a run
+    region (a run of 18+ ``[A-Za-z0-9_-]`` and the 8 characters before it; the whole text when it is
+    not ASCII) the longest word-start keyword there; every substring keyword anywhere."""
+    from dist_logging import _redact
+
+    lower = text.lower()
+    inner = {keyword for _, keywords in _redact._INNER for keyword in keywords}
+    starts = sorted((k for k in _redact._RULES_BY_KEYWORD if k not in inner), key=len, reverse=True)
+    if text.isascii():
+        regions = [(max(0, m.start() - 8), m.end()) for m in re.finditer(r'[A-Za-z0-9_-]{18,}', text)]
+    else:
+        regions = [(0, len(text))]
+    found = {keyword for keyword in inner if keyword in lower}
+    for begin, end in regions:
+        for position in range(begin, end):
+            if position and (lower[position - 1].isascii() and lower[position - 1].isalnum()):
+                continue
+            for keyword in starts:
+                if lower.startswith(keyword, position) and position + len(keyword) <= end:
+                    found.add(keyword)
+                    break
+    return found
+
+
+def test_keyword_scan_finds_what_the_plain_definition_finds():
+    """The fast scan (separator-first regex, substring gates) reports exactly the plain definition's keywords."""
+    import random
+
+    from dist_logging import _redact
+
+    rng = random.Random(23)
+    keywords = list(_redact._RULES_BY_KEYWORD)
+    pieces = keywords + ['_', '-', '.', '/', ' ', '=', '~', ':', 'é', 'Q~', 'SG.', 'x', '7', 'llama2_7b_sft_lora_r16',
+                         'AbCdEfGhIjKlMnOpQrStUv', '0123456789abcdef0123', 'hooks.slack.com/', '.com']
+    mismatches = []
+    for _ in range(800):
+        text = ''.join(rng.choice(pieces) if rng.random() < 0.6 else rng.choice(keywords).upper()
+                       for _ in range(rng.randint(1, 12)))
+        found = _redact._found_keywords(text, _redact._run_map(text))
+        expected = _reference_keywords(text)
+        if found != expected:
+            mismatches.append((text, sorted(found), sorted(expected)))
+    assert not mismatches, mismatches[:5]
+
+
+def test_microsoft_teams_webhook_secret_is_replaced_whole():
+    """gitleaks' Teams rule would replace only its first capture group (5 characters of a UUID); ours takes the path."""
+    import uuid
+
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    secret = uuid.uuid4().hex
+    url = (f'https://contoso.webhook.office.com/webhookb2/{ids[0]}@{ids[1]}/IncomingWebhook/{secret}/{ids[2]}')
+    for text in (f'notify: {url}', f'notify {url}/V2Ab3_kQ9-zz done', f'{{"teams_url": "{url}"}}'):
+        out = redact_text(text)
+        assert 'https://contoso.webhook.office.com/webhookb2/***' in out, out
+        assert not any(part in out for part in ids + [secret]), out
