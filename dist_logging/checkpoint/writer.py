@@ -169,6 +169,7 @@ class CheckpointWriter(FileSystemWriter):
         self._started = False
         self._closed = False
         self._cid: Optional[str] = None
+        self._armed = False
         self._is_coordinator = False
         self._committer: Optional[Committer] = None
         self._timing: Optional[SaveTiming] = None
@@ -233,6 +234,7 @@ class CheckpointWriter(FileSystemWriter):
         self._emit_metrics()
         super().reset(None)
         self._cid = cid
+        self._armed = True
         self._t0 = time.monotonic()
         self._timing = SaveTiming(cid, dist.get_global_rank(), time.time())
         local = os.path.join(self._writes_dir, uuid.uuid4().hex[:12])
@@ -242,6 +244,10 @@ class CheckpointWriter(FileSystemWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record the role (all ranks). Raises ValueError for ``use_collectives=False`` (no coordinator to commit)."""
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if not self._armed:  # torch calls reset() only when a checkpoint_id is given
+            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
+                             'dcp.save / dcp.async_save')
+        self._armed = False
         if not self.use_collectives:
             raise ValueError('CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
                              'from every rank\'s write results')
