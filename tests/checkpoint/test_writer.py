@@ -168,3 +168,37 @@ def test_s3_save_latest_load(tmp_path, s3_bucket):
         with CheckpointReader(uri, backend_kwargs=kwargs, cache_folder=str(tmp_path / 'cache')) as reader:
             dcp.load(blank(), checkpoint_id='run/ck/step1', storage_reader=reader)  # deleted by retention
     assert 'not committed' in rank_error(raised.value)
+
+
+def test_second_job_in_the_same_prefix_never_makes_latest_partial(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'), block='__0_')
+    store.gate.set()
+    first = writer_for(tmp_path / 'a', store, keep_last=2)
+    second = writer_for(tmp_path / 'b', store, keep_last=2)  # another job: its own staging, same bucket
+
+    def latest_state():
+        cid = latest_checkpoint(store, 'run/ck')
+        got = blank()
+        with CheckpointReader(store, cache_folder=str(tmp_path / 'cache')) as reader:
+            dcp.load(got, checkpoint_id=cid, storage_reader=reader)
+        return cid, got
+
+    for step in (1, 2):
+        dcp.save(state(step), checkpoint_id=f'run/ck/step{step}', storage_writer=first)
+    assert first.wait_for_commits(30)
+    store.gate.clear()  # the second job's shards of its rank 0 stay in flight
+    other = state(2)
+    other['model']['w'] = other['model']['w'] + 0.5
+    dcp.save(other, checkpoint_id='run/ck/step2', storage_writer=second)  # the same id, other bytes
+    cid, got = latest_state()
+    assert cid == 'run/ck/step2' and same(got, state(2))  # the first job's step2, whole
+    store.gate.set()
+    assert second.wait_for_commits(30)
+    cid, got = latest_state()
+    assert cid == 'run/ck/step2' and same(got, other)  # now the second job's, whole
+    dcp.save(state(3), checkpoint_id='run/ck/step3', storage_writer=first)
+    first.close()
+    second.close()
+    cid, got = latest_state()
+    assert cid == 'run/ck/step3' and same(got, state(3))
+    assert list_checkpoints(store, 'run/ck') == ['run/ck/step2', 'run/ck/step3']
