@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dist_logging.checkpoint._layout import check_checkpoint_id
-from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, template_placeholders
+from dist_logging.naming import format_name_with_dist, template_placeholders
 
 __all__ = ['format_checkpoint_id']
 
@@ -34,6 +34,4 @@ def format_checkpoint_id(template: str, *, run_name: str, step: int, epoch: int 
     if per_rank:
         raise ValueError(f'checkpoint id template {template!r} uses {per_rank}: every rank must name the same '
                          'checkpoint (the shard files are per rank already)')
-    allowed = tuple(p for p in DIST_PLACEHOLDERS if p not in _PER_RANK)
-    del allowed  # format_name_with_dist validates against everything it fills in
     return check_checkpoint_id(format_name_with_dist(template, run_name, step=step, epoch=epoch, **extra))

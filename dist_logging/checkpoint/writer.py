@@ -204,7 +204,7 @@ class CheckpointWriter(FileSystemWriter):
             rank_writes = os.path.join(self.staging_root, _WRITES_FOLDER, f'rank{dist.get_global_rank()}')
             self._writes_dir = os.path.join(rank_writes, f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
             self._intents_dir = os.path.join(self.staging_root, INTENTS_FOLDER)
-            _remove_dead_writes(rank_writes)
+            _remove_dead_writes(rank_writes, rank_dir)
             os.makedirs(self._writes_dir, mode=0o700, exist_ok=True)
             self._started = True
 
@@ -471,13 +471,20 @@ class CheckpointWriter(FileSystemWriter):
         return f'CheckpointWriter({self.uploader.bucket_uri or self.store!r}, keep_last={self.keep_last})'
 
 
-def _remove_dead_writes(folder: str) -> None:
-    """Delete the local-write folders of processes that are gone (killed before their hand-over: nothing
-    queued refers to those files, the journal holds its own links)."""
+def _remove_dead_writes(folder: str, rank_dir: str) -> None:
+    """Delete the local-write folders of processes that are gone: files killed before their hand-over
+    (nothing queued refers to them; the journal holds its own hard links). A file the journal uploads in
+    place (a staging folder without hard links) is kept until its upload is done."""
+    from dist_logging.upload.drain import list_pending
+
     try:
         entries = os.listdir(folder)
     except FileNotFoundError:
         return
+    try:
+        in_place = {os.path.abspath(item.snapshot_path) for item in list_pending(rank_dir)}
+    except FileNotFoundError:
+        in_place = set()
     for entry in entries:
         pid = entry.split('-', 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -489,7 +496,15 @@ def _remove_dead_writes(folder: str) -> None:
             pass
         except PermissionError:
             continue
-        shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+        for directory, _, files in os.walk(os.path.join(folder, entry), topdown=False):
+            for name in files:
+                path = os.path.join(directory, name)
+                if os.path.abspath(path) not in in_place:
+                    os.unlink(path)
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
 
 
 def _file_sizes(results: list[WriteResult]) -> dict[str, int]:

@@ -4,13 +4,14 @@ SIGKILL itself at a chosen point. Configured by the JSON in $CKPT_PLAN:
 
     {"root": ..., "bucket": uri, "backend_kwargs": {...}, "steps": [1, 2, 3], "keep_last": 2,
      "kill": {"point": "write|local|upload|commit|retention", "step": 3, "ranks": "all" | [1]} | null,
-     "fail_upload": {"step": 2, "rank": 1} | null, "commit_timeout": 60}
+     "fail_upload": {"step": 2, "rank": 1} | null, "commit_timeout": 60,
+     "wait_commits": false}   # rank 0 waits for the commits after each save
 
 Kill points are armed here by wrapping methods (never hooks in the product):
   write      torch's _write_item: in the middle of writing a shard file (after its first item)
   local      CheckpointWriter._hand_over: shards written locally, nothing queued for upload yet
   upload     the store's upload_object on a shard of the step: an upload in flight
-  commit     the committer found every shard landed and is about to commit
+  commit     the committer found every shard landed and is about to commit (its first write: .metadata)
   retention  the store's delete during retention: after the first deletion (the marker)
 """
 
@@ -26,6 +27,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from torchrun_helper import dump_rank_output
+from _states import full_state
 
 plan = json.loads(os.environ['CKPT_PLAN'])
 tdist.init_process_group('gloo')
@@ -36,10 +38,9 @@ PREFIX = 'run/ckpt'
 
 def state(step):
     # Different on every step and rank; a sharded tensor (one shard per rank) and per-rank state.
-    full = torch.arange(world * 64 * 3, dtype=torch.float64).reshape(world * 64, 3) * step + 0.25
-    return {'w': distribute_tensor(full, mesh, [Shard(0)]),
-            f'opt_rank{rank}': torch.full((100,), rank * 1000.0 + step) + torch.arange(100.0) / 7,
-            'step': torch.tensor(step)}
+    full = full_state(world, step)
+    return {'w': distribute_tensor(full['w'], mesh, [Shard(0)]), f'opt_rank{rank}': full[f'opt_rank{rank}'],
+            'step': full['step']}
 
 
 def blank():
@@ -56,7 +57,7 @@ def exact(a, b):
 
 
 from dist_logging.checkpoint import CheckpointReader, CheckpointWriter, latest_checkpoint  # noqa: E402
-from dist_logging.checkpoint import _committer, writer as writer_module  # noqa: E402
+from dist_logging.checkpoint import writer as writer_module  # noqa: E402
 
 bucket, kwargs = plan['bucket'], plan.get('backend_kwargs') or None
 out = {'world': world}
@@ -106,18 +107,10 @@ if kill and (kill['ranks'] == 'all' or rank in kill['ranks']):
                 die()
             return real_hand_over(self, results)
         writer_module.CheckpointWriter._hand_over = hand_over
-    elif point == 'commit':
-        real_commit = _committer.commit_checkpoint
-
-        def commit(store, cid, files, *a, **kw):
-            from dist_logging.checkpoint._layout import missing_files
-            if cid.endswith(at) and not missing_files(cid, files, store.list(cid + '/')):
-                die()
-            return real_commit(store, cid, files, *a, **kw)
-        _committer.commit_checkpoint = commit
 
 # ---- save
-kill_store = kill and (kill['ranks'] == 'all' or rank in kill['ranks']) and kill['point'] in ('upload', 'retention')
+kill_store = kill and (kill['ranks'] == 'all' or rank in kill['ranks']) and kill['point'] in ('upload', 'commit',
+                                                                                              'retention')
 fail = plan.get('fail_upload')
 writer = CheckpointWriter(bucket, backend_kwargs=kwargs, upload_staging_folder=plan['root'] + '/staging',
                           keep_last=plan.get('keep_last'), commit_timeout=plan.get('commit_timeout', 60),
@@ -135,6 +128,8 @@ if kill_store or fail:
             raise PermissionError(f'injected permanent failure for {name}')
         if kill_store and kill['point'] == 'upload' and f"step{kill['step']}/__" in name:
             die()
+        if kill_store and kill['point'] == 'commit' and name == f"{PREFIX}/step{kill['step']}/.metadata":
+            die()  # the committer saw every shard landed; .metadata then the marker would follow
         return real_upload(name, filename, *a, **kw)
 
     def delete(name):
@@ -155,8 +150,8 @@ try:
         else:
             dcp.save(state(step), checkpoint_id=cid, storage_writer=writer)
         saved.append(cid)
-        if kill and kill['point'] in ('commit', 'retention') and rank == 0:
-            writer.wait_for_commits(60)  # let the committer reach the kill point before the next save
+        if rank == 0 and (plan.get('wait_commits') or (kill and kill['point'] in ('commit', 'retention'))):
+            writer.wait_for_commits(60)  # let the committer reach the kill point (or commit) before the next save
 finally:
     try:
         writer.close()
