@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import re
 import shutil
 import threading
 import time
@@ -35,6 +36,7 @@ __all__ = ['CheckpointWriter', 'SaveTiming']
 log = logging.getLogger(__name__)
 _WRITES_FOLDER = 'checkpoint-writes'
 _TIMINGS_KEPT = 1000
+_SHARD_NAME = re.compile(r'/__\d+_[0-9a-f]{8}_\d+\.distcp$')  # prepare_global_plan's names
 
 
 @dataclasses.dataclass
@@ -178,7 +180,6 @@ class CheckpointWriter(FileSystemWriter):
         self._warned_full = False
         self._earlier: dict[str, BaseException] = {}
         self._commit_errors: dict[str, BaseException] = {}
-        self._saved_ids: set[str] = set()
         self._pending_metrics: collections.deque[dict] = collections.deque()
         self._owner_thread = threading.get_ident()
         self.timings: collections.deque[SaveTiming] = collections.deque(maxlen=_TIMINGS_KEPT)
@@ -287,12 +288,18 @@ class CheckpointWriter(FileSystemWriter):
             if actual != size:
                 raise RuntimeError(f'CheckpointWriter: {path} has {actual} bytes but its write results end at {size}; '
                                    'this torch writes a file layout the commit check does not understand')
+            name = f'{cid}/{relative}'
             try:
-                self.uploader.upload_file(None, f'{cid}/{relative}', path, overwrite=True, copy=False)
+                self.uploader.upload_file(None, name, path, overwrite=True, copy=False)
             except UploadError as exc:  # earlier uploads failed; this file was queued all the same
                 self._earlier.update(exc.failures)
                 warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
                               stacklevel=3)
+            finally:
+                # The uploader remembers every name it queued (to refuse a second overwrite=False call of
+                # it); shard names carry a per-save nonce and never come again: forgetting them keeps
+                # memory flat over any number of saves.
+                self.uploader._queued_names.discard(name)
             if os.stat(path).st_nlink > 1:
                 os.unlink(path)  # the staging link holds the bytes now; nothing is copied
             total += size
@@ -304,7 +311,6 @@ class CheckpointWriter(FileSystemWriter):
             timing.bytes_written = total
             with self._lock:
                 self.timings.append(timing)
-                self._saved_ids.add(cid)  # type: ignore[arg-type]
             if self.logger is not None:
                 self._pending_metrics.append({'checkpoint/local_s': timing.local_s})
                 self._emit_metrics()
@@ -440,9 +446,8 @@ class CheckpointWriter(FileSystemWriter):
                 except UploadError as exc:
                     failures.update(exc.failures)
             else:
-                mine = tuple(f'{cid}/' for cid in self._saved_ids)
                 failures.update({name: exc for name, exc in self.uploader.failed_uploads().items()
-                                 if mine and name.startswith(mine)})
+                                 if _SHARD_NAME.search(name)})  # a shared uploader's other failures are its own
         if started:
             writes = self._writes_dir
             for folder in (writes, os.path.dirname(writes), os.path.dirname(os.path.dirname(writes)),

@@ -202,3 +202,41 @@ def test_second_job_in_the_same_prefix_never_makes_latest_partial(tmp_path):
     cid, got = latest_state()
     assert cid == 'run/ck/step3' and same(got, state(3))
     assert list_checkpoints(store, 'run/ck') == ['run/ck/step2', 'run/ck/step3']
+
+
+def test_hundreds_of_saves_keep_memory_and_staging_bounded(tmp_path):
+    import collections
+    import gc
+    import tracemalloc
+
+    store = RecordingStore(str(tmp_path / 'bucket'))
+    writer = writer_for(tmp_path, store, keep_last=2)
+    writer.timings = collections.deque(maxlen=10)  # the bound (1,000 by default) reached early
+    small = {'w': torch.arange(64.0)}
+
+    def save(step):
+        small['w'] += 1
+        dcp.save(small, checkpoint_id=f'r/ck/step{step:04d}', storage_writer=writer)
+        assert writer.wait_for_commits(30)
+        store.ops.clear()  # the test's own record of requests
+
+    def ours(snapshot):  # memory allocated by dist_logging's code (pytest keeps every log record)
+        return sum(stat.size for stat in snapshot.filter_traces(
+            [tracemalloc.Filter(True, '*/dist_logging/*')]).statistics('filename'))
+
+    for step in range(20):  # warm up
+        save(step)
+    gc.collect()
+    tracemalloc.start()
+    before = ours(tracemalloc.take_snapshot())
+    for step in range(20, 170):
+        save(step)
+    gc.collect()
+    grown = ours(tracemalloc.take_snapshot()) - before
+    tracemalloc.stop()
+    writer.close()
+    writer.uploader.shutdown()  # a shared uploader is its owner's to close
+    assert grown < 20_000, f'dist_logging holds {grown} bytes more after 150 saves'
+    assert list_checkpoints(store, 'r/ck') == ['r/ck/step0168', 'r/ck/step0169']
+    assert len({info.name.split('/')[2] for info in store.list('r/ck/')}) == 2  # retention left no folder behind
+    assert not any((tmp_path / 'staging').iterdir())
