@@ -10,12 +10,14 @@ __all__ = ['scratch_folder', 'default_cache_folder']
 
 
 def _run_base(run_name: Optional[str]) -> str:
-    # <system temp>/dist_logging-<user>/<run>: the folder default_staging_folder() puts 'staging' in,
-    # checked private (owned by this user, not a symlink) as the uploader checks it.
-    from dist_logging.destinations.remote import _check_private_base, default_staging_folder
+    # The folder default_staging_folder() puts 'staging' in (<private base>/<run>), checked private
+    # (owned by this user, not a symlink) exactly as the uploader checks its own.
+    from dist_logging.destinations import remote
 
-    staging = default_staging_folder(run_name or 'standalone')
-    _check_private_base(os.path.dirname(os.path.dirname(staging)))
+    staging = remote.default_staging_folder(run_name or 'standalone')
+    check = getattr(remote, '_check_private_base', None)
+    if check is not None:  # where default_staging_folder does not check the base itself
+        check(os.path.dirname(os.path.dirname(staging)))
     return os.path.dirname(staging)
 
 
