@@ -23,6 +23,7 @@ __all__ = ['Committer', 'commit_intent']
 
 log = logging.getLogger(__name__)
 _POLL_MIN, _POLL_MAX = 0.05, 1.0
+_RESUMED_TRIES = 5  # an earlier process's intent whose files never land is left to drain after this many
 
 
 def commit_intent(store: Any, intent: CommitIntent, scratch: str) -> list[str]:
@@ -67,6 +68,7 @@ class Committer:
         self._failed_uploads, self._on_result = failed_uploads, on_result
         self._queue: collections.deque[tuple[CommitIntent, bool, Any, Optional[float]]] = collections.deque()
         self._resumed_left: list[CommitIntent] = []
+        self._resumed_tries: dict[str, int] = {}
         self._cond = threading.Condition()
         self._busy = False
         self._stop = threading.Event()
@@ -92,7 +94,9 @@ class Committer:
         with self._cond:
             left, self._resumed_left = self._resumed_left, []
         for intent in left:
-            if os.path.exists(intent.path):
+            tries = self._resumed_tries.get(intent.path, 0)
+            if tries < _RESUMED_TRIES and os.path.exists(intent.path):
+                self._resumed_tries[intent.path] = tries + 1
                 self.submit(intent, resumed=True)
 
     @property
@@ -117,6 +121,7 @@ class Committer:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def abort(self) -> None:
+        """Stop at once (an intent cut short stays on disk, uncommitted, for drain or the next job)."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
