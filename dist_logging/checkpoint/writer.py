@@ -172,6 +172,7 @@ class CheckpointWriter(FileSystemWriter):
         self._closed = False
         self._cid: Optional[str] = None
         self._armed = False
+        self._links = True
         self._is_coordinator = False
         self._committer: Optional[Committer] = None
         self._timing: Optional[SaveTiming] = None
@@ -205,8 +206,12 @@ class CheckpointWriter(FileSystemWriter):
             rank_writes = os.path.join(self.staging_root, _WRITES_FOLDER, f'rank{dist.get_global_rank()}')
             self._writes_dir = os.path.join(rank_writes, f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
             self._intents_dir = os.path.join(self.staging_root, INTENTS_FOLDER)
-            _remove_dead_writes(rank_writes, rank_dir)
+            _remove_dead_writes(rank_writes)
             os.makedirs(self._writes_dir, mode=0o700, exist_ok=True)
+            self._links = _links_work(self._writes_dir, self._files_dir)
+            if not self._links:
+                log.warning('CheckpointWriter: no hard links from %s to %s: shards are copied into staging (a '
+                            'second write of every byte)', self._writes_dir, self._files_dir)
             self._started = True
 
     def _start_committer(self) -> Committer:
@@ -290,7 +295,9 @@ class CheckpointWriter(FileSystemWriter):
                                    'this torch writes a file layout the commit check does not understand')
             name = f'{cid}/{relative}'
             try:
-                self.uploader.upload_file(None, name, path, overwrite=True, copy=False)
+                # A hard link into staging (copy=False), or, where links do not work, a kernel copy:
+                # either way the staging name holds the bytes and ours can go at once.
+                self.uploader.upload_file(None, name, path, overwrite=True, copy=not self._links)
             except UploadError as exc:  # earlier uploads failed; this file was queued all the same
                 self._earlier.update(exc.failures)
                 warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
@@ -300,11 +307,9 @@ class CheckpointWriter(FileSystemWriter):
                 # it); shard names carry a per-save nonce and never come again: forgetting them keeps
                 # memory flat over any number of saves.
                 self.uploader._queued_names.discard(name)
-            if os.stat(path).st_nlink > 1:
-                os.unlink(path)  # the staging link holds the bytes now; nothing is copied
+            os.unlink(path)
             total += size
-        if not any(os.scandir(local)) or all(entry.stat().st_size == 0 for entry in os.scandir(local)):
-            shutil.rmtree(local, ignore_errors=True)  # only empty files of empty buckets were left
+        shutil.rmtree(local, ignore_errors=True)  # what is left: empty files of empty write buckets
         self._last_bytes = total
         if timing is not None:
             timing.local_s = time.monotonic() - self._t0
@@ -476,20 +481,30 @@ class CheckpointWriter(FileSystemWriter):
         return f'CheckpointWriter({self.uploader.bucket_uri or self.store!r}, keep_last={self.keep_last})'
 
 
-def _remove_dead_writes(folder: str, rank_dir: str) -> None:
-    """Delete the local-write folders of processes that are gone: files killed before their hand-over
-    (nothing queued refers to them; the journal holds its own hard links). A file the journal uploads in
-    place (a staging folder without hard links) is kept until its upload is done."""
-    from dist_logging.upload.drain import list_pending
+def _links_work(src_dir: str, dst_dir: str) -> bool:
+    """Whether a file in ``src_dir`` can be hard-linked into ``dst_dir`` (same filesystem, links allowed)."""
+    probe = os.path.join(src_dir, f'.link-probe-{uuid.uuid4().hex[:8]}')
+    target = os.path.join(dst_dir, os.path.basename(probe))
+    with open(probe, 'wb'):
+        pass
+    try:
+        os.link(probe, target)
+    except OSError:
+        return False
+    else:
+        os.unlink(target)
+        return True
+    finally:
+        os.unlink(probe)
 
+
+def _remove_dead_writes(folder: str) -> None:
+    """Delete the local-write folders of processes that are gone: files of a save killed before their
+    hand-over (nothing queued refers to them: staging holds its own link or copy of every handed-over file)."""
     try:
         entries = os.listdir(folder)
     except FileNotFoundError:
         return
-    try:
-        in_place = {os.path.abspath(item.snapshot_path) for item in list_pending(rank_dir)}
-    except FileNotFoundError:
-        in_place = set()
     for entry in entries:
         pid = entry.split('-', 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -501,15 +516,7 @@ def _remove_dead_writes(folder: str, rank_dir: str) -> None:
             pass
         except PermissionError:
             continue
-        for directory, _, files in os.walk(os.path.join(folder, entry), topdown=False):
-            for name in files:
-                path = os.path.join(directory, name)
-                if os.path.abspath(path) not in in_place:
-                    os.unlink(path)
-            try:
-                os.rmdir(directory)
-            except OSError:
-                pass
+        shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
 
 
 def _file_sizes(results: list[WriteResult]) -> dict[str, int]:
