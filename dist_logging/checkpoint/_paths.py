@@ -1,0 +1,31 @@
+"""Local folders the checkpoint code uses, all derived from the upload staging helpers (one place)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Optional
+
+__all__ = ['scratch_folder', 'default_cache_folder']
+
+
+def _run_base(run_name: Optional[str]) -> str:
+    # The folder default_staging_folder() puts 'staging' in (<private base>/<run>), created 0o700 and
+    # checked private (owned by this user, not a symlink) by dist_logging._private_dirs.
+    from dist_logging.destinations import remote
+
+    return os.path.dirname(remote.default_staging_folder(run_name or 'standalone'))
+
+
+def scratch_folder(run_name: Optional[str] = None) -> str:
+    """A new private folder for small temporary files (markers being read or written). The caller removes it."""
+    path = os.path.join(_run_base(run_name), 'checkpoint-scratch', uuid.uuid4().hex[:16])
+    os.makedirs(path, mode=0o700)
+    return path
+
+
+def default_cache_folder(run_name: Optional[str] = None) -> str:
+    """Where :class:`CheckpointReader` keeps downloaded files, shared by the ranks of a node."""
+    path = os.path.join(_run_base(run_name), 'checkpoint-cache')
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
