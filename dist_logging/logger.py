@@ -26,7 +26,7 @@ from dist_logging._redact import RedactOption, build_redactor
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, post_close_caller, validate_ranks
 from dist_logging.errors import UploadError
-from dist_logging.naming import format_name_with_dist, format_name_with_dist_and_time, validate_object_name
+from dist_logging.naming import format_name_with_dist_and_time, validate_object_name
 from dist_logging.state import State
 
 __all__ = ['Logger']
