@@ -238,6 +238,16 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple
     return expanded, re.compile('[^a-z0-9](?=' + trie + ')'), _inner_gates(inner)
 
 
+def _any_of(fragments: Iterable[str]) -> Callable[[str], bool]:
+    """``text -> any(f in text for f in fragments)`` as one chain of ``in`` tests (no loop, no generator):
+    about a third of the loop's cost, and these tests run on nearly every log line."""
+    fragments = tuple(fragments)
+    if not fragments:
+        return lambda text: False
+    # The code is built from string literals only (``repr`` of each fragment), never from input.
+    return eval('lambda text: ' + ' or '.join(f'{fragment!r} in text' for fragment in fragments))  # noqa: S307
+
+
 def _inner_gates(inner: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The substring keywords grouped under a shorter substring each of them contains: when a gate is
     absent from a line, none of its keywords can be there (one search instead of one per keyword)."""
@@ -256,6 +266,7 @@ _INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~', 'hooks.slack.com', 'webhook.offic
 # Shared parts of those keywords (a webhook host's ``.com``, ``webhook``, ``=``, Slack's ``xox``).
 _INNER_GATES = ('.com', 'webhook', '=', 'xox')
 _RULES_BY_KEYWORD, _KEYWORD_SCAN, _INNER = _load_formats()
+_any_inner_gate = _any_of(gate for gate, _ in _INNER)
 
 #: Where each rule list comes from (recorded in the docs).
 FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
@@ -294,9 +305,10 @@ def _found_keywords(text: str, run_map: bytes, lower: Optional[str] = None, star
             else:
                 found += _KEYWORD_SCAN.findall(' ' + lower[:end])
             start = run_map.find(_RUN, end)
-    for gate, keywords in _INNER:
-        if gate in lower:
-            found += [keyword for keyword in keywords if keyword in lower]
+    if _any_inner_gate(lower):
+        for gate, keywords in _INNER:
+            if gate in lower:
+                found += [keyword for keyword in keywords if keyword in lower]
     return set(found)
 
 
@@ -422,7 +434,9 @@ def _quoted_or_bare(value: str) -> str:
 
 
 # Every key the default rule calls a credential contains one of these (lower-cased) fragments.
-_CREDENTIAL_FRAGMENTS = ('pass', 'pwd', 'secret', 'cred', 'auth', 'cookie', 'key', 'token')
+# Most frequent in log lines first (``tokens/s``, ``key_dim``): the ``in`` chain stops at the first one found.
+_CREDENTIAL_FRAGMENTS = ('token', 'key', 'auth', 'pass', 'secret', 'cred', 'pwd', 'cookie')
+_any_credential_fragment = _any_of(_CREDENTIAL_FRAGMENTS)
 _NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-')
 _TYPE_WORDS = ('string', 'String', 'str', '[]byte')
 
@@ -439,6 +453,8 @@ def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool, 
         return True
     if lower is None:
         lower = text.lower()
+    if not _any_credential_fragment(lower):
+        return False
     size = len(text)
     for fragment in _CREDENTIAL_FRAGMENTS:
         index = lower.find(fragment)

@@ -488,3 +488,19 @@ def test_microsoft_teams_webhook_secret_is_replaced_whole():
         out = redact_text(text)
         assert 'https://contoso.webhook.office.com/webhookb2/***' in out, out
         assert not any(part in out for part in ids + [secret]), out
+
+
+def test_in_chains_equal_their_loops():
+    """The generated ``in`` chains (inner-keyword gates, credential fragments) answer as ``any`` over their lists."""
+    import random
+
+    from dist_logging import _redact
+
+    gates = [gate for gate, _ in _redact._INNER]
+    rng = random.Random(2323)
+    pieces = gates + list(_redact._CREDENTIAL_FRAGMENTS) + ['a', '.', 'co', 'm', '~', 'Q', 'x', 'o', ' ', '_', '=']
+    for _ in range(2000):
+        text = ''.join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+        assert _redact._any_inner_gate(text) == any(gate in text for gate in gates), text
+        assert _redact._any_credential_fragment(text) == any(f in text for f in _redact._CREDENTIAL_FRAGMENTS), text
+    assert _redact._any_of(())('anything') is False
