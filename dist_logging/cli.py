@@ -117,11 +117,21 @@ def _cmd_drain(args: argparse.Namespace) -> int:
               f'given the same store and staging folder): {name}', file=sys.stderr)
     for name, error in sorted(report.failed.items()):
         print(f'failed: {name}: {type(error).__name__}: {error}', file=sys.stderr)
-    if report.failed or report.skipped_custom_store:
+    failed = bool(report.failed or report.skipped_custom_store)
+    if failed:
         print(f'{len(report.failed) + len(report.skipped_custom_store)} upload(s) remain in the staging folder',
               file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    # Checkpoints a killed coordinator handed over but did not commit: commit those whose files all landed.
+    from dist_logging.checkpoint.drain import finish_commits
+
+    commits = finish_commits(args.staging_folder)
+    for cid in commits.committed:
+        print(f'committed checkpoint {cid}')
+    for cid, error in sorted(commits.not_ready.items()):
+        print(f'checkpoint {cid} stays uncommitted: {error}', file=sys.stderr)
+    for cid in commits.skipped_custom_store:
+        print(f'checkpoint {cid} stays uncommitted: it was saved through a custom object_store', file=sys.stderr)
+    return EXIT_FAILED if failed or commits.not_ready or commits.skipped_custom_store else EXIT_OK
 
 
 # ---------------------------------------------------------------------------- upload / download

@@ -385,6 +385,21 @@ class RemoteUploaderDownloader(LoggerDestination):
             if bar is not None:
                 bar.close()
 
+    def start(self, run_name: Optional[str] = None) -> None:
+        """Open this rank's staging folder and start the workers now (``init`` or the first upload otherwise
+        does); ``run_name`` names the default staging folder. Idempotent: a started uploader keeps its run name.
+
+        Raises:
+            RuntimeError: the uploader is closed.
+            StagingBusyError: another live process holds this rank's staging folder.
+        """
+        self._start(run_name)
+
+    def failed_uploads(self) -> dict[str, BaseException]:
+        """Object name -> error, for uploads that failed for good and were not superseded (reported or not)."""
+        with self._fail_lock:
+            return {name: error for name, (_, error) in self._failed.items()}
+
     def wait_for_uploads(self, timeout: Optional[float] = None) -> bool:
         """Block until every upload queued so far landed or failed; False on timeout (never raises for failures)."""
         return self._scheduler.wait(timeout) if self._scheduler is not None else True

@@ -1,7 +1,7 @@
 """Object stores: a small :class:`ObjectStore` protocol, its backends, and a lazy registry.
 
-A backend implements five primitives (upload, download, size, URI, close); the
-upload machinery (snapshots, journal, retries, workers) is built above them and
+A backend implements seven primitives (upload, download, size, URI, list, delete,
+close); the upload machinery (snapshots, journal, retries, workers) is built above them and
 knows nothing about any one backend. Builtin exceptions carry the meaning:
 ``FileNotFoundError`` for a missing object, ``FileExistsError`` for a refused
 overwrite.
@@ -21,10 +21,11 @@ import importlib
 import os
 import re
 import uuid
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Union
 
 __all__ = [
     'ObjectStore',
+    'ObjectInfo',
     'ObjectStoreTransientError',
     'LocalObjectStore',
     'S3ObjectStore',
@@ -35,6 +36,7 @@ __all__ = [
     'split_bucket_uri',
     'store_from_uri',
     'check_object_name',
+    'check_prefix',
     'download_target',
 ]
 
@@ -69,8 +71,20 @@ class ObjectStoreTransientError(RuntimeError):
     """
 
 
+class ObjectInfo(NamedTuple):
+    """One object as :meth:`ObjectStore.list` reports it.
+
+    Attributes:
+        name: the object name, relative to the store's root or prefix.
+        size: its size in bytes.
+    """
+
+    name: str
+    size: int
+
+
 class ObjectStore:
-    """The storage primitives every backend provides. Subclass it and override all five.
+    """The storage primitives every backend provides. Subclass it and override them all.
 
     Compatible with Composer's ``ObjectStore``: the same method names, argument names and
     callback contract, and a store is a context manager (``with store: ...`` closes it). A
@@ -153,6 +167,32 @@ class ObjectStore:
         """
         raise NotImplementedError(f'{type(self).__name__}.list_objects is not implemented')
 
+    def list(self, prefix: str = '') -> 'list[ObjectInfo]':
+        """Every object whose name starts with ``prefix``, with its size, sorted by name.
+
+        One paginated listing (S3: ``ListObjectsV2`` pages of up to 1,000 keys), never a request
+        per object. ``prefix`` is a plain string prefix, not a folder: ``'ckpt/step1'`` also
+        matches ``'ckpt/step10/x'``; end it with ``/`` to mean a folder. Objects being written
+        (a local store's temporary files) are not listed. The checkpoint code
+        (:mod:`dist_logging.checkpoint`) needs it; the uploader never calls it.
+
+        Raises:
+            ValueError: a prefix that escapes the store's root.
+            ObjectStoreTransientError: a failure worth retrying.
+        """
+        raise NotImplementedError(f'{type(self).__name__}.list is not implemented')
+
+    def delete(self, object_name: str) -> None:
+        """Remove the object ``object_name``; deleting a missing object is not an error (S3's semantics).
+
+        The checkpoint code uses it for un-commit and retention; the uploader never calls it.
+
+        Raises:
+            ValueError: a name that escapes the store's root.
+            ObjectStoreTransientError: a failure worth retrying.
+        """
+        raise NotImplementedError(f'{type(self).__name__}.delete is not implemented')
+
     def close(self) -> None:
         """Release clients and connections. The default does nothing."""
 
@@ -168,6 +208,19 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}({self.bucket_uri!r})'
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is ``''`` or a relative prefix that stays inside the store (as for names).
+
+    Raises:
+        ValueError: an absolute prefix, a ``..`` component, a NUL byte, or not a string.
+    """
+    if not isinstance(prefix, str):
+        raise ValueError(f'prefix must be a string, got {type(prefix).__name__}')
+    if prefix:
+        check_object_name(prefix)
+    return prefix
 
 
 def check_object_name(name: str) -> str:

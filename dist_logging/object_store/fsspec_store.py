@@ -13,7 +13,7 @@ try:
 except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('FsspecObjectStore needs fsspec: pip install "dist-logging[fsspec]"', name='fsspec') from _exc
 
-from dist_logging.object_store import ObjectStore, check_object_name, download_target
+from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
 
 __all__ = ['FsspecObjectStore', 'filesystem_class']
 
@@ -215,6 +215,33 @@ class FsspecObjectStore(ObjectStore):
         skip = len(root.rstrip('/')) + 1 if root else 0
         names = [path[skip:] if root else path.lstrip('/') for path in found]
         return sorted(n for n in names if n.startswith(prefix or ''))
+
+    def list(self, prefix: str = '') -> 'list[ObjectInfo]':
+        """Objects under ``prefix`` with sizes: one ``find(detail=True)`` below the deepest folder the prefix names."""
+        check_prefix(prefix)
+        folder = prefix.rsplit('/', 1)[0] if '/' in prefix else ''
+        root = self.fs._strip_protocol(self.root) if self.root else ''
+        start = '/'.join(p for p in (root.rstrip('/'), folder) if p)
+        try:
+            found = self.fs.find(start or '/', detail=True)
+        except FileNotFoundError:
+            return []
+        skip = len(root.rstrip('/')) + 1 if root else 0
+        out = []
+        for path, info in found.items():
+            if info.get('type') == 'directory':
+                continue
+            name = path[skip:] if root else path.lstrip('/')
+            if name.startswith(prefix):
+                out.append(ObjectInfo(name, int(info.get('size') or 0)))
+        return sorted(out)
+
+    def delete(self, object_name: str) -> None:
+        path = self._path(object_name)
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
 
     def close(self) -> None:
         self._fs = None

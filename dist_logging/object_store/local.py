@@ -10,7 +10,7 @@ import tempfile
 import uuid
 from typing import Callable, Optional, Union
 
-from dist_logging.object_store import ObjectStore, check_object_name, download_target
+from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
 from dist_logging.upload.snapshot import copy_file
 
 __all__ = ['LocalObjectStore']
@@ -156,6 +156,48 @@ class LocalObjectStore(ObjectStore):
                 if name.startswith(prefix or ''):
                     names.append(name)
         return sorted(names)
+
+    def list(self, prefix: str = '') -> 'list[ObjectInfo]':
+        check_prefix(prefix)
+        # Walk only below the deepest folder the prefix names (a whole bucket is not scanned for one run).
+        folder = prefix.rsplit('/', 1)[0] if '/' in prefix else ''
+        start = os.path.normpath(os.path.join(self.root, folder))
+        if os.path.commonpath([self.root, start]) != self.root:
+            raise ValueError(f'prefix {prefix!r} escapes the store root {self.root!r}')
+        found = []
+        for directory, subfolders, files in os.walk(start):
+            subfolders.sort()
+            relative = os.path.relpath(directory, self.root)
+            for entry in files:
+                if entry.startswith('.') and entry.endswith(('.tmp', '.probe')):
+                    continue  # an upload being published
+                name = entry if relative == '.' else f'{relative}/{entry}'.replace(os.sep, '/')
+                if not name.startswith(prefix):
+                    continue
+                try:
+                    info = os.lstat(os.path.join(directory, entry))
+                except FileNotFoundError:
+                    continue  # deleted while we listed
+                if stat.S_ISREG(info.st_mode):
+                    found.append(ObjectInfo(name, info.st_size))
+        return sorted(found)
+
+    def delete(self, object_name: str) -> None:
+        path = self._path(object_name, write=True)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except IsADirectoryError:
+            raise ValueError(f'{self.get_uri(object_name)} is a folder, not an object') from None
+        # Folders exist only to hold objects: drop the ones this left empty (as a bucket has none).
+        folder = os.path.dirname(path)
+        while folder != self.root and os.path.commonpath([self.root, folder]) == self.root:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+            folder = os.path.dirname(folder)
 
     def __reduce__(self):
         return (type(self), (self.root,))

@@ -17,7 +17,7 @@ try:
 except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('S3ObjectStore needs boto3: pip install "dist-logging[s3]"', name='boto3') from _exc
 
-from dist_logging.object_store import ObjectStore, check_object_name, download_target
+from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
 
 __all__ = ['S3ObjectStore']
 
@@ -134,6 +134,8 @@ class S3ObjectStore(ObjectStore):
         ValueError: a bad bucket name or transfer setting (named).
         TypeError: a ``transfer_config`` key ``TransferConfig`` does not take (at construction).
     """
+
+    list_page_size = 1000  # keys per ListObjectsV2 request (S3's maximum)
 
     def __init__(self, bucket: str, prefix: str = '', region_name: Optional[str] = None,
                  endpoint_url: Optional[str] = None, aws_access_key_id: Optional[str] = None,
@@ -373,6 +375,26 @@ class S3ObjectStore(ObjectStore):
         for page in self.client.get_paginator('list_objects_v2').paginate(Bucket=self.bucket, Prefix=key_prefix):
             names += [item['Key'][skip:] for item in page.get('Contents', [])]
         return sorted(names)
+
+    def list(self, prefix: str = '') -> 'list[ObjectInfo]':
+        """Objects under ``prefix`` with sizes: one paginated ``ListObjectsV2`` (1,000 keys a page)."""
+        check_prefix(prefix)
+        base = f'{self.prefix}/' if self.prefix else ''
+        skip = len(base)
+        found = []
+        pages = self.client.get_paginator('list_objects_v2').paginate(
+            Bucket=self.bucket, Prefix=base + prefix, PaginationConfig={'PageSize': self.list_page_size})
+        for page in pages:
+            found += [ObjectInfo(item['Key'][skip:], int(item['Size'])) for item in page.get('Contents', [])]
+        return sorted(found)
+
+    def delete(self, object_name: str) -> None:
+        """``DeleteObject`` (S3 answers success for a missing key too)."""
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(object_name))
+        except ClientError as exc:
+            if _error_code(exc) not in _MISSING_CODES:
+                raise
 
     def close(self) -> None:
         client, self._client = self._client, None

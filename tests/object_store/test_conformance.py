@@ -181,3 +181,49 @@ def test_multipart_sized_file(store, tmp_path, overwrite):
     if not overwrite:
         with pytest.raises(FileExistsError):
             store.upload_object('big/object', src, overwrite=False)
+
+
+def test_list_names_and_sizes(store, tmp_path):
+    store.upload_object('ck/step1/a.distcp', _file(tmp_path, 'a', b'a' * 3))
+    store.upload_object('ck/step1/.metadata', _file(tmp_path, 'm', b'm' * 5))
+    store.upload_object('ck/step10/b', _file(tmp_path, 'b', b''))
+    store.upload_object('other/c', _file(tmp_path, 'c', b'c'))
+    assert store.list('ck/step1/') == [('ck/step1/.metadata', 5), ('ck/step1/a.distcp', 3)]
+    # a plain string prefix, not a folder
+    assert [info.name for info in store.list('ck/step1')] == ['ck/step1/.metadata', 'ck/step1/a.distcp',
+                                                              'ck/step10/b']
+    assert store.list('ck/step10/')[0].size == 0
+    assert [info.name for info in store.list()] == ['ck/step1/.metadata', 'ck/step1/a.distcp', 'ck/step10/b',
+                                                    'other/c']
+    assert store.list('missing/') == []
+    assert store.list('ck/st') == store.list('ck/step1')
+    with pytest.raises(ValueError):
+        store.list('../up')
+
+
+def test_list_is_one_paginated_listing(store, tmp_path):
+    # More objects than one page (S3: pages of 10 here): every one is listed, with its size.
+    if hasattr(store, 'list_page_size'):
+        store.list_page_size = 10
+    src = _file(tmp_path, 'p', b'pp')
+    names = [f'many/{i:03d}' for i in range(25)]
+    for name in names:
+        store.upload_object(name, src)
+    listed = store.list('many/')
+    assert [info.name for info in listed] == names
+    assert {info.size for info in listed} == {2}
+
+
+def test_delete(store, tmp_path):
+    store.upload_object('del/x/one', _file(tmp_path, 'one', b'1'))
+    store.upload_object('del/two', _file(tmp_path, 'two', b'22'))
+    store.delete('del/x/one')
+    with pytest.raises(FileNotFoundError):
+        store.get_object_size('del/x/one')
+    assert store.list('del/') == [('del/two', 2)]
+    store.delete('del/x/one')  # a missing object: not an error
+    store.delete('never/there')
+    store.delete('del/two')
+    assert store.list('del/') == []
+    with pytest.raises(ValueError):
+        store.delete('../escape')

@@ -1,0 +1,468 @@
+"""CheckpointWriter: a torch.distributed.checkpoint StorageWriter over the durable upload path."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import pickle
+import shutil
+import threading
+import time
+import uuid
+import warnings
+from torch.futures import Future
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, FileSystemWriter, _StoragePrefix
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+
+from dist_logging import dist
+from dist_logging.checkpoint._committer import Committer
+from dist_logging.checkpoint._intents import INTENTS_FOLDER, CommitIntent, read_intents, write_intent
+from dist_logging.checkpoint._layout import check_checkpoint_id
+from dist_logging.checkpoint._paths import scratch_folder
+from dist_logging.destinations.remote import RemoteUploaderDownloader
+from dist_logging.errors import UploadError
+from dist_logging.object_store import persistable_kwargs, persistable_uri
+
+__all__ = ['CheckpointWriter', 'SaveTiming']
+
+log = logging.getLogger(__name__)
+_WRITES_FOLDER = 'checkpoint-writes'
+_TIMINGS_KEPT = 1000
+
+
+@dataclasses.dataclass
+class SaveTiming:
+    """One save as this rank saw it.
+
+    Attributes:
+        checkpoint_id: the checkpoint's id (its folder in the bucket).
+        rank: the global rank.
+        started_at: Unix time the save started on this rank (DCP's ``reset``).
+        local_s: seconds from the start until this rank's shards were written locally and queued
+            in the durable upload journal (the moment a SIGKILL no longer loses them).
+        bytes_written: this rank's shard bytes.
+        commit_s: seconds from the start until the checkpoint was committed in the bucket
+            (coordinator only; None elsewhere, and until then).
+        error: why the commit failed (coordinator), else None.
+    """
+
+    checkpoint_id: str
+    rank: int
+    started_at: float
+    local_s: Optional[float] = None
+    bytes_written: int = 0
+    commit_s: Optional[float] = None
+    error: Optional[BaseException] = None
+
+
+class CheckpointWriter(FileSystemWriter):
+    """Writes a DCP checkpoint to local staging, uploads it in the background, commits it when complete.
+
+    Use it as ``dcp.save(state_dict, checkpoint_id='run/checkpoints/step100', storage_writer=writer)``
+    or with ``dcp.async_save`` (thread checkpointer); the ``checkpoint_id`` is the checkpoint's
+    folder in the bucket. On every rank the shards are written (by torch's own file writer)
+    into a folder next to the rank's upload staging folder, then handed to the uploader by hard
+    link (no second copy) and recorded in its durable journal: ``dcp.save`` returns then. The
+    coordinator's ``finish`` records a commit intent (with the ``.metadata``) on local disk and
+    hands it to a background committer, which commits the checkpoint once every shard is in the
+    bucket with its size: ``.metadata`` first, then the commit marker (see ``docs/checkpoints.md``).
+    Until then the checkpoint is invisible to :func:`latest_checkpoint` and :class:`CheckpointReader`.
+
+    Shard files get a per-save nonce in their names (``__0_1a2b3c4d_0.distcp``), so saving again
+    to a committed id never overwrites the files the committed version's metadata points at:
+    that version stays readable until the new one commits (which removes the old marker first).
+
+    One save at a time per writer (as with torch's ``FileSystemWriter``): wait for an
+    ``async_save`` future before starting the next save with the same writer.
+
+    Args:
+        bucket: a bucket URI (``'s3://bucket/prefix'``, ``'file:///abs'``, a local path), or a
+            :class:`~dist_logging.destinations.remote.RemoteUploaderDownloader` whose staging
+            folder and workers the writer shares (its ``file_path_format_string`` must be
+            ``'{remote_file_name}'``, and its store must have ``list`` and ``delete``).
+        keep_last: after each commit, delete older committed checkpoints in the same parent
+            folder so that ``keep_last`` remain (uncommitted folders are never counted or touched).
+        backend_kwargs: with a URI: the store's keyword arguments (e.g. ``{'endpoint_url': ...}``).
+        upload_staging_folder: with a URI: the staging folder (default: per run, in the system
+            temp dir). Shards are written next to it, so it must have room for them.
+        run_name: with a URI: names the default staging folder (use the same on every rank of a node).
+        max_staged_bytes: a save waits (warned once) only while the staging folder holds bytes
+            not yet uploaded and those plus this rank's previous save would exceed this; None:
+            never waits (the disk is the limit).
+        commit_timeout: seconds the committer waits for a checkpoint's shards before it fails
+            (the checkpoint stays uncommitted; ``close`` raises).
+        logger: a :class:`~dist_logging.Logger`: each save's ``checkpoint/local_s`` (every rank)
+            and ``checkpoint/commit_s`` (coordinator) are logged through it.
+        sync_files: fsync shard files and journal records (survive a machine crash, not only a
+            killed process), as torch's ``FileSystemWriter`` does by default.
+        thread_count: torch's file-writer threads per rank.
+        num_concurrent_uploads: with a URI: upload workers per rank.
+        use_procs: with a URI: upload workers as processes.
+
+    Raises:
+        ValueError: a bad URI, ``keep_last``/``max_staged_bytes``/``commit_timeout`` out of
+            range, keyword arguments that only apply to a URI given with an uploader, an
+            uploader with a name template.
+        TypeError: a store without ``list``/``delete``, or a ``bucket`` of another type.
+    """
+
+    def __init__(self, bucket: Union[str, 'os.PathLike[str]', RemoteUploaderDownloader], *,
+                 keep_last: Optional[int] = None, backend_kwargs: Optional[dict] = None,
+                 upload_staging_folder: Optional[str] = None, run_name: Optional[str] = None,
+                 max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
+                 sync_files: bool = True, thread_count: int = 1, num_concurrent_uploads: int = 4,
+                 use_procs: bool = False):
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f'CheckpointWriter: keep_last must be an int >= 1 or None, got {keep_last!r}')
+        if max_staged_bytes is not None and (isinstance(max_staged_bytes, bool) or not isinstance(max_staged_bytes, int)
+                                             or max_staged_bytes < 1):
+            raise ValueError(f'CheckpointWriter: max_staged_bytes must be a positive int or None, '
+                             f'got {max_staged_bytes!r}')
+        if isinstance(commit_timeout, bool) or not isinstance(commit_timeout, (int, float)) or not commit_timeout > 0:
+            raise ValueError(f'CheckpointWriter: commit_timeout must be a positive number, got {commit_timeout!r}')
+        if isinstance(bucket, RemoteUploaderDownloader):
+            given = {k: v for k, v in (('backend_kwargs', backend_kwargs), ('upload_staging_folder',
+                     upload_staging_folder), ('use_procs', use_procs or None)) if v}
+            if given or num_concurrent_uploads != 4:
+                raise ValueError(f'CheckpointWriter: {sorted(given) or ["num_concurrent_uploads"]} only apply to a '
+                                 'bucket URI; configure the RemoteUploaderDownloader instead')
+            self.uploader, self._owns_uploader = bucket, False
+            if bucket.file_path_format_string != '{remote_file_name}':
+                raise ValueError(f'CheckpointWriter: the uploader names objects with '
+                                 f'{bucket.file_path_format_string!r}; checkpoints need the plain '
+                                 "'{remote_file_name}' (put the prefix in the checkpoint id or the bucket URI)")
+        elif isinstance(bucket, (str, os.PathLike)):
+            self.uploader = RemoteUploaderDownloader(os.fspath(bucket), backend_kwargs=backend_kwargs,
+                                                     upload_staging_folder=upload_staging_folder,
+                                                     num_concurrent_uploads=num_concurrent_uploads,
+                                                     use_procs=use_procs)
+            self._owns_uploader = True
+            self.uploader.fsync = self.uploader.fsync or bool(sync_files)
+        else:
+            raise TypeError(f'CheckpointWriter: bucket must be a URI or a RemoteUploaderDownloader, '
+                            f'got {type(bucket).__name__}')
+        store = self.uploader.object_store
+        for method in ('list', 'delete'):
+            if not callable(getattr(type(store), method, None)) or getattr(type(store), method) is getattr(
+                    _protocol_base(), method):
+                raise TypeError(f'CheckpointWriter: {store!r} has no {method}(); checkpoints need a store with '
+                                'list and delete (every dist_logging.object_store store has them)')
+        super().__init__('.', single_file_per_rank=True, sync_files=sync_files, thread_count=thread_count,
+                         overwrite=True)
+        self.store = store
+        self.keep_last = keep_last
+        self.max_staged_bytes = max_staged_bytes
+        self.commit_timeout = float(commit_timeout)
+        self.logger = logger
+        self.run_name = run_name
+        self._backend_kwargs = persistable_kwargs(backend_kwargs)
+        if 'endpoint_url' not in self._backend_kwargs and getattr(store, 'endpoint_url', None):
+            self._backend_kwargs['endpoint_url'] = store.endpoint_url
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._cid: Optional[str] = None
+        self._is_coordinator = False
+        self._committer: Optional[Committer] = None
+        self._timing: Optional[SaveTiming] = None
+        self._t0 = 0.0
+        self._last_bytes = 0
+        self._warned_full = False
+        self._earlier: dict[str, BaseException] = {}
+        self._commit_errors: dict[str, BaseException] = {}
+        self._saved_ids: set[str] = set()
+        self._pending_metrics: collections.deque[dict] = collections.deque()
+        self.timings: collections.deque[SaveTiming] = collections.deque(maxlen=_TIMINGS_KEPT)
+
+    # ------------------------------------------------------------------ pickling (process checkpointer)
+    def __reduce__(self) -> Any:
+        raise TypeError('CheckpointWriter cannot be pickled: it owns upload workers and a locked staging folder in '
+                        'this process. dcp.async_save(async_checkpointer_type=AsyncCheckpointerType.PROCESS) sends '
+                        'the storage writer to a checkpoint process; use the default THREAD checkpointer (the upload '
+                        'already runs off the training thread)')
+
+    # ------------------------------------------------------------------ setup
+    def _start(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError('this CheckpointWriter is closed')
+            if self._started:
+                return
+            self.uploader.start(self.run_name)
+            rank_dir = self.uploader.staging_dir
+            self.staging_root = os.path.dirname(rank_dir)
+            self._files_dir = os.path.join(rank_dir, 'files')
+            self._writes_dir = os.path.join(self.staging_root, _WRITES_FOLDER, f'rank{dist.get_global_rank()}')
+            self._intents_dir = os.path.join(self.staging_root, INTENTS_FOLDER)
+            # Local writes of a process killed before their hand-over: nothing queued refers to them
+            # (the journal holds its own links), and this rank's staging lock makes them ours.
+            shutil.rmtree(self._writes_dir, ignore_errors=True)
+            os.makedirs(self._writes_dir, mode=0o700, exist_ok=True)
+            self._started = True
+
+    def _start_committer(self) -> Committer:
+        if self._committer is None:
+            self._committer = Committer(self.store, scratch_folder(self.run_name), self.commit_timeout,
+                                        self.uploader.failed_uploads, self._on_commit)
+            uri = self._bucket_uri()
+            for intent in read_intents(self._intents_dir):
+                if intent.bucket_uri == uri and uri is not None:
+                    log.warning('resuming the commit of checkpoint %r left by an earlier process', intent.checkpoint_id)
+                    self._committer.submit(intent, resumed=True)
+        return self._committer
+
+    def _bucket_uri(self) -> Optional[str]:
+        uri = getattr(self.store, 'bucket_uri', None)
+        return persistable_uri(uri) if uri else None
+
+    # ------------------------------------------------------------------ StorageWriter
+    def reset(self, checkpoint_id: Union[str, 'os.PathLike[str]', None] = None) -> None:
+        """Start a save (all ranks). Raises ValueError without a ``checkpoint_id``, RuntimeError when closed."""
+        if checkpoint_id is None:
+            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
+                             'dcp.save / dcp.async_save')
+        cid = check_checkpoint_id(checkpoint_id)
+        self._start()
+        self._emit_metrics()
+        super().reset(None)
+        self._cid = cid
+        self._t0 = time.monotonic()
+        self._timing = SaveTiming(cid, dist.get_global_rank(), time.time())
+        local = os.path.join(self._writes_dir, uuid.uuid4().hex[:12])
+        os.makedirs(local, mode=0o700)
+        self.path = Path(local)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Record the role (all ranks). Raises ValueError for ``use_collectives=False`` (no coordinator to commit)."""
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if not self.use_collectives:
+            raise ValueError('CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
+                             'from every rank\'s write results')
+        self._is_coordinator = bool(is_coordinator)
+        if self._is_coordinator:
+            self._start_committer()
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        self.fs.mkdir(self.path)
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Name each rank's files ``__{rank}_{nonce}_{n}.distcp`` (coordinator; the nonce is fresh per save)."""
+        nonce = uuid.uuid4().hex[:8]
+        return [dataclasses.replace(plan, storage_data=_StoragePrefix(f'__{i}_{nonce}_'))
+                for i, plan in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        """Write this rank's shards locally, then queue each for upload (all ranks)."""
+        self._wait_for_room()
+        future = super().write_data(plan, planner)
+        results = future.wait()
+        self._hand_over(results)
+        return future
+
+    def _hand_over(self, results: list[WriteResult]) -> None:
+        local, cid, timing = str(self.path), self._cid, self._timing
+        total = 0
+        for relative, size in sorted(_file_sizes(results).items()):
+            path = os.path.join(local, relative)
+            actual = os.path.getsize(path)
+            if actual != size:
+                raise RuntimeError(f'CheckpointWriter: {path} has {actual} bytes but its write results end at {size}; '
+                                   'this torch writes a file layout the commit check does not understand')
+            try:
+                self.uploader.upload_file(None, f'{cid}/{relative}', path, overwrite=True, copy=False)
+            except UploadError as exc:  # earlier uploads failed; this file was queued all the same
+                self._earlier.update(exc.failures)
+                warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
+                              stacklevel=3)
+            if os.stat(path).st_nlink > 1:
+                os.unlink(path)  # the staging link holds the bytes now; nothing is copied
+            total += size
+        if not any(os.scandir(local)) or all(entry.stat().st_size == 0 for entry in os.scandir(local)):
+            shutil.rmtree(local, ignore_errors=True)  # only empty files of empty buckets were left
+        self._last_bytes = total
+        if timing is not None:
+            timing.local_s = time.monotonic() - self._t0
+            timing.bytes_written = total
+            with self._lock:
+                self.timings.append(timing)
+                self._saved_ids.add(cid)  # type: ignore[arg-type]
+            if self.logger is not None:
+                self.logger.log_metrics({'checkpoint/local_s': timing.local_s})
+
+    def _staged_bytes(self) -> int:
+        total = 0
+        try:
+            with os.scandir(self._files_dir) as entries:
+                for entry in entries:
+                    try:
+                        total += entry.stat(follow_symlinks=False).st_size
+                    except FileNotFoundError:
+                        pass
+        except FileNotFoundError:
+            pass
+        return total
+
+    def _wait_for_room(self) -> None:
+        limit = self.max_staged_bytes
+        if limit is None:
+            return
+        need = self._last_bytes
+        staged = self._staged_bytes()
+        while staged and staged + need > limit:
+            if not self._warned_full:
+                self._warned_full = True
+                warnings.warn(f'CheckpointWriter: staging holds {staged} bytes not yet uploaded, the previous save '
+                              f'wrote {need}, max_staged_bytes={limit}: the save waits for uploads (warned once)',
+                              RuntimeWarning, stacklevel=4)
+            if self.uploader.wait_for_uploads(0.05):
+                return  # nothing in flight: what stays staged (failed uploads) will not free up by waiting
+            staged = self._staged_bytes()
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Record the commit intent and hand it to the background committer (coordinator only; no I/O to the bucket)."""
+        metadata.version = CURRENT_DCP_VERSION
+        storage = {}
+        for rank_results in results:
+            storage.update({result.index: result.storage_data for result in rank_results})
+        metadata.storage_data = storage
+        metadata.storage_meta = self.storage_meta()
+        files = _file_sizes([result for rank_results in results for result in rank_results])
+        committer = self._start_committer()
+        intent = write_intent(self._intents_dir, self._cid, files, time.time_ns(), metadata=pickle.dumps(metadata),
+                              bucket_uri=self._bucket_uri(), backend_kwargs=self._backend_kwargs,
+                              keep_last=self.keep_last, fsync=self.sync_files)
+        committer.submit(intent, timing=self._timing, t0=self._t0)
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self._cid, save_id=self.save_id)
+
+    @property
+    def checkpoint_id(self) -> Optional[str]:  # type: ignore[override]
+        """The id of the current (or last) save."""
+        return self._cid
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, 'os.PathLike[str]']) -> bool:
+        try:
+            check_checkpoint_id(checkpoint_id)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    # ------------------------------------------------------------------ commits
+    def _on_commit(self, intent: CommitIntent, error: Optional[BaseException], committed_at: float,
+                   timing: Optional[SaveTiming], t0: Optional[float], resumed: bool) -> None:
+        if timing is not None and t0 is not None:
+            timing.error = error
+            if error is None:
+                timing.commit_s = time.monotonic() - t0
+                self._pending_metrics.append({'checkpoint/commit_s': timing.commit_s})
+        if error is None:
+            log.info('checkpoint %r committed', intent.checkpoint_id)
+            return
+        if resumed:
+            log.warning('checkpoint %r left by an earlier process is still not committable: %s (its intent stays '
+                        'for `dist-logging drain`)', intent.checkpoint_id, error)
+            return
+        log.error('checkpoint %r was not committed: %s', intent.checkpoint_id, error)
+        with self._lock:
+            failures = getattr(error, 'failures', None) or {intent.checkpoint_id: error}
+            self._commit_errors.update(failures)
+
+    def _emit_metrics(self) -> None:
+        # Metrics of commits (made on the committer thread) are logged from a writer call, never from that thread.
+        if self.logger is None:
+            self._pending_metrics.clear()
+            return
+        while self._pending_metrics:
+            self.logger.log_metrics(self._pending_metrics.popleft())
+
+    def wait_for_commits(self, timeout: Optional[float] = None) -> bool:
+        """Block until every checkpoint this coordinator handed over committed or failed; False on timeout.
+
+        On other ranks it returns True at once (they commit nothing). Never raises for failures.
+        """
+        committer = self._committer
+        return True if committer is None else committer.wait(timeout)
+
+    def close(self) -> None:
+        """Wait for every upload of this rank and (coordinator) every commit; stop what the writer owns.
+
+        Idempotent. Call it on every rank after the last save (and after its ``async_save`` future).
+
+        Raises:
+            UploadError: uploads that failed, and (coordinator) checkpoints that did not commit,
+                naming each object that is missing or failed.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            started = self._started
+        failures: dict[str, BaseException] = {}
+        try:
+            if started:
+                self.uploader.wait_for_uploads()
+            if self._committer is not None:
+                self._committer.retry_resumed()
+                self._committer.wait()
+                self._committer.close()
+        finally:
+            if self._owns_uploader:
+                try:
+                    self.uploader.shutdown()
+                except UploadError as exc:
+                    failures.update(exc.failures)
+            else:
+                mine = tuple(f'{cid}/' for cid in self._saved_ids)
+                failures.update({name: exc for name, exc in self.uploader.failed_uploads().items()
+                                 if mine and name.startswith(mine)})
+        if started:
+            for folder in (self._writes_dir, os.path.dirname(self._writes_dir), self._intents_dir):
+                try:
+                    os.rmdir(folder)  # only when empty: a killed save's files or a pending intent stay
+                except OSError:
+                    pass
+        self._emit_metrics()
+        failures.update(self._earlier)
+        failures.update(self._commit_errors)
+        if failures:
+            error = UploadError(failures)
+            if self._commit_errors:
+                error.add_note(f'{len(self._commit_errors)} checkpoint file(s) never landed: their checkpoints stay '
+                               'uncommitted (invisible to latest_checkpoint)')
+            raise error
+
+    def __enter__(self) -> 'CheckpointWriter':
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f'CheckpointWriter({self.uploader.bucket_uri or self.store!r}, keep_last={self.keep_last})'
+
+
+def _file_sizes(results: list[WriteResult]) -> dict[str, int]:
+    """Relative file name -> size, from write results (each item's offset + length; torch writes them back to back)."""
+    sizes: dict[str, int] = {}
+    for result in results:
+        info = result.storage_data
+        end = info.offset + info.length
+        if end > sizes.get(info.relative_path, -1):
+            sizes[info.relative_path] = end
+    return sizes
+
+
+def _protocol_base() -> type:
+    from dist_logging.object_store import ObjectStore
+
+    return ObjectStore
