@@ -441,6 +441,66 @@ class Logger:
         if earlier_failures is not None:
             raise earlier_failures
 
+    def upload_folder(self, remote_prefix: str, local_dir: Union[str, pathlib.Path], *, commit: bool = True,
+                      copy: bool = True) -> None:
+        """Hand a folder to every destination that takes files and whose policy includes this rank, committed
+        as one object: visible (to ``dist_logging.checkpoint.latest_checkpoint``) only once every file landed.
+
+        For checkpoints that are folders but not DCP checkpoints: an HF ``save_pretrained``
+        folder, a Lightning checkpoint directory. Both names are templates, as in
+        :meth:`upload_file`. A destination with an ``upload_folder`` method (``RemoteUploaderDownloader``)
+        commits the folder (see its docstring and ``docs/checkpoints.md``); another destination
+        that takes files gets one ``upload_file`` per file, uncommitted, with a warning.
+
+        Args:
+            remote_prefix: template for the folder's name in the bucket (relative; no ``..``).
+            local_dir: template for the local folder.
+            commit: commit the folder (un-committing a committed folder of that name first).
+            copy: as in :meth:`upload_file`.
+
+        Raises:
+            NotADirectoryError: ``local_dir`` is not a folder.
+            ValueError: a bad template, an empty folder or an escaping name.
+            UploadError: an earlier upload failed (surfaced at the next call).
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        timestamp = self.state.timestamp
+        remote = validate_object_name(format_name_with_dist_and_time(remote_prefix, self.run_name, timestamp).strip('/'))
+        local = format_name_with_dist_and_time(os.fspath(local_dir), self.run_name, timestamp)
+        if not os.path.isdir(local):
+            raise NotADirectoryError(f'upload_folder: {local!r} is not a folder')
+        if not self._has_uploader_anywhere and not self._warned_no_upload:
+            self._warned_no_upload = True
+            warnings.warn(f'upload_folder({remote!r}): the Logger has no upload-capable destination; '
+                          'files are not uploaded', RuntimeWarning, stacklevel=2)
+        earlier_failures: Optional[UploadError] = None
+        for destination in self._uploaders:
+            try:
+                if callable(getattr(destination, 'upload_folder', None)):
+                    destination.upload_folder(self.state, remote, local, commit=commit, copy=copy)
+                    continue
+                warnings.warn(f'upload_folder({remote!r}): {destination!r} has no upload_folder; its files are '
+                              'uploaded one by one, without a commit', RuntimeWarning, stacklevel=2)
+                for folder, subfolders, names in os.walk(local):
+                    subfolders.sort()
+                    for entry in sorted(names):
+                        path = os.path.join(folder, entry)
+                        if os.path.isfile(path):
+                            rel = os.path.relpath(path, local).replace(os.sep, '/')
+                            if self._upload_takes_copy[id(destination)]:
+                                destination.upload_file(self.state, f'{remote}/{rel}', path, overwrite=True, copy=copy)
+                            else:
+                                destination.upload_file(self.state, f'{remote}/{rel}', pathlib.Path(path),
+                                                        overwrite=True)
+            except UploadError as exc:
+                if earlier_failures is None:
+                    earlier_failures = exc
+                else:
+                    earlier_failures.add_note(f'also: {exc}')
+        if earlier_failures is not None:
+            raise earlier_failures
+
     # ------------------------------------------------------------------ gathering
     def flush(self) -> None:
         """Combine the metrics buffered with ``reduce=`` across ranks and emit them on rank zero.

@@ -169,6 +169,7 @@ class CheckpointWriter(FileSystemWriter):
         self._started = False
         self._closed = False
         self._cid: Optional[str] = None
+        self._armed = False
         self._is_coordinator = False
         self._committer: Optional[Committer] = None
         self._timing: Optional[SaveTiming] = None
@@ -179,6 +180,7 @@ class CheckpointWriter(FileSystemWriter):
         self._commit_errors: dict[str, BaseException] = {}
         self._saved_ids: set[str] = set()
         self._pending_metrics: collections.deque[dict] = collections.deque()
+        self._owner_thread = threading.get_ident()
         self.timings: collections.deque[SaveTiming] = collections.deque(maxlen=_TIMINGS_KEPT)
 
     # ------------------------------------------------------------------ pickling (process checkpointer)
@@ -199,11 +201,10 @@ class CheckpointWriter(FileSystemWriter):
             rank_dir = self.uploader.staging_dir
             self.staging_root = os.path.dirname(rank_dir)
             self._files_dir = os.path.join(rank_dir, 'files')
-            self._writes_dir = os.path.join(self.staging_root, _WRITES_FOLDER, f'rank{dist.get_global_rank()}')
+            rank_writes = os.path.join(self.staging_root, _WRITES_FOLDER, f'rank{dist.get_global_rank()}')
+            self._writes_dir = os.path.join(rank_writes, f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
             self._intents_dir = os.path.join(self.staging_root, INTENTS_FOLDER)
-            # Local writes of a process killed before their hand-over: nothing queued refers to them
-            # (the journal holds its own links), and this rank's staging lock makes them ours.
-            shutil.rmtree(self._writes_dir, ignore_errors=True)
+            _remove_dead_writes(rank_writes)
             os.makedirs(self._writes_dir, mode=0o700, exist_ok=True)
             self._started = True
 
@@ -233,15 +234,25 @@ class CheckpointWriter(FileSystemWriter):
         self._emit_metrics()
         super().reset(None)
         self._cid = cid
+        self._armed = True
         self._t0 = time.monotonic()
         self._timing = SaveTiming(cid, dist.get_global_rank(), time.time())
         local = os.path.join(self._writes_dir, uuid.uuid4().hex[:12])
         os.makedirs(local, mode=0o700)
         self.path = Path(local)
 
+    def stage(self, state_dict: Any) -> Any:
+        """``dcp.async_save``'s copy of the state to CPU memory, on the caller's thread (torch's own staging)."""
+        self._emit_metrics()
+        return super().stage(state_dict)
+
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record the role (all ranks). Raises ValueError for ``use_collectives=False`` (no coordinator to commit)."""
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if not self._armed:  # torch calls reset() only when a checkpoint_id is given
+            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
+                             'dcp.save / dcp.async_save')
+        self._armed = False
         if not self.use_collectives:
             raise ValueError('CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
                              'from every rank\'s write results')
@@ -295,7 +306,8 @@ class CheckpointWriter(FileSystemWriter):
                 self.timings.append(timing)
                 self._saved_ids.add(cid)  # type: ignore[arg-type]
             if self.logger is not None:
-                self.logger.log_metrics({'checkpoint/local_s': timing.local_s})
+                self._pending_metrics.append({'checkpoint/local_s': timing.local_s})
+                self._emit_metrics()
 
     def _staged_bytes(self) -> int:
         total = 0
@@ -378,9 +390,13 @@ class CheckpointWriter(FileSystemWriter):
             self._commit_errors.update(failures)
 
     def _emit_metrics(self) -> None:
-        # Metrics of commits (made on the committer thread) are logged from a writer call, never from that thread.
+        # The Logger is called only from the thread that built the writer (the training loop): not from the
+        # committer thread, nor from torch's async_save thread. Their metrics wait for the next save's
+        # reset (dcp.save) or stage (dcp.async_save), or for close().
         if self.logger is None:
             self._pending_metrics.clear()
+            return
+        if threading.get_ident() != self._owner_thread:
             return
         while self._pending_metrics:
             self.logger.log_metrics(self._pending_metrics.popleft())
@@ -411,6 +427,8 @@ class CheckpointWriter(FileSystemWriter):
         try:
             if started:
                 self.uploader.wait_for_uploads()
+            if started and self._committer is None and dist.get_global_rank() == 0 and read_intents(self._intents_dir):
+                self._start_committer()  # a restarted job that did not save again: finish what it left
             if self._committer is not None:
                 self._committer.retry_resumed()
                 self._committer.wait()
@@ -426,7 +444,9 @@ class CheckpointWriter(FileSystemWriter):
                 failures.update({name: exc for name, exc in self.uploader.failed_uploads().items()
                                  if mine and name.startswith(mine)})
         if started:
-            for folder in (self._writes_dir, os.path.dirname(self._writes_dir), self._intents_dir):
+            writes = self._writes_dir
+            for folder in (writes, os.path.dirname(writes), os.path.dirname(os.path.dirname(writes)),
+                           self._intents_dir):
                 try:
                     os.rmdir(folder)  # only when empty: a killed save's files or a pending intent stay
                 except OSError:
@@ -449,6 +469,27 @@ class CheckpointWriter(FileSystemWriter):
 
     def __repr__(self) -> str:
         return f'CheckpointWriter({self.uploader.bucket_uri or self.store!r}, keep_last={self.keep_last})'
+
+
+def _remove_dead_writes(folder: str) -> None:
+    """Delete the local-write folders of processes that are gone (killed before their hand-over: nothing
+    queued refers to those files, the journal holds its own links)."""
+    try:
+        entries = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        pid = entry.split('-', 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive: another writer of this rank's staging folder
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
 
 
 def _file_sizes(results: list[WriteResult]) -> dict[str, int]:

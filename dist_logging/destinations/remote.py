@@ -217,6 +217,8 @@ class RemoteUploaderDownloader(LoggerDestination):
         self._counted: dict[int, int] = {}
         self._warned_full = False
         self.uploaded_count = 0
+        self._committer: Any = None  # commits upload_folder(commit=True) folders, created on first use
+        self.commit_timeout = 600.0  # seconds a folder may wait for its files before its commit fails
 
     # ------------------------------------------------------------------ lifecycle
     def can_upload_files(self) -> bool:
@@ -346,8 +348,17 @@ class RemoteUploaderDownloader(LoggerDestination):
         if scheduler is not None and staging is not None:
             try:
                 self._wait_with_progress(scheduler)
+                if self._committer is not None:  # folders commit once their files landed
+                    self._committer.wait()
+                    self._committer.close()
+                    try:
+                        os.rmdir(os.path.join(staging.root, 'checkpoint-commits'))  # only when empty
+                    except OSError:
+                        pass
                 scheduler.shutdown()
             except BaseException:
+                if self._committer is not None:
+                    self._committer.abort()
                 scheduler.shutdown(abort=True, timeout=5)
                 staging.close()
                 raise
@@ -556,6 +567,103 @@ class RemoteUploaderDownloader(LoggerDestination):
                 warnings.warn(f'upload staging holds {self._staged_bytes} bytes, max_staged_bytes={limit}: '
                               'upload_file waits for uploads to finish (warned once)', RuntimeWarning, stacklevel=4)
             self._budget.wait_for(lambda: self._staged_bytes == 0 or self._staged_bytes + size <= limit)  # type: ignore[operator]
+
+    # ------------------------------------------------------------------ folders
+    def upload_folder(self, state: 'State', remote_prefix: str, local_dir: Union[str, 'pathlib.Path'], *,
+                      commit: bool = True, copy: bool = True) -> list[str]:
+        """Queue every file under ``local_dir`` as ``<remote_prefix>/<relative path>``; with ``commit``, make
+        the folder visible as one object once every file landed (the checkpoint commit rule).
+
+        For a folder that is a checkpoint but not a DCP one (an HF ``save_pretrained`` folder, a
+        Lightning checkpoint directory): :func:`dist_logging.checkpoint.latest_checkpoint` finds
+        it once committed. With ``commit`` a committed folder of that name is first un-committed
+        (one listing and a delete, on the calling thread), so its files are never seen half
+        replaced; the files are then queued like ``upload_file`` calls (``overwrite=True``), and
+        a background committer writes the commit marker after all of them landed with their
+        sizes. Returns at once; :meth:`shutdown` waits for the commit too.
+
+        Args:
+            state: the run state.
+            remote_prefix: the folder's name in the bucket (formatted through
+                ``file_path_format_string`` like file names).
+            local_dir: the folder; every regular file below it is uploaded (symbolic links
+                to files are followed, links to folders are not).
+            commit: commit the folder (needs a store with ``list`` and ``delete``).
+            copy: as in :meth:`upload_file`.
+
+        Returns:
+            The object names queued.
+
+        Raises:
+            NotADirectoryError: ``local_dir`` is not a folder.
+            ValueError: an empty folder, a bad prefix, or a ``file_path_format_string`` that does
+                not keep the folder's files under one prefix.
+            TypeError: ``commit=True`` with a store that has no ``list``/``delete``.
+            UploadError: earlier uploads failed (this folder's files were still queued).
+        """
+        from dist_logging.checkpoint._layout import check_checkpoint_id
+
+        local = os.path.abspath(os.fspath(local_dir))
+        if not os.path.isdir(local):
+            raise NotADirectoryError(f'upload_folder: {local!r} is not a folder')
+        prefix = check_checkpoint_id(remote_prefix)
+        files = {}
+        for folder, subfolders, names in os.walk(local):
+            subfolders.sort()
+            for entry in sorted(names):
+                path = os.path.join(folder, entry)
+                if os.path.isfile(path):
+                    files[os.path.relpath(path, local).replace(os.sep, '/')] = path
+        if not files:
+            raise ValueError(f'upload_folder: {local!r} holds no files')
+        if self._scheduler is None:
+            self._start(state.run_name if state is not None else None)
+        cid = self._object_name(prefix, self._run_name)
+        names = {rel: self._object_name(f'{prefix}/{rel}', self._run_name) for rel in files}
+        outside = [name for name in names.values() if not name.startswith(cid + '/')]
+        if outside:
+            raise ValueError(f'upload_folder: file_path_format_string {self.file_path_format_string!r} puts '
+                             f'{outside[0]!r} outside the folder {cid!r}; use a template that only prefixes names')
+        if commit:
+            from dist_logging.checkpoint.commit import retry, uncommit
+
+            store = self.object_store
+            if not callable(getattr(store, 'list', None)) or not callable(getattr(store, 'delete', None)):
+                raise TypeError(f'upload_folder(commit=True) needs a store with list and delete; {store!r} has not')
+            uncommit(store, cid, retry(store, lambda: store.list(f'{cid}/'), self.retry_policy), self.retry_policy)
+        sizes = {rel: os.stat(path).st_size for rel, path in files.items()}
+        earlier: Optional[UploadError] = None
+        for rel, path in files.items():
+            try:
+                self.upload_file(state, f'{prefix}/{rel}', path, overwrite=True, copy=copy)
+            except UploadError as exc:
+                earlier = earlier or exc
+        if commit:
+            self._commit_folder(cid, sizes)
+        if earlier is not None:
+            raise earlier
+        return list(names.values())
+
+    def _commit_folder(self, cid: str, sizes: dict[str, int]) -> None:
+        from dist_logging.checkpoint._committer import Committer
+        from dist_logging.checkpoint._intents import INTENTS_FOLDER, write_intent
+        from dist_logging.checkpoint._paths import scratch_folder
+
+        with self._start_lock:
+            if self._committer is None:
+                self._committer = Committer(self.object_store, scratch_folder(self._run_name), self.commit_timeout,
+                                            self.failed_uploads, self._on_folder_commit)
+        folder = os.path.join(os.path.dirname(self.staging_dir), INTENTS_FOLDER)  # type: ignore[arg-type]
+        intent = write_intent(folder, cid, sizes, time.time_ns(), metadata=None, bucket_uri=self._store_record.uri,
+                              backend_kwargs=self._store_record.kwargs, kind='folder', fsync=self.fsync)
+        self._committer.submit(intent)
+
+    def _on_folder_commit(self, intent: Any, error: Optional[BaseException], *args: Any) -> None:
+        if error is None:
+            return
+        with self._fail_lock:
+            for name, exc in (getattr(error, 'failures', None) or {intent.checkpoint_id: error}).items():
+                self._unraised[name] = exc
 
     # ------------------------------------------------------------------ downloads
     def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,

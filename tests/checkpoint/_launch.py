@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
+import time
 
 from torchrun_helper import read_rank_outputs, run_torchrun
 
@@ -17,9 +18,11 @@ def launch(tmp: pathlib.Path, nproc: int, plan: dict, *, expect_kill: bool = Fal
     out = tmp / name
     if out.exists():
         shutil.rmtree(out)
+    started = time.monotonic()
     result = run_torchrun(SCENARIO, nproc, out, env={'CKPT_PLAN': json.dumps(plan)}, timeout=150,
                           check=not expect_kill)
     if expect_kill:
         assert result.returncode != 0, f'the job was not killed:\n{result.stdout}\n{result.stderr[-4000:]}'
         assert 'SIGKILL' in result.stderr or 'Signal 9' in result.stderr or '-9' in result.stderr, result.stderr[-4000:]
+    print(f'launch {name} ({nproc} ranks, kill={plan.get("kill")}): {time.monotonic() - started:.1f} s')
     return read_rank_outputs(out)

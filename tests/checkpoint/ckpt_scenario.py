@@ -73,6 +73,7 @@ if latest is not None:
         out['downloaded_bytes'] = reader.downloaded_bytes
     out['exact'] = exact(got, state(step))
     out['loaded_step'] = int(got['step'])
+dump_rank_output(out)  # now: a launch killed later still reports what it resumed from
 tdist.barrier()
 
 # ---- arm the kill point
@@ -91,9 +92,10 @@ if kill and (kill['ranks'] == 'all' or rank in kill['ranks']):
         real_write_item, seen = fs._write_item, []
 
         def write_item(*args, **kw):
-            if current['step'] == kill['step'] and seen:
-                die()
-            seen.append(1)
+            if current['step'] == kill['step']:
+                seen.append(1)
+                if len(seen) == 2:  # the step's first item is in the file, the second is not
+                    die()
             return real_write_item(*args, **kw)
         fs._write_item = write_item
     elif point == 'local':

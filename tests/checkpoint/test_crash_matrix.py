@@ -1,0 +1,136 @@
+"""The crash matrix under real torchrun (gloo, CPU): SIGKILL at each point of a save, then restart (or
+`dist-logging drain`): latest_checkpoint is always a committed checkpoint that dcp.load reads bit-exactly.
+
+The launches are chained to keep the suite short: each launch first resumes from the latest committed
+checkpoint (checking it bit-exactly against the state saved at that step), then saves on (re-saving the
+id a crash left uncommitted, over its leftovers) and dies at the next kill point. What each chain covers:
+
+2 ranks, local bucket (keep_last=2):
+  L1 every rank killed in the middle of writing a shard file (step 2)            -> latest step1
+  L2 one rank (1) killed after its local write, before its shards were queued     -> latest step2
+  L3 every rank killed with shard uploads in flight (step 4)                      -> latest step3 or step4
+  L4 the coordinator killed after every shard landed, before the commit (step 5);
+     `dist-logging drain` then finishes the commit                                -> latest step5
+  L5 the coordinator killed during retention's deletion (after the marker of step5 went)
+                                                                                  -> latest step7; step5 invisible
+  L6 a clean run: resumes step7 (each file fetched once for the node), saves step8 (dcp.save), step9
+     (dcp.async_save); both moments timed on every save; staging left empty
+4 ranks, S3 (moto):
+  L1 the coordinator killed after every shard landed, before the commit (step 2)  -> latest step1
+  L2 restart: the new coordinator finishes step2's commit itself; one rank (2) killed with an upload
+     in flight (step 3)                                                            -> latest step2 or step3
+  L3 a clean run: resumes, saves step4
+Not covered (to keep the suite short): 4 ranks on a local bucket, 2 ranks on S3, and the points write,
+local and retention on S3 (the commit rule does not depend on the store beyond list/delete, which the
+object-store conformance suite checks for every store).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dist_logging.checkpoint import latest_checkpoint, list_checkpoints
+from dist_logging.object_store import LocalObjectStore, store_from_uri
+from _launch import launch
+from s3_server import aws_credentials, s3_bucket, _moto_session  # noqa: F401 - fixtures
+from torchrun_helper import REPO_ROOT
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+
+
+def step_of(cid):
+    return int(cid.rsplit('step', 1)[1])
+
+
+def check_resumed(outputs, world, allowed):
+    """Every rank found the same committed latest checkpoint, one of ``allowed``, and read it bit-exactly."""
+    assert sorted(outputs) == list(range(world)), outputs
+    latest = {out['latest'] for out in outputs.values()}
+    assert len(latest) == 1, latest
+    cid = latest.pop()
+    assert cid is not None and step_of(cid) in allowed, (cid, allowed)
+    assert all(out['exact'] is True and out['loaded_step'] == step_of(cid) for out in outputs.values())
+    return cid
+
+
+def drain_cli(staging):
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, '-m', 'dist_logging', 'drain', str(staging), '--no-progress'],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_crash_matrix_two_ranks_local_bucket(tmp_path):
+    bucket = str(tmp_path / 'bucket')
+    base = {'root': str(tmp_path), 'bucket': bucket, 'keep_last': 2}
+
+    def kill(point, step, ranks='all'):
+        return {'point': point, 'step': step, 'ranks': ranks}
+
+    launch(tmp_path, 2, {**base, 'steps': [1, 2], 'kill': kill('write', 2)}, expect_kill=True)
+    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step1'
+
+    out = launch(tmp_path, 2, {**base, 'steps': [2, 3], 'kill': kill('local', 3, [1])}, expect_kill=True)
+    check_resumed(out, 2, {1})
+    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step2'
+
+    out = launch(tmp_path, 2, {**base, 'steps': [3, 4], 'kill': kill('upload', 4)}, expect_kill=True)
+    check_resumed(out, 2, {2})
+    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step3'  # step4's shards did not all land
+
+    out = launch(tmp_path, 2, {**base, 'steps': [4, 5], 'kill': kill('commit', 5, [0])}, expect_kill=True)
+    check_resumed(out, 2, {3})
+    assert latest_checkpoint(bucket, 'run/ckpt') in ('run/ckpt/step4',)  # every shard of 5 landed, not committed
+    drained = drain_cli(tmp_path / 'staging')
+    assert 'committed checkpoint run/ckpt/step5' in drained.stdout, drained.stdout + drained.stderr
+    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step5'  # drain finished the commit
+
+    out = launch(tmp_path, 2, {**base, 'steps': [6, 7], 'kill': kill('retention', 7, [0])}, expect_kill=True)
+    check_resumed(out, 2, {5})
+    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step7'
+    assert list_checkpoints(bucket, 'run/ckpt') == ['run/ckpt/step6', 'run/ckpt/step7']  # step5 half-deleted: invisible
+
+    step7 = {info.name: info.size for info in LocalObjectStore(bucket).list('run/ckpt/step7/')}
+    out = launch(tmp_path, 2, {**base, 'steps': [8, 9]}, name='final')
+    check_resumed(out, 2, {7})
+    # every file was downloaded once for the node: the marker and .metadata (read by both ranks) once,
+    # each rank's shard by the rank that reads it
+    assert sum(o['downloaded_bytes'] for o in out.values()) == sum(step7.values())
+    assert all(o['close_error'] is None for o in out.values())
+    for o in out.values():  # both moments are measured for every save (the commit on the coordinator)
+        assert [t['id'] for t in o['timings']] == ['run/ckpt/step8', 'run/ckpt/step9']
+        assert all(t['local_s'] > 0 and t['bytes'] > 0 for t in o['timings'])
+    assert all(t['commit_s'] >= t['local_s'] for t in out[0]['timings'])
+    assert list_checkpoints(bucket, 'run/ckpt') == ['run/ckpt/step8', 'run/ckpt/step9']
+    shards = [i.name for i in LocalObjectStore(bucket).list('run/ckpt/step9/') if i.name.endswith('.distcp')]
+    assert sorted(n.split('/')[-1][:4] for n in shards) == ['__0_', '__1_']  # one file per rank
+    assert os.listdir(tmp_path / 'staging') == []  # every upload landed, every commit done
+
+
+def test_crash_matrix_four_ranks_s3(tmp_path, s3_bucket):
+    endpoint, name = s3_bucket
+    bucket, kwargs = f's3://{name}/jobs', {'endpoint_url': endpoint}
+    base = {'root': str(tmp_path), 'bucket': bucket, 'backend_kwargs': kwargs, 'keep_last': 2}
+
+    launch(tmp_path, 4, {**base, 'steps': [1, 2], 'kill': {'point': 'commit', 'step': 2, 'ranks': [0]}},
+           expect_kill=True)
+    assert latest_checkpoint(bucket, 'run/ckpt', backend_kwargs=kwargs) == 'run/ckpt/step1'
+
+    out = launch(tmp_path, 4, {**base, 'steps': [3], 'kill': {'point': 'upload', 'step': 3, 'ranks': [2]}},
+                 expect_kill=True)
+    check_resumed(out, 4, {1})
+    # the restarted coordinator found step2's intent, saw every shard landed, and committed it
+    assert latest_checkpoint(bucket, 'run/ckpt', backend_kwargs=kwargs) == 'run/ckpt/step2'
+
+    out = launch(tmp_path, 4, {**base, 'steps': [4]}, name='final')
+    check_resumed(out, 4, {2})
+    assert all(o['close_error'] is None for o in out.values())
+    committed = list_checkpoints(bucket, 'run/ckpt', backend_kwargs=kwargs)
+    # step3 commits too if rank 2's resumed upload landed before the coordinator's last try
+    assert committed in (['run/ckpt/step2', 'run/ckpt/step4'], ['run/ckpt/step3', 'run/ckpt/step4']), committed
+    store = store_from_uri(bucket, kwargs)
+    shards = [i.name for i in store.list('run/ckpt/step4/') if i.name.endswith('.distcp')]
+    assert sorted(n.split('/')[-1][:4] for n in shards) == ['__0_', '__1_', '__2_', '__3_']

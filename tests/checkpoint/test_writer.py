@@ -1,0 +1,204 @@
+"""CheckpointWriter in one process (dcp without a process group): the save never waits for the upload,
+failures name their objects, validation, the staging bound, the Logger metrics, S3."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from dist_logging import Logger
+from dist_logging.checkpoint import (CheckpointReader, CheckpointWriter, format_checkpoint_id, latest_checkpoint,
+                                     list_checkpoints)
+from dist_logging.destinations import InMemoryLogger, RemoteUploaderDownloader
+from dist_logging.errors import UploadError
+from _recording import RecordingStore
+from s3_server import aws_credentials, s3_bucket, _moto_session  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings('ignore:torch.distributed is disabled')]
+
+
+def state(step: int) -> dict:
+    return {'model': {'w': torch.arange(1000, dtype=torch.float32) * step, 'b': torch.full((7, 3), float(step))},
+            'step': step}
+
+
+def blank() -> dict:
+    return {'model': {'w': torch.zeros(1000), 'b': torch.zeros(7, 3)}, 'step': -1}
+
+
+def same(a: dict, b: dict) -> bool:
+    return (torch.equal(a['model']['w'], b['model']['w']) and torch.equal(a['model']['b'], b['model']['b'])
+            and a['step'] == b['step'])
+
+
+def rank_error(exc: BaseException) -> str:
+    """The text of what failed on the ranks (torch wraps each rank's error in a CheckpointException)."""
+    failures = getattr(exc, 'failures', {}) or {}
+    return str(exc) + ' '.join(str(f[0] if isinstance(f, tuple) else f) for f in failures.values())
+
+
+def writer_for(tmp_path, store, **kwargs) -> CheckpointWriter:
+    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'),
+                                   num_attempts=1)
+    return CheckpointWriter(rud, **kwargs)
+
+
+def test_save_returns_before_the_upload_and_commits_in_the_background(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'), block='.distcp')  # shard uploads wait for the gate
+    in_memory = InMemoryLogger()
+    logger = Logger(in_memory)
+    writer = writer_for(tmp_path, store, logger=logger)
+    dcp.save(state(1), checkpoint_id='run/ck/step1', storage_writer=writer)  # returns with the upload blocked
+    timing = writer.timings[-1]
+    assert timing.local_s is not None and timing.bytes_written > 0 and timing.commit_s is None
+    assert latest_checkpoint(store, 'run/ck') is None  # not committed: invisible
+    assert not writer.wait_for_commits(0.2)
+    store.gate.set()
+    assert writer.wait_for_commits(30)
+    assert latest_checkpoint(store, 'run/ck') == 'run/ck/step1'
+    fut = dcp.async_save(state(2), checkpoint_id='run/ck/step2', storage_writer=writer)
+    fut.result(30)
+    writer.close()
+    assert [t.checkpoint_id for t in writer.timings] == ['run/ck/step1', 'run/ck/step2']
+    assert all(t.commit_s is not None and t.commit_s >= t.local_s for t in writer.timings)
+    assert len(in_memory.data['checkpoint/local_s']) == 2 and len(in_memory.data['checkpoint/commit_s']) == 2
+    logger.close()
+    got = blank()
+    with CheckpointReader(store, cache_folder=str(tmp_path / 'cache')) as reader:
+        dcp.load(got, checkpoint_id=latest_checkpoint(store, 'run/ck'), storage_reader=reader)
+    assert same(got, state(2))
+
+
+def test_permanently_failing_shard_leaves_it_uncommitted_and_names_it(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'))
+    writer = writer_for(tmp_path, store, commit_timeout=30)
+    dcp.save(state(1), checkpoint_id='run/ck/step1', storage_writer=writer)
+    assert writer.wait_for_commits(30)
+    store.fail = 'step2/__0_'
+    dcp.save(state(2), checkpoint_id='run/ck/step2', storage_writer=writer)
+    with pytest.raises(UploadError) as raised:
+        writer.close()
+    failed = [name for name in raised.value.failures if name.startswith('run/ck/step2/__0_')]
+    assert failed and 'denied' in str(raised.value)
+    assert writer.timings[-1].error is not None
+    assert latest_checkpoint(store, 'run/ck') == 'run/ck/step1'  # the failed one stays invisible
+    assert list_checkpoints(store, 'run/ck') == ['run/ck/step1']
+
+
+def test_staging_bound_makes_the_next_save_wait_only_when_full(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'), block='.distcp')
+    writer = writer_for(tmp_path, store, max_staged_bytes=10**9)
+    dcp.save(state(1), checkpoint_id='r/s1', storage_writer=writer)
+    dcp.save(state(2), checkpoint_id='r/s2', storage_writer=writer)  # room: no wait though nothing uploaded
+    writer.max_staged_bytes = 1  # now the staged shards fill it
+    done = threading.Event()
+
+    def third():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            dcp.save(state(3), checkpoint_id='r/s3', storage_writer=writer)
+        done.caught = caught
+        done.set()
+
+    thread = threading.Thread(target=third)
+    thread.start()
+    assert not done.wait(0.5)  # waits for uploads while staging is full
+    store.gate.set()
+    assert done.wait(30)
+    thread.join()
+    assert any('max_staged_bytes' in str(w.message) for w in done.caught)
+    writer.close()
+    assert list_checkpoints(store, 'r') == ['r/s1', 'r/s2', 'r/s3']
+
+
+def test_process_checkpointer_and_bad_arguments_are_refused_clearly(tmp_path):
+    writer = CheckpointWriter(str(tmp_path / 'bucket'), upload_staging_folder=str(tmp_path / 'staging'))
+    with pytest.raises(TypeError, match='THREAD'):
+        pickle.dumps(writer)
+    with pytest.raises(BaseException) as raised:  # CheckpointException is a BaseException
+        dcp.save(state(1), storage_writer=writer)
+    assert 'pass checkpoint_id=' in rank_error(raised.value)
+    with pytest.raises(BaseException) as raised:  # CheckpointException is a BaseException
+        dcp.save(state(1), checkpoint_id='/abs/step1', storage_writer=writer)
+    assert 'absolute' in rank_error(raised.value)
+    writer.close()
+    with pytest.raises(ValueError, match='keep_last'):
+        CheckpointWriter(str(tmp_path / 'b'), keep_last=0)
+    with pytest.raises(ValueError, match='max_staged_bytes'):
+        CheckpointWriter(str(tmp_path / 'b'), max_staged_bytes=0)
+    with pytest.raises(TypeError, match='bucket'):
+        CheckpointWriter(42)
+    templated = RemoteUploaderDownloader(str(tmp_path / 'b'), file_path_format_string='{run_name}/{remote_file_name}')
+    with pytest.raises(ValueError, match='remote_file_name'):
+        CheckpointWriter(templated)
+    with pytest.raises(ValueError, match='only apply to a bucket URI'):
+        CheckpointWriter(RemoteUploaderDownloader(str(tmp_path / 'b')), backend_kwargs={'x': 1})
+
+
+def test_format_checkpoint_id():
+    assert format_checkpoint_id('{run_name}/checkpoints/ep{epoch}-step{step:06d}', run_name='r1', step=100,
+                                epoch=2) == 'r1/checkpoints/ep2-step000100'
+    with pytest.raises(ValueError, match='every rank'):
+        format_checkpoint_id('ck/rank{rank}/step{step}', run_name='r', step=1)
+    with pytest.raises(ValueError, match='unknown placeholder'):
+        format_checkpoint_id('ck/{stpe}', run_name='r', step=1)
+    with pytest.raises(TypeError):
+        format_checkpoint_id('ck/{step}', run_name='r', step='1')
+
+
+def test_s3_save_latest_load(tmp_path, s3_bucket):
+    endpoint, bucket = s3_bucket
+    uri, kwargs = f's3://{bucket}/prefix', {'endpoint_url': endpoint}
+    with CheckpointWriter(uri, backend_kwargs=kwargs, upload_staging_folder=str(tmp_path / 'staging'),
+                          keep_last=1) as writer:
+        for step in (1, 2):
+            dcp.save(state(step), checkpoint_id=f'run/ck/step{step}', storage_writer=writer)
+    assert list_checkpoints(uri, 'run/ck', backend_kwargs=kwargs) == ['run/ck/step2']
+    latest = latest_checkpoint(uri, 'run/ck', backend_kwargs=kwargs)
+    got = blank()
+    with CheckpointReader(uri, backend_kwargs=kwargs, cache_folder=str(tmp_path / 'cache')) as reader:
+        dcp.load(got, checkpoint_id=latest, storage_reader=reader)
+    assert same(got, state(2))
+    with pytest.raises(BaseException) as raised:  # CheckpointException is a BaseException
+        with CheckpointReader(uri, backend_kwargs=kwargs, cache_folder=str(tmp_path / 'cache')) as reader:
+            dcp.load(blank(), checkpoint_id='run/ck/step1', storage_reader=reader)  # deleted by retention
+    assert 'not committed' in rank_error(raised.value)
+
+
+def test_second_job_in_the_same_prefix_never_makes_latest_partial(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'), block='__0_')
+    store.gate.set()
+    first = writer_for(tmp_path / 'a', store, keep_last=2)
+    second = writer_for(tmp_path / 'b', store, keep_last=2)  # another job: its own staging, same bucket
+
+    def latest_state():
+        cid = latest_checkpoint(store, 'run/ck')
+        got = blank()
+        with CheckpointReader(store, cache_folder=str(tmp_path / 'cache')) as reader:
+            dcp.load(got, checkpoint_id=cid, storage_reader=reader)
+        return cid, got
+
+    for step in (1, 2):
+        dcp.save(state(step), checkpoint_id=f'run/ck/step{step}', storage_writer=first)
+    assert first.wait_for_commits(30)
+    store.gate.clear()  # the second job's shards of its rank 0 stay in flight
+    other = state(2)
+    other['model']['w'] = other['model']['w'] + 0.5
+    dcp.save(other, checkpoint_id='run/ck/step2', storage_writer=second)  # the same id, other bytes
+    cid, got = latest_state()
+    assert cid == 'run/ck/step2' and same(got, state(2))  # the first job's step2, whole
+    store.gate.set()
+    assert second.wait_for_commits(30)
+    cid, got = latest_state()
+    assert cid == 'run/ck/step2' and same(got, other)  # now the second job's, whole
+    dcp.save(state(3), checkpoint_id='run/ck/step3', storage_writer=first)
+    first.close()
+    second.close()
+    cid, got = latest_state()
+    assert cid == 'run/ck/step3' and same(got, state(3))
+    assert list_checkpoints(store, 'run/ck') == ['run/ck/step2', 'run/ck/step3']
