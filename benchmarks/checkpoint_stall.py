@@ -24,7 +24,10 @@ Modes (interleaved: segments of ``--saves`` saves per mode, the order rotating e
   reference for ours with ``async_save``;
 * ``fsspec_async``: ``dcp.async_save`` with DCP's ``FsspecWriter`` to ``s3://`` (s3fs);
 * ``s3tc_save`` / ``s3tc_async``: ``s3torchconnector``'s ``S3StorageWriter`` (AWS CRT client), with
-  ``dcp.save`` / ``dcp.async_save``.
+  ``dcp.save`` / ``dcp.async_save``;
+* not by default: ``ours_save_nofsync`` / ``ours_async_nofsync``: ours with ``sync_files=False``
+  (the shards are not fsynced before the hand-over; every other mode writing locally fsyncs, as
+  ``FileSystemWriter`` does by default).
 
 Every async mode uses a separate gloo process group for the checkpoint's collectives (the
 background thread must not share the training group's collectives), waits for the previous
@@ -89,7 +92,8 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 NAME = 'checkpoint_stall'
 ALL_MODES = ('none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', 'fsspec_async', 's3tc_save',
              's3tc_async')
-ASYNC_MODES = ('ours_async', 'fs_async_local', 'fsspec_async', 's3tc_async')
+# Not by default: ours with sync_files=False (no fsync of the shards before they are handed to the uploader).
+EXTRA_MODES = ('ours_save_nofsync', 'ours_async_nofsync')
 POLL_S = 0.05
 
 
@@ -196,9 +200,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.every < 1 or args.saves < 1 or args.rounds < 1:
         parser.error('--every, --saves and --rounds must be >= 1')
     wanted = [m.strip() for m in args.modes.split(',') if m.strip()]
-    unknown = sorted(set(wanted) - set(ALL_MODES))
+    unknown = sorted(set(wanted) - set(ALL_MODES) - set(EXTRA_MODES))
     if unknown:
-        parser.error(f'unknown mode(s) {unknown}; known: {list(ALL_MODES)}')
+        parser.error(f'unknown mode(s) {unknown}; known: {list(ALL_MODES + EXTRA_MODES)}')
     if 'none' not in wanted:
         wanted.insert(0, 'none')
 
@@ -317,12 +321,13 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                 if m.startswith('ours'):
                     skipped[m] = f'dist_logging.checkpoint.CheckpointWriter not importable: {exc}'
         else:
-            for mode in ('ours_save', 'ours_async'):
+            for mode in ('ours_save', 'ours_async', *EXTRA_MODES):
                 if mode not in wanted:
                     continue
                 writer = CheckpointWriter(bucket_uri, backend_kwargs={'endpoint_url': endpoint},
                                           upload_staging_folder=str(work / f'staging-{mode}'),
-                                          run_name=f'bench-{mode}', num_concurrent_uploads=args.workers)
+                                          run_name=f'bench-{mode}', num_concurrent_uploads=args.workers,
+                                          sync_files=not mode.endswith('_nofsync'))
                 closers.append(writer.close)
 
                 def ours_committed(cid: str, t0: float, writer: Any = writer) -> Optional[float]:
@@ -338,7 +343,7 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                         raise RuntimeError(f'{mode}: saves did not commit within 900 s')
                     delete_prefix(f'ckpt/{mode}/')
 
-                if mode == 'ours_save':
+                if mode.startswith('ours_save'):
                     def save(sd: dict, cid: str, writer: Any = writer) -> tuple[Optional[Future], dict]:
                         dcp.save(sd, checkpoint_id=cid, storage_writer=writer, process_group=ckpt_group)
                         return None, {}
