@@ -582,6 +582,56 @@ def cpu_seconds(exclude: Iterable[int] = ()) -> float:
     return total
 
 
+def _descendants(exclude: Iterable[int] = ()) -> list[int]:
+    """Live descendant processes of this one (Linux /proc), leaving out ``exclude`` and their subtrees."""
+    me = os.getpid()
+    parents: dict[int, int] = {}
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = _proc_cpu_ticks(int(entry))[0]
+            except (OSError, ValueError, IndexError):
+                continue
+    skip = set(exclude)
+    found = []
+    for pid in parents:
+        chain, seen = pid, 0
+        while chain not in (0, 1, me) and chain not in skip and seen < 64:
+            chain, seen = parents.get(chain, 0), seen + 1
+        if chain == me and pid != me:
+            found.append(pid)
+    return found
+
+
+IO_FIELDS = ('rchar', 'wchar', 'read_bytes', 'write_bytes', 'cancelled_write_bytes')
+
+
+def io_bytes(exclude: Iterable[int] = ()) -> dict[str, int]:
+    """I/O counters of this process (all its threads, live and exited) and its live descendants.
+
+    From ``/proc/<pid>/io`` (Linux; elsewhere every counter is 0): ``write_bytes`` counts file
+    pages this process tree dirtied in the page cache (what goes to the local disk; network sends
+    and hard links add nothing), ``read_bytes`` what it made the kernel fetch from the disk (0 for a
+    page-cache hit: a freshly written checkpoint is read back from memory), ``rchar``/``wchar`` the
+    bytes passed through read()/write()-family calls on any file descriptor (sockets included;
+    ``copy_file_range``/``sendfile`` count on both). ``exclude`` as for :func:`cpu_seconds` (the S3
+    server). A descendant that exits between two samples takes its counters with it.
+    """
+    totals = dict.fromkeys(IO_FIELDS, 0)
+    if not sys.platform.startswith('linux'):
+        return totals
+    for pid in [os.getpid(), *_descendants(exclude)]:
+        try:
+            with open(f'/proc/{pid}/io') as handle:
+                for line in handle:
+                    name, _, value = line.partition(':')
+                    if name in totals:
+                        totals[name] += int(value)
+        except (OSError, ValueError):
+            continue
+    return totals
+
+
 def s3_client(endpoint: str) -> Any:
     import boto3
     from botocore.config import Config

@@ -9,8 +9,8 @@ parses and keeps every byte, takes 10-16. It keeps per-object metadata
 only (size, an ETag, last-modified) and serves what boto3 sends for the calls the benchmarks
 make, path-style (``https://127.0.0.1:PORT/bucket/key``), any credentials accepted (no
 signature check): CreateBucket, HeadBucket, PutObject, HeadObject, DeleteObject,
-DeleteObjects, ListObjectsV2, CreateMultipartUpload, UploadPart, CompleteMultipartUpload and
-AbortMultipartUpload; ``If-None-Match: *`` on PutObject and CompleteMultipartUpload.
+DeleteObjects, ListObjectsV2, CopyObject (sizes only), CreateMultipartUpload, UploadPart,
+CompleteMultipartUpload and AbortMultipartUpload; ``If-None-Match: *`` on PutObject and CompleteMultipartUpload.
 
 https or http: given a certificate and key (:func:`make_certificate` writes a throwaway
 self-signed one), the listening socket is wrapped in TLS and the client does what it does
@@ -437,23 +437,37 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _get_bucket(self, bucket: str, key: str, query: dict[str, str]) -> None:
         if query.get('list-type') != '2':
             raise self._unsupported(f'GET {self.path} (the sink lists with ListObjectsV2 only)')
-        if query.get('delimiter'):
-            raise self._unsupported('ListObjectsV2 with a delimiter')
         # encoding-type=url (botocore always asks) is not echoed, so botocore takes the keys as sent.
         prefix = query.get('prefix', '')
+        delimiter = query.get('delimiter', '')  # s3fs asks with '/' (exists, info, ls)
         after = max(query.get('continuation-token', ''), query.get('start-after', ''))
         max_keys = min(int(query.get('max-keys', 1000)), 1000)
         with self.server.lock:
             listed = sorted((name, obj) for name, obj in self.server.objects(bucket).items()
                             if name.startswith(prefix) and name > after)
-        page, truncated = listed[:max_keys], len(listed) > max_keys
+        entries: list[tuple[str, Optional[_Object]]] = []  # (key, object) or (common prefix, None)
+        for name, obj in listed:
+            cut = name.find(delimiter, len(prefix)) if delimiter else -1
+            if cut < 0:
+                entries.append((name, obj))
+            elif not entries or entries[-1][0] != name[:cut + len(delimiter)]:
+                entries.append((name[:cut + len(delimiter)], None))
+        page, truncated = entries[:max_keys], len(entries) > max_keys
         parts = [f'<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>'
                  f'<MaxKeys>{max_keys}</MaxKeys><IsTruncated>{str(truncated).lower()}</IsTruncated>']
+        if delimiter:
+            parts.append(f'<Delimiter>{escape(delimiter)}</Delimiter>')
         if 'continuation-token' in query:
             parts.append(f'<ContinuationToken>{escape(query["continuation-token"])}</ContinuationToken>')
         if truncated:
-            parts.append(f'<NextContinuationToken>{escape(page[-1][0])}</NextContinuationToken>')
+            # Past every key under the last common prefix of the page, or past the last key.
+            last, last_obj = page[-1]
+            parts.append(f'<NextContinuationToken>{escape(last if last_obj else last + chr(0x10FFFF))}'
+                         '</NextContinuationToken>')
         for name, obj in page:
+            if obj is None:
+                parts.append(f'<CommonPrefixes><Prefix>{escape(name)}</Prefix></CommonPrefixes>')
+                continue
             modified = time.strftime('%Y-%m-%dT%H:%M:%S.000Z', time.gmtime(obj.modified))
             parts.append(f'<Contents><Key>{escape(name)}</Key><LastModified>{modified}</LastModified>'
                          f'<ETag>{escape(obj.etag)}</ETag><Size>{obj.size}</Size>'
@@ -480,7 +494,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _put_object(self, bucket: str, key: str, query: dict[str, str]) -> None:
         if 'x-amz-copy-source' in self.headers:
-            raise self._unsupported('UploadPartCopy' if 'uploadId' in query else 'CopyObject')
+            if 'uploadId' in query or query:
+                raise self._unsupported('UploadPartCopy' if 'uploadId' in query else f'{self.command} {self.path}')
+            self._copy_object(bucket, key)
+            return
         if 'uploadId' in query:
             number = int(query.get('partNumber', 0))
             if not 1 <= number <= 10000:
@@ -501,6 +518,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._if_none_match(objects, key)
             obj = objects[key] = _Object(size, self.server.new_etag())
         self._respond(200, {'ETag': obj.etag})
+
+    def _copy_object(self, bucket: str, key: str) -> None:
+        """CopyObject (metadata only: no bytes are kept). DCP's fsspec and s3torchconnector writers publish
+        ``.metadata`` by writing ``.metadata.tmp`` and renaming it, which on S3 is a copy and a delete."""
+        source = unquote(self.headers['x-amz-copy-source'].split('?', 1)[0]).lstrip('/')
+        src_bucket, _, src_key = source.partition('/')
+        self._discard_body()
+        with self.server.lock:
+            obj = self.server.objects(src_bucket).get(src_key)
+            if obj is None:
+                raise S3Error(404, 'NoSuchKey', f'the copy source {source!r} does not exist')
+            objects = self.server.objects(bucket)
+            self._if_none_match(objects, key)
+            copied = objects[key] = _Object(obj.size, self.server.new_etag())
+        modified = datetime.datetime.fromtimestamp(copied.modified, datetime.timezone.utc)
+        self._xml('CopyObjectResult', f'<LastModified>{modified.strftime("%Y-%m-%dT%H:%M:%S.000Z")}</LastModified>'
+                                      f'<ETag>{escape(copied.etag)}</ETag>')
 
     def _head_object(self, bucket: str, key: str, query: dict[str, str]) -> None:
         if query:
@@ -546,7 +580,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if not listed or [n for n, _ in listed] != sorted({n for n, _ in listed}):
                     raise S3Error(400, 'InvalidPartOrder', 'the part list is empty or not in ascending order')
                 for number, etag in listed:
-                    if number not in upload.parts or upload.parts[number].etag != etag:
+                    # The AWS CRT (s3torchconnector) sends the ETags it was given without their quotes.
+                    if number not in upload.parts or upload.parts[number].etag.strip('"') != etag.strip('"'):
                         raise S3Error(400, 'InvalidPart', f'part {number} with ETag {etag} was not uploaded')
                 objects = self.server.objects(bucket)
                 self._if_none_match(objects, key)

@@ -28,15 +28,18 @@ BENCH_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / 'results'
 
-BENCHMARKS = ('log_overhead', 'gather_cost', 'upload_latency', 'training_stall')
+BENCHMARKS = ('log_overhead', 'gather_cost', 'upload_latency', 'training_stall', 'checkpoint_stall')
 # Per-benchmark arguments for a full run; --quick replaces them with the benchmark's own --quick.
 DEFAULT_ARGS = {
     'log_overhead': [],
     'gather_cost': ['--keys', '1,10,100,1000'],
     'upload_latency': ['--sizes', '4KiB,1MiB,64MiB,256MiB', '--stores', 'local,s3', '--s3-max-size', '64MiB'],
     'training_stall': ['--ckpt-size', '256MiB', '--every', '10'],
+    # 1GiB too: --extra '--sizes 256MiB,1GiB' (about 4x the time).
+    'checkpoint_stall': ['--sizes', '256MiB', '--every', '10', '--device-ms', '200,0'],
 }
-TIMEOUT_S = {'log_overhead': 600, 'gather_cost': 1200, 'upload_latency': 3600, 'training_stall': 2400}
+TIMEOUT_S = {'log_overhead': 600, 'gather_cost': 1200, 'upload_latency': 3600, 'training_stall': 2400,
+             'checkpoint_stall': 3600}
 
 
 def _free_port() -> int:
@@ -138,6 +141,30 @@ def render(docs: list[dict]) -> str:
             out.append(f"| {doc['environment']['world_size']}{_oversub(doc)} | "
                        f"{_size(doc['checkpoint_bytes'])} every {doc['every']} (step {none_ms:.0f} ms) | "
                        + ' | '.join(cells) + ' |')
+    for doc in by_name.get('checkpoint_stall', []):
+        for label, exp in doc['experiments'].items():
+            out.append(f"\n**checkpoint_stall — {label}, {doc['environment']['world_size']} rank(s){_oversub(doc)}, "
+                       f"a save every {doc['every']} steps, S3 {doc['s3_server']} over {doc['s3_scheme']}** "
+                       '(medians; blocking = training thread at a save, slowest rank; disk = per checkpoint byte)\n')
+            out.append('| mode | blocking ms | local durable s | committed s | ckpt CPU s/GiB | background CPU s/GiB '
+                       '| disk written × | read() × |')
+            out.append('|---|---|---|---|---|---|---|---|')
+            for mode, e in exp['modes'].items():
+                if mode == 'none':
+                    continue
+                io = e.get('disk_bytes_per_checkpoint_byte') or {}
+                med = lambda key: (e.get(key) or {}).get('median')  # noqa: E731
+                block = _f(med('blocking_ms'))
+                if 'save_call_ms' in e:
+                    block += f" (dcp.save {_f(med('save_call_ms'))})"
+                out.append(f"| {mode} | {block} | {_f(med('local_durable_s'), 2)} | {_f(med('commit_s'), 2)} "
+                           f"| {_f(e.get('ckpt_cpu_s_per_gib'), 2)} | {_f(e.get('background_cpu_s_per_gib'), 2)} "
+                           f"| {_f(io.get('write_bytes'), 2)} | {_f(io.get('rchar'), 2)} |")
+            verdicts = []
+            for name, t in doc['targets'].get(label, {}).items():
+                shown = _x(t['ratio']) if 'ratio' in t else f"{_f(t['write_bytes_x'], 2)}× / {_f(t['rchar_x'], 2)}×"
+                verdicts.append(f"{name}: {shown} {'met' if t['met'] else 'missed' if t['met'] is False else 'n/a'}")
+            out.append('\nTargets: ' + '; '.join(verdicts) + '\n')
     logs = by_name.get('log_overhead', [])
     if logs:
         out.append('\n**log_overhead** (µs per `log_metrics` call, median)\n')

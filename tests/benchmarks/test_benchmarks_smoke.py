@@ -106,3 +106,31 @@ def test_soak(tmp_path):
     assert overall['missing_objects'] == 0 and overall['objects'] > 0
     assert overall['metric_calls_per_s_total'] > 0 and overall['max_open_fds'] > 0
     assert set(doc['series']) == {'0', '1'}
+
+
+def test_checkpoint_stall(tmp_path):
+    doc = _run(tmp_path, 'checkpoint_stall', timeout=400)
+    assert doc['skipped'] == {}  # every mode ran, s3torchconnector and s3fs included (the bench extra)
+    (label, exp), = doc['experiments'].items()
+    assert label == '4MiB/cpu-bound' and exp['checkpoint_bytes'] >= 4 << 20
+    modes = exp['modes']
+    assert set(modes) == {'none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', 'fsspec_async',
+                          's3tc_save', 's3tc_async'}
+    for name, mode in modes.items():
+        _finite_summary(mode['step_ms'])
+        if name == 'none':
+            continue
+        _finite_summary(mode['blocking_ms'])
+        _finite_summary(mode['local_durable_s'])
+        if name != 'fs_async_local':
+            _finite_summary(mode['commit_s'])  # every save of every uploading mode committed
+        io = mode['disk_bytes_per_checkpoint_byte']
+        # Byte counts, not timings: the local-disk modes wrote the checkpoint, the S3-direct ones did not.
+        if name in ('ours_save', 'ours_async', 'fs_upload', 'fs_async_local'):
+            assert io['write_bytes'] >= 0.9
+        else:
+            assert io['write_bytes'] < 0.1
+    _finite_summary(modes['fs_upload']['save_call_ms'])
+    assert set(doc['targets'][label]) >= {'ours_save_blocking_le_1.1x_filesystemwriter_save',
+                                          'ours_async_blocking_le_1.1x_dcp_async_local',
+                                          'ours_save_commit_le_best_of_modes_4_5', 'ours_save_written_once_read_once'}
