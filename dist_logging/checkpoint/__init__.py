@@ -35,4 +35,20 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
     import importlib
 
+    if module in ('dist_logging.checkpoint.writer', 'dist_logging.checkpoint.reader'):
+        _check_dcp()
     return getattr(importlib.import_module(module), name)
+
+
+def _check_dcp() -> None:
+    """Raise a clear ImportError where the installed torch's DCP lacks what the writer and reader build on
+    (versioned metadata and ``StorageMeta``: torch 2.9 and later; tested with 2.13)."""
+    import torch
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    missing = [name for module, name in ((filesystem, 'CURRENT_DCP_VERSION'), (metadata, 'StorageMeta'))
+               if not hasattr(module, name)]
+    if missing:
+        raise ImportError('dist_logging.checkpoint.{CheckpointWriter,CheckpointReader} need a newer torch '
+                          f'(2.9 or later; tested with 2.13): torch.distributed.checkpoint lacks {", ".join(missing)}; '
+                          f'this is torch {torch.__version__}')
