@@ -13,6 +13,9 @@ Kill points are armed here by wrapping methods (never hooks in the product):
   upload     the store's upload_object on a shard of the step: an upload in flight
   commit     the committer found every shard landed and is about to commit (its first write: .metadata)
   retention  the store's delete during retention: after the first deletion (the marker)
+Only the coordinator commits and deletes, so "ranks": "all" at commit or retention kills the coordinator
+there and every other rank at the same moment: they finish the step's save, wait for the coordinator's
+flag file (written just before its SIGKILL) and SIGKILL themselves, uploads of their own still running.
 """
 
 import json
@@ -82,7 +85,24 @@ kill = plan.get('kill')
 current = {'step': None}
 
 
+# "all" at a coordinator-only point: the coordinator flags its death so the other ranks die with it
+flag = (f"{plan['root']}/killed-{kill['point']}-step{kill['step']}"
+        if kill and kill['ranks'] == 'all' and kill['point'] in ('commit', 'retention') else None)
+
+
 def die():
+    if flag:
+        with open(flag, 'w'):
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_with_coordinator():
+    deadline = time.monotonic() + 120
+    while not os.path.exists(flag):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f'rank {rank}: the coordinator never reached the kill point {kill}')
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -150,6 +170,8 @@ try:
         else:
             dcp.save(state(step), checkpoint_id=cid, storage_writer=writer)
         saved.append(cid)
+        if flag and rank != 0 and step == kill['step']:
+            die_with_coordinator()
         if rank == 0 and (plan.get('wait_commits') or (kill and kill['point'] in ('commit', 'retention'))):
             writer.wait_for_commits(60)  # let the committer reach the kill point (or commit) before the next save
 finally:

@@ -15,14 +15,13 @@ id a crash left uncommitted, over its leftovers) and dies at the next kill point
                                                                                   -> latest step7; step5 invisible
   L6 a clean run: resumes step7 (each file fetched once for the node), saves step8 (dcp.save), step9
      (dcp.async_save); both moments timed on every save; staging left empty
-4 ranks, S3 (moto):
-  L1 the coordinator killed after every shard landed, before the commit (step 2)  -> latest step1
-  L2 restart: the new coordinator finishes step2's commit itself; saves step3; one rank (2) killed with
-     an upload of step4 in flight                                                  -> latest step3 (or step4)
-  then the test process loads the latest (resharded to one process) and checks it bit-exactly
-Not covered (to keep the suite short): 4 ranks on a local bucket, 2 ranks on S3, and the points write,
-local and retention on S3 (the commit rule does not depend on the store beyond list/delete, which the
-object-store conformance suite checks for every store).
+2 ranks on S3 (moto), 4 ranks on a local bucket, 4 ranks on S3 (test_crash_matrix_chain, keep_last=2):
+  the same five launches (write at step 2, local 3, upload 4, commit 5, retention 7), who is killed at
+  each point given by CHAINS, so that every (point, every rank / one rank) pair runs with 2 and with 4
+  ranks and on a local bucket and on S3; after the commit kill a local bucket is drained, on S3 the next
+  job's coordinator commits step5 itself; then the test process loads step7 (resharded to one process)
+  and checks it bit-exactly. Not run (to keep the suite short): the other 20 of the 40
+  (point, who, ranks, bucket) cells, e.g. one rank killed mid-write with 2 ranks on a local bucket.
 """
 
 from __future__ import annotations
@@ -115,31 +114,75 @@ def test_crash_matrix_two_ranks_local_bucket(tmp_path):
     assert os.listdir(tmp_path / 'staging') == []  # every upload landed, every commit done
 
 
-def test_crash_matrix_four_ranks_s3(tmp_path, s3_bucket):
-    endpoint, name = s3_bucket
-    bucket, kwargs = f's3://{name}/jobs', {'endpoint_url': endpoint}
-    base = {'root': str(tmp_path), 'bucket': bucket, 'backend_kwargs': kwargs, 'keep_last': 3}
+# Who is killed at each point, per chain (2 ranks on a local bucket is the test above). The assignment
+# is a Latin square: every (point, every-rank/one-rank) pair is run with 2 ranks and with 4, on a local
+# bucket and on S3. "one" kills the coordinator (0) mid-write and before the commit and during retention
+# (only it commits and deletes), the last rank after its local write, rank world // 2 mid-upload.
+POINTS = ('write', 'local', 'upload', 'commit', 'retention')
+CHAINS = {  # (ranks, bucket): who at write, local, upload, commit, retention
+    (2, 'local'): ('all', 'one', 'all', 'one', 'one'),  # test_crash_matrix_two_ranks_local_bucket
+    (2, 's3'): ('one', 'all', 'one', 'all', 'all'),
+    (4, 'local'): ('one', 'all', 'one', 'all', 'all'),
+    (4, 's3'): ('all', 'one', 'all', 'one', 'one'),
+}
 
-    launch(tmp_path, 4, {**base, 'steps': [1, 2], 'kill': {'point': 'commit', 'step': 2, 'ranks': [0]}},
-           expect_kill=True)
-    assert latest_checkpoint(bucket, 'run/ckpt', backend_kwargs=kwargs) == 'run/ckpt/step1'
 
-    out = launch(tmp_path, 4, {**base, 'steps': [3, 4], 'wait_commits': True,
-                               'kill': {'point': 'upload', 'step': 4, 'ranks': [2]}}, expect_kill=True)
-    check_resumed(out, 4, {1})
-    # the restarted coordinator found step2's intent, saw every shard landed, and committed it (before step3's)
-    committed = list_checkpoints(bucket, 'run/ckpt', backend_kwargs=kwargs)
-    assert {'run/ckpt/step2', 'run/ckpt/step3'} <= set(committed), committed
+@pytest.mark.parametrize('world, kind', [(2, 's3'), (4, 'local'), (4, 's3')], ids=['2-s3', '4-local', '4-s3'])
+def test_crash_matrix_chain(tmp_path, world, kind, request):
+    """One launch per kill point, each resuming bit-exactly from the latest; S3 chains recover the
+    uncommitted checkpoint by restarting the job, local ones by `dist-logging drain`."""
+    if kind == 's3':
+        endpoint, name = request.getfixturevalue('s3_bucket')
+        bucket, kwargs = f's3://{name}/jobs', {'endpoint_url': endpoint}
+    else:
+        bucket, kwargs = str(tmp_path / 'bucket'), None
+    base = {'root': str(tmp_path), 'bucket': bucket, 'backend_kwargs': kwargs, 'keep_last': 2,
+            'wait_commits': True}
+    one_rank = {'write': [0], 'local': [world - 1], 'upload': [world // 2], 'commit': [0], 'retention': [0]}
+    who = dict(zip(POINTS, CHAINS[(world, kind)]))
 
-    # No third launch: the test process itself loads the latest checkpoint, resharded from 4 ranks into
-    # one process's whole tensors, and compares every tensor with the state saved at that step.
-    latest = latest_checkpoint(bucket, 'run/ckpt', backend_kwargs=kwargs)
-    assert latest in ('run/ckpt/step3', 'run/ckpt/step4'), latest  # step4 only if rank 2's shard got out
-    got = zeros_like_state(4)
-    with CheckpointReader(bucket, backend_kwargs=kwargs, cache_folder=str(tmp_path / 'cache')) as reader:
-        dcp.load(got, checkpoint_id=latest, storage_reader=reader)
-    want = full_state(4, step_of(latest))
-    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    def kill(point, step):
+        return {'point': point, 'step': step, 'ranks': 'all' if who[point] == 'all' else one_rank[point]}
+
+    def latest():
+        return latest_checkpoint(bucket, 'run/ckpt', backend_kwargs=kwargs)
+
+    launch(tmp_path, world, {**base, 'steps': [1, 2], 'kill': kill('write', 2)}, expect_kill=True)
+    assert latest() == 'run/ckpt/step1'
+
+    out = launch(tmp_path, world, {**base, 'steps': [2, 3], 'kill': kill('local', 3)}, expect_kill=True)
+    check_resumed(out, world, {1})
+    assert latest() == 'run/ckpt/step2'
+
+    out = launch(tmp_path, world, {**base, 'steps': [3, 4], 'kill': kill('upload', 4)}, expect_kill=True)
+    check_resumed(out, world, {2})
+    assert latest() == 'run/ckpt/step3'  # the killed rank's shard of step4 never got out
+
+    out = launch(tmp_path, world, {**base, 'steps': [4, 5], 'kill': kill('commit', 5)}, expect_kill=True)
+    check_resumed(out, world, {3})
+    assert latest() == 'run/ckpt/step4'  # every shard of step5 landed, the commit did not happen
+    if kind == 'local':
+        drained = drain_cli(tmp_path / 'staging')
+        assert 'committed checkpoint run/ckpt/step5' in drained.stdout, drained.stdout + drained.stderr
+        assert latest() == 'run/ckpt/step5'
+    # else: the next job's coordinator commits step5 from its intent before step6's commit
+
+    out = launch(tmp_path, world, {**base, 'steps': [6, 7], 'kill': kill('retention', 7)}, expect_kill=True)
+    check_resumed(out, world, {5} if kind == 'local' else {4})
+    assert latest() == 'run/ckpt/step7'
+    assert list_checkpoints(bucket, 'run/ckpt', backend_kwargs=kwargs) == ['run/ckpt/step6', 'run/ckpt/step7']
+    # retention deletes committed checkpoints only, oldest first: step4 is gone and step5 is the half-deleted
+    # one, so step5 was committed (by drain, or on S3 by the restarted coordinator)
     store = store_from_uri(bucket, kwargs)
-    shards = [i.name for i in store.list('run/ckpt/step2/') if i.name.endswith('.distcp')]
-    assert sorted(n.split('/')[-1][:4] for n in shards) == ['__0_', '__1_', '__2_', '__3_']  # one per rank
+    assert list(store.list('run/ckpt/step4/')) == []
+    assert list(store.list('run/ckpt/step5/')) != []
+
+    # No further launch: the test process loads the latest checkpoint, resharded from the job's ranks into
+    # one process's whole tensors, and compares every tensor with the state saved at that step.
+    got = zeros_like_state(world)
+    with CheckpointReader(bucket, backend_kwargs=kwargs, cache_folder=str(tmp_path / 'cache')) as reader:
+        dcp.load(got, checkpoint_id='run/ckpt/step7', storage_reader=reader)
+    want = full_state(world, 7)
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    shards = [i.name for i in store.list('run/ckpt/step7/') if i.name.endswith('.distcp')]
+    assert sorted(n.split('/')[-1][:4] for n in shards) == [f'__{r}_' for r in range(world)]  # one per rank
