@@ -102,8 +102,12 @@ class CheckpointWriter(FileSystemWriter):
             (the checkpoint stays uncommitted; ``close`` raises).
         logger: a :class:`~dist_logging.Logger`: each save's ``checkpoint/local_s`` (every rank)
             and ``checkpoint/commit_s`` (coordinator) are logged through it.
-        sync_files: fsync shard files and journal records (survive a machine crash, not only a
-            killed process), as torch's ``FileSystemWriter`` does by default.
+        sync_files: fsync shard files, journal records and commit intents, so a queued save
+            survives a machine crash too. Off by default, as for every upload of the product:
+            durable against process death (a journal line is written only after its shard file
+            is complete, and the page cache outlives the process). The environment variable
+            ``DIST_LOGGING_UPLOAD_FSYNC=1`` also turns it on (torch's ``FileSystemWriter``
+            fsyncs by default).
         thread_count: torch's file-writer threads per rank.
         num_concurrent_uploads: with a URI: upload workers per rank.
         use_procs: with a URI: upload workers as processes.
@@ -119,7 +123,7 @@ class CheckpointWriter(FileSystemWriter):
                  keep_last: Optional[int] = None, backend_kwargs: Optional[dict] = None,
                  upload_staging_folder: Optional[str] = None, run_name: Optional[str] = None,
                  max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
-                 sync_files: bool = True, thread_count: int = 1, num_concurrent_uploads: int = 4,
+                 sync_files: bool = False, thread_count: int = 1, num_concurrent_uploads: int = 4,
                  use_procs: bool = False):
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f'CheckpointWriter: keep_last must be an int >= 1 or None, got {keep_last!r}')
@@ -136,6 +140,7 @@ class CheckpointWriter(FileSystemWriter):
                 raise ValueError(f'CheckpointWriter: {sorted(given) or ["num_concurrent_uploads"]} only apply to a '
                                  'bucket URI; configure the RemoteUploaderDownloader instead')
             self.uploader, self._owns_uploader = bucket, False
+            sync_files = bool(sync_files) or bucket.fsync
             if bucket.file_path_format_string != '{remote_file_name}':
                 raise ValueError(f'CheckpointWriter: the uploader names objects with '
                                  f'{bucket.file_path_format_string!r}; checkpoints need the plain '
@@ -146,7 +151,8 @@ class CheckpointWriter(FileSystemWriter):
                                                      num_concurrent_uploads=num_concurrent_uploads,
                                                      use_procs=use_procs)
             self._owns_uploader = True
-            self.uploader.fsync = self.uploader.fsync or bool(sync_files)
+            # The uploader's fsync flag already holds DIST_LOGGING_UPLOAD_FSYNC.
+            self.uploader.fsync = sync_files = self.uploader.fsync or bool(sync_files)
         else:
             raise TypeError(f'CheckpointWriter: bucket must be a URI or a RemoteUploaderDownloader, '
                             f'got {type(bucket).__name__}')
