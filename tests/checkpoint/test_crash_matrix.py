@@ -7,7 +7,7 @@ id a crash left uncommitted, over its leftovers) and dies at the next kill point
 
 2 ranks, local bucket (keep_last=2):
   L1 every rank killed in the middle of writing a shard file (step 2)            -> latest step1
-  L2 one rank (1) killed after its local write, before its shards were queued     -> latest step2
+  L2 one rank (1) killed after its first shard file was queued, before the second -> latest step2
   L3 every rank killed with shard uploads in flight (step 4)                      -> latest step3 or step4
   L4 the coordinator killed after every shard landed, before the commit (step 5);
      `dist-logging drain` then finishes the commit                                -> latest step5
@@ -27,6 +27,7 @@ object-store conformance suite checks for every store).
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -111,7 +112,8 @@ def test_crash_matrix_two_ranks_local_bucket(tmp_path):
     assert all(t['commit_s'] >= t['local_s'] for t in out[0]['timings'])
     assert list_checkpoints(bucket, 'run/ckpt') == ['run/ckpt/step8', 'run/ckpt/step9']
     shards = [i.name for i in LocalObjectStore(bucket).list('run/ckpt/step9/') if i.name.endswith('.distcp')]
-    assert sorted(n.split('/')[-1][:4] for n in shards) == ['__0_', '__1_']  # one file per rank
+    per_rank = collections.Counter(n.split('/')[-1][:4] for n in shards)  # files_per_rank=4, fewer items: 2-4 files
+    assert sorted(per_rank) == ['__0_', '__1_'] and all(2 <= count <= 4 for count in per_rank.values()), per_rank
     assert os.listdir(tmp_path / 'staging') == []  # every upload landed, every commit done
 
 
@@ -142,4 +144,5 @@ def test_crash_matrix_four_ranks_s3(tmp_path, s3_bucket):
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
     store = store_from_uri(bucket, kwargs)
     shards = [i.name for i in store.list('run/ckpt/step2/') if i.name.endswith('.distcp')]
-    assert sorted(n.split('/')[-1][:4] for n in shards) == ['__0_', '__1_', '__2_', '__3_']  # one per rank
+    per_rank = collections.Counter(n.split('/')[-1][:4] for n in shards)  # files_per_rank=4, fewer items: 2-4 files
+    assert sorted(per_rank) == ['__0_', '__1_', '__2_', '__3_'] and all(2 <= c <= 4 for c in per_rank.values()), per_rank
