@@ -113,14 +113,16 @@ class CheckpointWriter(FileSystemWriter):
         thread_count: torch's file-writer threads per rank.
         files_per_rank: shard files per rank and save (at least ``thread_count``; fewer when the
             rank has fewer items). Each file is queued for upload as soon as it is written, so
-            the upload of the first files overlaps the write of the next ones.
+            with several files the upload of the first ones overlaps the write of the next. On a
+            2-core VM that overlap made the save block longer and commit no sooner (the upload's
+            CPU competes with the write; benchmarks/README.md), hence one file by default.
         num_concurrent_uploads: with a URI: upload workers per rank.
         use_procs: with a URI: upload workers as processes.
 
     Raises:
         ValueError: a bad URI, ``keep_last``/``max_staged_bytes``/``commit_timeout`` out of
-            range, ``files_per_rank`` not a positive int, keyword arguments that only apply to a URI given with an uploader, an
-            uploader with a name template.
+            range, ``files_per_rank`` not a positive int, keyword arguments that only apply to a
+            URI given with an uploader, an uploader with a name template.
         TypeError: a store without ``list``/``delete``, or a ``bucket`` of another type.
     """
 
@@ -128,7 +130,7 @@ class CheckpointWriter(FileSystemWriter):
                  keep_last: Optional[int] = None, backend_kwargs: Optional[dict] = None,
                  upload_staging_folder: Optional[str] = None, run_name: Optional[str] = None,
                  max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
-                 sync_files: bool = False, thread_count: int = 1, files_per_rank: int = 4,
+                 sync_files: bool = False, thread_count: int = 1, files_per_rank: int = 1,
                  num_concurrent_uploads: int = 4, use_procs: bool = False):
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f'CheckpointWriter: keep_last must be an int >= 1 or None, got {keep_last!r}')

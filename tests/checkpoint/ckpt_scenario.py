@@ -117,7 +117,7 @@ kill_store = kill and (kill['ranks'] == 'all' or rank in kill['ranks']) and kill
 fail = plan.get('fail_upload')
 writer = CheckpointWriter(bucket, backend_kwargs=kwargs, upload_staging_folder=plan['root'] + '/staging',
                           keep_last=plan.get('keep_last'), commit_timeout=plan.get('commit_timeout', 60),
-                          num_concurrent_uploads=2)
+                          num_concurrent_uploads=2, files_per_rank=2)  # 2 files: the per-file hand-over
 if writer.uploader.retry_policy.initial_backoff > 0.1:
     import dataclasses
     writer.uploader.retry_policy = dataclasses.replace(writer.uploader.retry_policy, initial_backoff=0.05)

@@ -157,6 +157,8 @@ def test_process_checkpointer_and_bad_arguments_are_refused_clearly(tmp_path):
         CheckpointWriter(str(tmp_path / 'b'), keep_last=0)
     with pytest.raises(ValueError, match='max_staged_bytes'):
         CheckpointWriter(str(tmp_path / 'b'), max_staged_bytes=0)
+    with pytest.raises(ValueError, match='files_per_rank'):
+        CheckpointWriter(str(tmp_path / 'b'), files_per_rank=0)
     with pytest.raises(TypeError, match='bucket'):
         CheckpointWriter(42)
     templated = RemoteUploaderDownloader(str(tmp_path / 'b'), file_path_format_string='{run_name}/{remote_file_name}')
