@@ -25,9 +25,11 @@ Modes (interleaved: segments of ``--saves`` saves per mode, the order rotating e
 * ``fsspec_async``: ``dcp.async_save`` with DCP's ``FsspecWriter`` to ``s3://`` (s3fs);
 * ``s3tc_save`` / ``s3tc_async``: ``s3torchconnector``'s ``S3StorageWriter`` (AWS CRT client), with
   ``dcp.save`` / ``dcp.async_save``;
-* not by default: ``ours_save_nofsync`` / ``ours_async_nofsync``: ours with ``sync_files=False``
-  (the shards are not fsynced before the hand-over; every other mode writing locally fsyncs, as
-  ``FileSystemWriter`` does by default).
+  (its defaults: no fsync, one shard file per rank, queued for upload as soon as written);
+* not by default: ``ours_save_fsync`` / ``ours_async_fsync``: ours with ``sync_files=True`` (every
+  shard fsynced before its hand-over, as ``FileSystemWriter`` does by default: the other local-disk
+  modes fsync); ``ours_save_4files`` / ``ours_async_4files``: ours with ``files_per_rank=4`` (each
+  file queued as soon as written: the upload of the first files overlaps the write of the next).
 
 Every async mode uses a separate gloo process group for the checkpoint's collectives (the
 background thread must not share the training group's collectives), waits for the previous
@@ -92,8 +94,8 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 NAME = 'checkpoint_stall'
 ALL_MODES = ('none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', 'fsspec_async', 's3tc_save',
              's3tc_async')
-# Not by default: ours with sync_files=False (no fsync of the shards before they are handed to the uploader).
-EXTRA_MODES = ('ours_save_nofsync', 'ours_async_nofsync')
+# Not by default: ours with sync_files=True, and ours with 4 shard files per rank (upload overlapping the write).
+EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files')
 POLL_S = 0.05
 
 
@@ -327,7 +329,8 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                 writer = CheckpointWriter(bucket_uri, backend_kwargs={'endpoint_url': endpoint},
                                           upload_staging_folder=str(work / f'staging-{mode}'),
                                           run_name=f'bench-{mode}', num_concurrent_uploads=args.workers,
-                                          sync_files=not mode.endswith('_nofsync'))
+                                          sync_files=mode.endswith('_fsync'),
+                                          files_per_rank=4 if mode.endswith('_4files') else 1)
                 closers.append(writer.close)
 
                 def ours_committed(cid: str, t0: float, writer: Any = writer) -> Optional[float]:

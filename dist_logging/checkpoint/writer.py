@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import queue
 import re
 import shutil
 import threading
@@ -17,7 +18,8 @@ from torch.futures import Future
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, FileSystemWriter, _StoragePrefix
+from torch.distributed.checkpoint.filesystem import (CURRENT_DCP_VERSION, DEFAULT_SUFFIX, FileSystemWriter,
+                                                     _split_by_size_and_type, _StoragePrefix, _write_files_from_queue)
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
@@ -102,16 +104,25 @@ class CheckpointWriter(FileSystemWriter):
             (the checkpoint stays uncommitted; ``close`` raises).
         logger: a :class:`~dist_logging.Logger`: each save's ``checkpoint/local_s`` (every rank)
             and ``checkpoint/commit_s`` (coordinator) are logged through it.
-        sync_files: fsync shard files and journal records (survive a machine crash, not only a
-            killed process), as torch's ``FileSystemWriter`` does by default.
+        sync_files: fsync shard files, journal records and commit intents, so a queued save
+            survives a machine crash too. Off by default, as for every upload of the product:
+            durable against process death (a journal line is written only after its shard file
+            is complete, and the page cache outlives the process). The environment variable
+            ``DIST_LOGGING_UPLOAD_FSYNC=1`` also turns it on (torch's ``FileSystemWriter``
+            fsyncs by default).
         thread_count: torch's file-writer threads per rank.
+        files_per_rank: shard files per rank and save (at least ``thread_count``; fewer when the
+            rank has fewer items). Each file is queued for upload as soon as it is written, so
+            with several files the upload of the first ones overlaps the write of the next. On a
+            2-core VM that overlap made the save block longer and commit no sooner (the upload's
+            CPU competes with the write; benchmarks/README.md), hence one file by default.
         num_concurrent_uploads: with a URI: upload workers per rank.
         use_procs: with a URI: upload workers as processes.
 
     Raises:
         ValueError: a bad URI, ``keep_last``/``max_staged_bytes``/``commit_timeout`` out of
-            range, keyword arguments that only apply to a URI given with an uploader, an
-            uploader with a name template.
+            range, ``files_per_rank`` not a positive int, keyword arguments that only apply to a
+            URI given with an uploader, an uploader with a name template.
         TypeError: a store without ``list``/``delete``, or a ``bucket`` of another type.
     """
 
@@ -119,14 +130,16 @@ class CheckpointWriter(FileSystemWriter):
                  keep_last: Optional[int] = None, backend_kwargs: Optional[dict] = None,
                  upload_staging_folder: Optional[str] = None, run_name: Optional[str] = None,
                  max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
-                 sync_files: bool = True, thread_count: int = 1, num_concurrent_uploads: int = 4,
-                 use_procs: bool = False):
+                 sync_files: bool = False, thread_count: int = 1, files_per_rank: int = 1,
+                 num_concurrent_uploads: int = 4, use_procs: bool = False):
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f'CheckpointWriter: keep_last must be an int >= 1 or None, got {keep_last!r}')
         if max_staged_bytes is not None and (isinstance(max_staged_bytes, bool) or not isinstance(max_staged_bytes, int)
                                              or max_staged_bytes < 1):
             raise ValueError(f'CheckpointWriter: max_staged_bytes must be a positive int or None, '
                              f'got {max_staged_bytes!r}')
+        if isinstance(files_per_rank, bool) or not isinstance(files_per_rank, int) or files_per_rank < 1:
+            raise ValueError(f'CheckpointWriter: files_per_rank must be a positive int, got {files_per_rank!r}')
         if isinstance(commit_timeout, bool) or not isinstance(commit_timeout, (int, float)) or not commit_timeout > 0:
             raise ValueError(f'CheckpointWriter: commit_timeout must be a positive number, got {commit_timeout!r}')
         if isinstance(bucket, RemoteUploaderDownloader):
@@ -136,6 +149,7 @@ class CheckpointWriter(FileSystemWriter):
                 raise ValueError(f'CheckpointWriter: {sorted(given) or ["num_concurrent_uploads"]} only apply to a '
                                  'bucket URI; configure the RemoteUploaderDownloader instead')
             self.uploader, self._owns_uploader = bucket, False
+            sync_files = bool(sync_files) or bucket.fsync
             if bucket.file_path_format_string != '{remote_file_name}':
                 raise ValueError(f'CheckpointWriter: the uploader names objects with '
                                  f'{bucket.file_path_format_string!r}; checkpoints need the plain '
@@ -146,7 +160,8 @@ class CheckpointWriter(FileSystemWriter):
                                                      num_concurrent_uploads=num_concurrent_uploads,
                                                      use_procs=use_procs)
             self._owns_uploader = True
-            self.uploader.fsync = self.uploader.fsync or bool(sync_files)
+            # The uploader's fsync flag already holds DIST_LOGGING_UPLOAD_FSYNC.
+            self.uploader.fsync = sync_files = self.uploader.fsync or bool(sync_files)
         else:
             raise TypeError(f'CheckpointWriter: bucket must be a URI or a RemoteUploaderDownloader, '
                             f'got {type(bucket).__name__}')
@@ -162,6 +177,7 @@ class CheckpointWriter(FileSystemWriter):
         self.keep_last = keep_last
         self.max_staged_bytes = max_staged_bytes
         self.commit_timeout = float(commit_timeout)
+        self.files_per_rank = files_per_rank
         self.logger = logger
         self.run_name = run_name
         self._backend_kwargs = persistable_kwargs(backend_kwargs)
@@ -277,17 +293,50 @@ class CheckpointWriter(FileSystemWriter):
                 for i, plan in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
-        """Write this rank's shards locally, then queue each for upload (all ranks)."""
+        """Write this rank's shard files locally, queueing each for upload as soon as it is complete (all ranks).
+
+        The files are written as torch's ``FileSystemWriter.write_data`` writes them (its file writer,
+        ``thread_count`` threads), split in ``max(files_per_rank, thread_count)`` files balanced by size.
+        """
         self._wait_for_room()
-        future = super().write_data(plan, planner)
-        results = future.wait()
-        self._hand_over(results)
+        prefix: _StoragePrefix = plan.storage_data
+        files: queue.Queue = queue.Queue()
+        buckets = [bucket for bucket in _split_by_size_and_type(max(self.files_per_rank, self.thread_count),
+                                                                  plan.items) if bucket]
+        for n, bucket in enumerate(buckets):
+            name = f'{prefix.prefix}{n}{DEFAULT_SUFFIX}'
+            files.put((self.fs.concat_path(self.path, name), name, bucket))
+        handed = _HandOver(self)
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                _write_files_from_queue(self.fs.create_stream, files, handed, planner, self.transforms,
+                                        self.per_thread_copy_ahead, self.sync_files, self.thread_count,
+                                        self.serialization_format)
+            except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, name=f'dist_logging-ckpt-write-{i}', daemon=True)
+                   for i in range(1, min(self.thread_count, len(buckets)))]
+        for thread in threads:
+            thread.start()
+        write()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        results = handed.results()
+        self._finish_hand_over(handed.total)
+        future: Future = Future()
+        future.set_result(results)
         return future
 
-    def _hand_over(self, results: list[WriteResult]) -> None:
-        local, cid, timing = str(self.path), self._cid, self._timing
+    def _hand_over_file(self, results: list[WriteResult]) -> int:
+        """Queue one complete, closed shard file for upload (a link and a journal line); its size."""
+        local, cid = str(self.path), self._cid
         total = 0
-        for relative, size in sorted(_file_sizes(results).items()):
+        for relative, size in _file_sizes(results).items():
             path = os.path.join(local, relative)
             actual = os.path.getsize(path)
             if actual != size:
@@ -299,9 +348,10 @@ class CheckpointWriter(FileSystemWriter):
                 # either way the staging name holds the bytes and ours can go at once.
                 self.uploader.upload_file(None, name, path, overwrite=True, copy=not self._links)
             except UploadError as exc:  # earlier uploads failed; this file was queued all the same
-                self._earlier.update(exc.failures)
+                with self._lock:
+                    self._earlier.update(exc.failures)
                 warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
-                              stacklevel=3)
+                              stacklevel=2)
             finally:
                 # The uploader remembers every name it queued (to refuse a second overwrite=False call of
                 # it); shard names carry a per-save nonce and never come again: forgetting them keeps
@@ -309,8 +359,12 @@ class CheckpointWriter(FileSystemWriter):
                 self.uploader._queued_names.discard(name)
             os.unlink(path)
             total += size
-        shutil.rmtree(local, ignore_errors=True)  # what is left: empty files of empty write buckets
+        return total
+
+    def _finish_hand_over(self, total: int) -> None:
+        shutil.rmtree(str(self.path), ignore_errors=True)
         self._last_bytes = total
+        timing = self._timing
         if timing is not None:
             timing.local_s = time.monotonic() - self._t0
             timing.bytes_written = total
@@ -479,6 +533,27 @@ class CheckpointWriter(FileSystemWriter):
 
     def __repr__(self) -> str:
         return f'CheckpointWriter({self.uploader.bucket_uri or self.store!r}, keep_last={self.keep_last})'
+
+
+class _HandOver(queue.Queue):
+    """The result queue torch's file writer puts each file's write results in, once the file is closed:
+    the put hands that file to the uploader first, so its upload starts while the next files are written."""
+
+    def __init__(self, writer: CheckpointWriter):
+        super().__init__()
+        self.writer = writer
+        self.total = 0
+        self._collected: list[WriteResult] = []
+
+    def put(self, item: list[WriteResult], block: bool = True, timeout: Optional[float] = None) -> None:
+        size = self.writer._hand_over_file(item)
+        with self.mutex:
+            self.total += size
+            self._collected.extend(item)
+
+    def results(self) -> list[WriteResult]:
+        with self.mutex:
+            return list(self._collected)
 
 
 def _links_work(src_dir: str, dst_dir: str) -> bool:

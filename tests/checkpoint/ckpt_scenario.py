@@ -9,7 +9,8 @@ SIGKILL itself at a chosen point. Configured by the JSON in $CKPT_PLAN:
 
 Kill points are armed here by wrapping methods (never hooks in the product):
   write      torch's _write_item: in the middle of writing a shard file (after its first item)
-  local      CheckpointWriter._hand_over: shards written locally, nothing queued for upload yet
+  local      CheckpointWriter._hand_over_file, at the rank's second shard file: the first file is queued for
+             upload (it may land), the second is written and closed but not queued
   upload     the store's upload_object on a shard of the step: an upload in flight
   commit     the committer found every shard landed and is about to commit (its first write: .metadata)
   retention  the store's delete during retention: after the first deletion (the marker)
@@ -120,13 +121,15 @@ if kill and (kill['ranks'] == 'all' or rank in kill['ranks']):
             return real_write_item(*args, **kw)
         fs._write_item = write_item
     elif point == 'local':
-        real_hand_over = writer_module.CheckpointWriter._hand_over
+        real_hand_over, handed = writer_module.CheckpointWriter._hand_over_file, []
 
         def hand_over(self, results):
             if current['step'] == kill['step']:
-                die()
+                handed.append(1)
+                if len(handed) == 2:
+                    die()
             return real_hand_over(self, results)
-        writer_module.CheckpointWriter._hand_over = hand_over
+        writer_module.CheckpointWriter._hand_over_file = hand_over
 
 # ---- save
 kill_store = kill and (kill['ranks'] == 'all' or rank in kill['ranks']) and kill['point'] in ('upload', 'commit',
@@ -134,7 +137,7 @@ kill_store = kill and (kill['ranks'] == 'all' or rank in kill['ranks']) and kill
 fail = plan.get('fail_upload')
 writer = CheckpointWriter(bucket, backend_kwargs=kwargs, upload_staging_folder=plan['root'] + '/staging',
                           keep_last=plan.get('keep_last'), commit_timeout=plan.get('commit_timeout', 60),
-                          num_concurrent_uploads=2)
+                          num_concurrent_uploads=2, files_per_rank=2)  # 2 files: the per-file hand-over
 if writer.uploader.retry_policy.initial_backoff > 0.1:
     import dataclasses
     writer.uploader.retry_policy = dataclasses.replace(writer.uploader.retry_policy, initial_backoff=0.05)

@@ -116,6 +116,32 @@ def test_staging_bound_makes_the_next_save_wait_only_when_full(tmp_path):
     assert list_checkpoints(store, 'r') == ['r/s1', 'r/s2', 'r/s3']
 
 
+def test_fsync_is_off_by_default_and_the_argument_or_environment_turns_it_on(tmp_path, monkeypatch):
+    import os
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, 'fsync', lambda fd: (synced.append(fd), real_fsync(fd)))
+    store = RecordingStore(str(tmp_path / 'bucket'))
+    for name, kwargs, env, fsyncs in (('off', {}, None, False), ('arg', {'sync_files': True}, None, True),
+                                      ('env', {}, '1', True)):
+        if env is None:
+            monkeypatch.delenv('DIST_LOGGING_UPLOAD_FSYNC', raising=False)
+        else:
+            monkeypatch.setenv('DIST_LOGGING_UPLOAD_FSYNC', env)
+        synced.clear()
+        writer = writer_for(tmp_path / name, store, **kwargs)
+        assert writer.sync_files is fsyncs and writer.uploader.fsync is (env is not None)
+        dcp.save(state(1), checkpoint_id=f'r/{name}', storage_writer=writer)
+        writer.close()
+        assert bool(synced) is fsyncs, (name, synced)
+        owned = CheckpointWriter(str(tmp_path / name / 'b'), upload_staging_folder=str(tmp_path / name / 's'),
+                                 **kwargs)
+        assert owned.sync_files is fsyncs and owned.uploader.fsync is fsyncs
+        owned.close()
+    assert list_checkpoints(store, 'r') == ['r/off', 'r/arg', 'r/env']  # oldest first
+
+
 def test_process_checkpointer_and_bad_arguments_are_refused_clearly(tmp_path):
     writer = CheckpointWriter(str(tmp_path / 'bucket'), upload_staging_folder=str(tmp_path / 'staging'))
     with pytest.raises(TypeError, match='THREAD'):
@@ -131,6 +157,8 @@ def test_process_checkpointer_and_bad_arguments_are_refused_clearly(tmp_path):
         CheckpointWriter(str(tmp_path / 'b'), keep_last=0)
     with pytest.raises(ValueError, match='max_staged_bytes'):
         CheckpointWriter(str(tmp_path / 'b'), max_staged_bytes=0)
+    with pytest.raises(ValueError, match='files_per_rank'):
+        CheckpointWriter(str(tmp_path / 'b'), files_per_rank=0)
     with pytest.raises(TypeError, match='bucket'):
         CheckpointWriter(42)
     templated = RemoteUploaderDownloader(str(tmp_path / 'b'), file_path_format_string='{run_name}/{remote_file_name}')
