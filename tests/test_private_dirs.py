@@ -225,3 +225,35 @@ def test_a_marker_that_is_not_ours_or_does_not_match_means_fetch_again(shared_tm
     # the control: a genuine marker of ours is what lets another process of the run reuse the file
     assert dest.read_bytes() == (b'stale file!!' if forged == 'genuine' else b'fresh object')
     rud.shutdown()
+
+
+def test_a_checkpoint_writer_given_a_staging_folder_stays_out_of_the_default_base(shared_tmp, tmp_path, monkeypatch):
+    """The committer's scratch (reading and writing commit markers) lives next to the chosen staging folder,
+    also for a folder committed with upload_folder and for drain: a planted default base is never touched."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from dist_logging.checkpoint import CheckpointWriter, finish_commits, latest_checkpoint
+
+    _base(shared_tmp).mkdir()
+    _base(shared_tmp).chmod(0o777)  # planted: would be refused
+    staging = tmp_path / 'staging'
+    writer = CheckpointWriter(str(tmp_path / 'bucket'), upload_staging_folder=str(staging))
+    dcp.save({'w': torch.arange(4.0)}, checkpoint_id='run/ckpt/step1', storage_writer=writer, no_dist=True)
+    writer.close()
+    folder = tmp_path / 'hf'
+    folder.mkdir()
+    (folder / 'config.json').write_text('{}')
+    rud = RemoteUploaderDownloader(str(tmp_path / 'bucket'), upload_staging_folder=str(staging))
+    rud.upload_folder(State('chosen'), 'run/ckpt/step2', str(folder))
+    rud.shutdown()
+    finish_commits(str(staging))
+    assert os.listdir(_base(shared_tmp)) == []
+    (machine,) = [e for e in os.listdir(staging) if e.startswith('.dist_logging-')]
+    assert 'checkpoint-scratch' in os.listdir(staging / machine)
+    assert _mode(staging / machine / 'checkpoint-scratch') == 0o700
+    # latest_checkpoint has no staging folder: it reads markers through the per-user base, which the knob moves.
+    with pytest.raises(PermissionError, match='DIST_LOGGING_TMPDIR'):
+        latest_checkpoint(str(tmp_path / 'bucket'), 'run/ckpt')
+    monkeypatch.setenv(_private_dirs.ENV_VAR, str(tmp_path / 'mine'))
+    assert latest_checkpoint(str(tmp_path / 'bucket'), 'run/ckpt') == 'run/ckpt/step2'

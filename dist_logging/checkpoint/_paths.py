@@ -17,10 +17,18 @@ def _run_base(run_name: Optional[str]) -> str:
     return os.path.dirname(remote.default_staging_folder(run_name or 'standalone'))
 
 
-def scratch_folder(run_name: Optional[str] = None) -> str:
-    """A new private folder for small temporary files (markers being read or written). The caller removes it."""
-    path = os.path.join(_run_base(run_name), 'checkpoint-scratch', uuid.uuid4().hex[:16])
-    os.makedirs(path, mode=0o700)
+def scratch_folder(staging_folder: Optional[str] = None) -> str:
+    """A new private folder for small temporary files (markers being read or written). The caller removes it.
+
+    Under the job's state folder (:func:`dist_logging._private_dirs.state_dir`): inside
+    ``upload_staging_folder`` when the job was given one, so such a job never touches the default
+    per-user base; else in the per-user base (``$DIST_LOGGING_TMPDIR`` moves it).
+    """
+    from dist_logging import _private_dirs
+
+    parent = _private_dirs.private_dir('checkpoint-scratch', root=_private_dirs.state_dir(staging_folder))
+    path = os.path.join(parent, uuid.uuid4().hex[:16])
+    os.mkdir(path, mode=0o700)
     return path
 
 

@@ -56,7 +56,7 @@ def finish_commits(staging_folder: str, *, object_store: Any = None) -> CommitRe
     from dist_logging.object_store import store_from_uri
 
     stores: dict[str, Any] = {}
-    scratch = scratch_folder()
+    scratch = scratch_folder(folder)
     try:
         for intent in intents:
             if not os.path.exists(intent.path):

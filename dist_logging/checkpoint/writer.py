@@ -232,7 +232,7 @@ class CheckpointWriter(FileSystemWriter):
 
     def _start_committer(self) -> Committer:
         if self._committer is None:
-            self._committer = Committer(self.store, scratch_folder(self.run_name), self.commit_timeout,
+            self._committer = Committer(self.store, scratch_folder(self.staging_root), self.commit_timeout,
                                         self.uploader.failed_uploads, self._on_commit)
             uri = self._bucket_uri()
             for intent in read_intents(self._intents_dir):

@@ -650,7 +650,7 @@ class RemoteUploaderDownloader(LoggerDestination):
 
         with self._start_lock:
             if self._committer is None:
-                self._committer = Committer(self.object_store, scratch_folder(self._run_name), self.commit_timeout,
+                self._committer = Committer(self.object_store, scratch_folder(self.upload_staging_folder), self.commit_timeout,
                                             self.failed_uploads, self._on_folder_commit)
         folder = os.path.join(os.path.dirname(self.staging_dir), INTENTS_FOLDER)  # type: ignore[arg-type]
         intent = write_intent(folder, cid, sizes, time.time_ns(), metadata=None, bucket_uri=self._store_record.uri,
