@@ -423,27 +423,25 @@ class Logger:
             self._warned_no_upload = True
             warnings.warn(f'upload_file({remote!r}): the Logger has no upload-capable destination; '
                           'files are not uploaded', RuntimeWarning, stacklevel=2)
-        path = None
         earlier_failures: Optional[UploadError] = None
         for destination in self._uploaders:
             try:
-                if self._upload_takes_copy[id(destination)]:
-                    # Destinations that take copy= also take the path as a str (building a
-                    # pathlib.Path costs more than the whole hand-over).
-                    destination.upload_file(self.state, remote, local, overwrite=overwrite, copy=copy)
-                else:
-                    if path is None:
-                        path = pathlib.Path(local)
-                    destination.upload_file(self.state, remote, path, overwrite=overwrite)
+                self._hand_file(destination, remote, local, overwrite, copy)
             except UploadError as exc:
                 # Earlier uploads of that destination failed, but it queued this file: the other
                 # destinations must still get it before the error reaches the caller.
-                if earlier_failures is None:
-                    earlier_failures = exc
-                else:
-                    earlier_failures.add_note(f'also: {exc}')
+                earlier_failures = _with_failure(earlier_failures, exc)
         if earlier_failures is not None:
             raise earlier_failures
+
+    def _hand_file(self, destination: LoggerDestination, remote: str, local: str, overwrite: bool,
+                   copy: bool) -> None:
+        if self._upload_takes_copy[id(destination)]:
+            # Destinations that take copy= also take the path as a str (building a pathlib.Path
+            # costs more than the whole hand-over).
+            destination.upload_file(self.state, remote, local, overwrite=overwrite, copy=copy)
+        else:
+            destination.upload_file(self.state, remote, pathlib.Path(local), overwrite=overwrite)
 
     def upload_folder(self, remote_prefix: str, local_dir: Union[str, pathlib.Path], *, commit: bool = True,
                       copy: bool = True) -> None:
@@ -492,16 +490,9 @@ class Logger:
                         path = os.path.join(folder, entry)
                         if os.path.isfile(path):
                             rel = os.path.relpath(path, local).replace(os.sep, '/')
-                            if self._upload_takes_copy[id(destination)]:
-                                destination.upload_file(self.state, f'{remote}/{rel}', path, overwrite=True, copy=copy)
-                            else:
-                                destination.upload_file(self.state, f'{remote}/{rel}', pathlib.Path(path),
-                                                        overwrite=True)
+                            self._hand_file(destination, f'{remote}/{rel}', path, True, copy)
             except UploadError as exc:
-                if earlier_failures is None:
-                    earlier_failures = exc
-                else:
-                    earlier_failures.add_note(f'also: {exc}')
+                earlier_failures = _with_failure(earlier_failures, exc)
         if earlier_failures is not None:
             raise earlier_failures
 
@@ -735,3 +726,11 @@ class Logger:
 
     def __repr__(self) -> str:
         return f'Logger(run_name={self.run_name!r}, destinations={list(self.destinations)!r})'
+
+
+def _with_failure(earlier: Optional[UploadError], exc: UploadError) -> UploadError:
+    """The first destination's error, with the later ones added as notes."""
+    if earlier is None:
+        return exc
+    earlier.add_note(f'also: {exc}')
+    return earlier

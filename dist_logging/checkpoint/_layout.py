@@ -16,8 +16,8 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from dist_logging.object_store import ObjectInfo, check_object_name
 
-__all__ = ['METADATA_NAME', 'MARKER_RE', 'Marker', 'check_checkpoint_id', 'marker_name', 'parse_marker',
-           'markers_by_checkpoint', 'encode_record', 'decode_record', 'missing_files']
+__all__ = ['METADATA_NAME', 'MARKER_RE', 'Marker', 'CheckpointIdMixin', 'check_checkpoint_id', 'marker_name',
+           'parse_marker', 'markers_by_checkpoint', 'encode_record', 'decode_record', 'missing_files']
 
 METADATA_NAME = '.metadata'
 MARKER_RE = re.compile(r'^(?P<cid>.+)/\.committed-(?P<ns>\d{20})\.json$')
@@ -56,6 +56,26 @@ def check_checkpoint_id(checkpoint_id: Any) -> str:
     if '//' in cid:
         raise ValueError(f'bad checkpoint_id {text!r}: empty path component')
     return cid
+
+
+class CheckpointIdMixin:
+    """The ``checkpoint_id`` property and ``validate_checkpoint_id`` DCP asks a storage writer or reader for;
+    the class sets ``_cid`` (the id of the current or last save or load)."""
+
+    _cid: Optional[str] = None
+
+    @property
+    def checkpoint_id(self) -> Optional[str]:
+        """The id of the current (or last) save or load."""
+        return self._cid
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        try:
+            check_checkpoint_id(checkpoint_id)
+        except (TypeError, ValueError):
+            return False
+        return True
 
 
 def marker_name(checkpoint_id: str, time_ns: Optional[int] = None) -> str:

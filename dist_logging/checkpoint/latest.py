@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from typing import Any, Mapping, Optional, Union
 
 from dist_logging.checkpoint._layout import Marker, markers_by_checkpoint, missing_files
-from dist_logging.checkpoint._paths import scratch_folder
+from dist_logging.checkpoint._paths import remove_scratch, scratch_folder
 from dist_logging.checkpoint.commit import read_record, retry
 from dist_logging.object_store import ObjectInfo, ObjectStore, check_prefix, store_from_uri
 
@@ -112,6 +111,6 @@ def latest_checkpoint(bucket: Union[str, ObjectStore, Any], prefix: str = '', *,
         return None
     finally:
         if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+            remove_scratch(scratch)
         if owned:
             store.close()

@@ -15,7 +15,8 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, _generate_
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
-from dist_logging.checkpoint._layout import METADATA_NAME, check_checkpoint_id, decode_record, missing_files
+from dist_logging.checkpoint._layout import (METADATA_NAME, CheckpointIdMixin, check_checkpoint_id, decode_record,
+                                            missing_files)
 from dist_logging.checkpoint._paths import default_cache_folder
 from dist_logging.checkpoint.commit import retry
 from dist_logging.checkpoint.latest import committed_markers, open_store
@@ -25,7 +26,7 @@ __all__ = ['CheckpointReader']
 log = logging.getLogger(__name__)
 
 
-class CheckpointReader(FileSystemReader):
+class CheckpointReader(CheckpointIdMixin, FileSystemReader):
     """Reads a committed checkpoint from the bucket for ``dcp.load``.
 
     ``dcp.load(state_dict, checkpoint_id=latest_checkpoint(bucket, 'run/checkpoints'),
@@ -135,18 +136,6 @@ class CheckpointReader(FileSystemReader):
                 raise FileNotFoundError(f'checkpoint {self._cid!r}: {relative} is not in its commit marker')
             self._fetch(f'{self._cid}/{relative}', os.path.join(str(self.path), relative), size)
         return super().read_data(plan, planner)
-
-    @property
-    def checkpoint_id(self) -> Optional[str]:  # type: ignore[override]
-        return self._cid
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, 'os.PathLike[str]']) -> bool:
-        try:
-            check_checkpoint_id(checkpoint_id)
-        except (TypeError, ValueError):
-            return False
-        return True
 
     def close(self) -> None:
         """Remove the files this reader cached (other ranks holding them open keep reading), close an owned store."""

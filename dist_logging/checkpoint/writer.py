@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from dist_logging import dist
 from dist_logging.checkpoint._committer import Committer
 from dist_logging.checkpoint._intents import INTENTS_FOLDER, CommitIntent, read_intents, write_intent
-from dist_logging.checkpoint._layout import check_checkpoint_id
+from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._paths import scratch_folder
 from dist_logging.destinations.remote import RemoteUploaderDownloader
 from dist_logging.errors import UploadError
@@ -66,7 +66,7 @@ class SaveTiming:
     error: Optional[BaseException] = None
 
 
-class CheckpointWriter(FileSystemWriter):
+class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     """Writes a DCP checkpoint to local staging, uploads it in the background, commits it when complete.
 
     Use it as ``dcp.save(state_dict, checkpoint_id='run/checkpoints/step100', storage_writer=writer)``
@@ -421,18 +421,6 @@ class CheckpointWriter(FileSystemWriter):
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self._cid, save_id=self.save_id)
 
-    @property
-    def checkpoint_id(self) -> Optional[str]:  # type: ignore[override]
-        """The id of the current (or last) save."""
-        return self._cid
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, 'os.PathLike[str]']) -> bool:
-        try:
-            check_checkpoint_id(checkpoint_id)
-        except (TypeError, ValueError):
-            return False
-        return True
 
     # ------------------------------------------------------------------ commits
     def _on_commit(self, intent: CommitIntent, error: Optional[BaseException], committed_at: float,
