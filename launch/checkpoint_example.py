@@ -190,6 +190,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             pending.result()
     finally:
         writer.close()  # waits for every upload and the coordinator's commits; raises what failed
+    # Only the coordinator's close() waits for the commits: after this barrier every rank sees the last one.
+    dist.barrier(group=ckpt_group)
     report['final_step'] = args.steps
     report['final_loss'] = loss.item()
     report['final_digest'] = digest(dict(zip(('model', 'optim'), get_state_dict(model, optimizer))))
