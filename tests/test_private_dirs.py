@@ -250,8 +250,8 @@ def test_a_checkpoint_writer_given_a_staging_folder_stays_out_of_the_default_bas
     finish_commits(str(staging))
     assert os.listdir(_base(shared_tmp)) == []
     (machine,) = [e for e in os.listdir(staging) if e.startswith('.dist_logging-')]
-    assert _mode(staging / machine) == 0o700
-    assert 'checkpoint-scratch' not in os.listdir(staging / machine)  # removed once empty
+    assert 'checkpoint-scratch' in os.listdir(staging / machine)
+    assert _mode(staging / machine / 'checkpoint-scratch') == 0o700
     # latest_checkpoint has no staging folder: it reads markers through the per-user base, which the knob moves.
     with pytest.raises(PermissionError, match='DIST_LOGGING_TMPDIR'):
         latest_checkpoint(str(tmp_path / 'bucket'), 'run/ckpt')

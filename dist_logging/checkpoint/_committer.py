@@ -10,12 +10,12 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import threading
 import time
 from typing import Any, Callable, Optional
 
 from dist_logging.checkpoint._intents import CommitIntent, read_intents, remove_intent
-from dist_logging.checkpoint._paths import remove_scratch
 from dist_logging.checkpoint.commit import NotLanded, commit_checkpoint
 from dist_logging.checkpoint.retention import apply_retention
 
@@ -118,7 +118,7 @@ class Committer:
         if self._thread.is_alive():
             self._stop.set()
             self._thread.join(5)
-        remove_scratch(self.scratch)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def abort(self) -> None:
         """Stop at once (an intent cut short stays on disk, uncommitted, for drain or the next job)."""
@@ -126,7 +126,7 @@ class Committer:
         with self._cond:
             self._cond.notify_all()
         self._thread.join(5)
-        remove_scratch(self.scratch)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     _stop_when_idle = False
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from typing import Optional
 
-__all__ = ['scratch_folder', 'remove_scratch', 'default_cache_folder']
+__all__ = ['scratch_folder', 'default_cache_folder']
 
 
 def _run_base(run_name: Optional[str]) -> str:
@@ -27,25 +26,10 @@ def scratch_folder(staging_folder: Optional[str] = None) -> str:
     """
     from dist_logging import _private_dirs
 
-    for attempt in range(3):
-        parent = _private_dirs.private_dir('checkpoint-scratch', root=_private_dirs.state_dir(staging_folder))
-        path = os.path.join(parent, uuid.uuid4().hex[:16])
-        try:
-            os.mkdir(path, mode=0o700)
-            return path
-        except FileNotFoundError:  # another process's remove_scratch took the empty parent meanwhile
-            if attempt == 2:
-                raise
-    raise AssertionError('unreachable')
-
-
-def remove_scratch(path: str) -> None:
-    """Remove a :func:`scratch_folder`, and its parent once no other scratch folder is in it."""
-    shutil.rmtree(path, ignore_errors=True)
-    try:
-        os.rmdir(os.path.dirname(path))
-    except OSError:  # another process's scratch is in it (or it is gone already)
-        pass
+    parent = _private_dirs.private_dir('checkpoint-scratch', root=_private_dirs.state_dir(staging_folder))
+    path = os.path.join(parent, uuid.uuid4().hex[:16])
+    os.mkdir(path, mode=0o700)
+    return path
 
 
 def default_cache_folder(run_name: Optional[str] = None) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
 from dist_logging.checkpoint._committer import commit_intent
 from dist_logging.checkpoint._intents import INTENTS_FOLDER, read_intents
-from dist_logging.checkpoint._paths import remove_scratch, scratch_folder
+from dist_logging.checkpoint._paths import scratch_folder
 from dist_logging.checkpoint.commit import NotLanded
 
 __all__ = ['CommitReport', 'finish_commits']
@@ -79,7 +80,7 @@ def finish_commits(staging_folder: str, *, object_store: Any = None) -> CommitRe
             except Exception as exc:  # noqa: BLE001 - reported per checkpoint
                 report.not_ready[intent.checkpoint_id] = exc
     finally:
-        remove_scratch(scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
         for store in stores.values():
             try:
                 store.close()

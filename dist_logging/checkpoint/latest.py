@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Any, Mapping, Optional, Union
 
 from dist_logging.checkpoint._layout import Marker, markers_by_checkpoint, missing_files
-from dist_logging.checkpoint._paths import remove_scratch, scratch_folder
+from dist_logging.checkpoint._paths import scratch_folder
 from dist_logging.checkpoint.commit import read_record, retry
 from dist_logging.object_store import ObjectInfo, ObjectStore, check_prefix, store_from_uri
 
@@ -111,6 +112,6 @@ def latest_checkpoint(bucket: Union[str, ObjectStore, Any], prefix: str = '', *,
         return None
     finally:
         if scratch is not None:
-            remove_scratch(scratch)
+            shutil.rmtree(scratch, ignore_errors=True)
         if owned:
             store.close()
