@@ -15,13 +15,13 @@ id a crash left uncommitted, over its leftovers) and dies at the next kill point
                                                                                   -> latest step7; step5 invisible
   L6 a clean run: resumes step7 (each file fetched once for the node), saves step8 (dcp.save), step9
      (dcp.async_save); both moments timed on every save; staging left empty
-2 ranks on S3 (moto), 4 ranks on a local bucket, 4 ranks on S3 (test_crash_matrix_chain, keep_last=2):
-  the same five launches (write at step 2, local 3, upload 4, commit 5, retention 7), who is killed at
-  each point given by CHAINS, so that every (point, every rank / one rank) pair runs with 2 and with 4
-  ranks and on a local bucket and on S3; after the commit kill a local bucket is drained, on S3 the next
-  job's coordinator commits step5 itself; then the test process loads step7 (resharded to one process)
-  and checks it bit-exactly. Not run (to keep the suite short): the other 20 of the 40
-  (point, who, ranks, bucket) cells, e.g. one rank killed mid-write with 2 ranks on a local bucket.
+Seven more chains (test_crash_matrix_chain): 2 ranks on S3 (moto), 4 ranks on a local bucket and on S3,
+  each twice, and 2 ranks on a local bucket once more. Each runs the same five launches (write at step 2,
+  local 3, upload 4, commit 5, retention 7); who is killed at each point is given by CHAINS: chain A and
+  chain B of a (ranks, bucket) pair are complements, so every (point, every rank / one rank) cell runs
+  with 2 and with 4 ranks, on a local bucket and on S3: all 40 cells of the matrix. After the commit
+  kill a local bucket is drained; on S3 the next job's coordinator commits step5 itself. Then the test
+  process loads step7 (resharded to one process) and checks it bit-exactly.
 """
 
 from __future__ import annotations
@@ -117,21 +117,24 @@ def test_crash_matrix_two_ranks_local_bucket(tmp_path):
     assert [e for e in os.listdir(tmp_path / 'staging') if not e.startswith('.dist_logging-')] == []
 
 
-# Who is killed at each point, per chain (2 ranks on a local bucket is the test above). The assignment
-# is a Latin square: every (point, every-rank/one-rank) pair is run with 2 ranks and with 4, on a local
-# bucket and on S3. "one" kills the coordinator (0) mid-write and before the commit and during retention
-# (only it commits and deletes), the last rank after its local write, rank world // 2 mid-upload.
+# Who is killed at each point, per chain. Chains A and B of each (ranks, bucket) are complements:
+# together they run every (point, every-rank/one-rank) cell with 2 and with 4 ranks, on a local bucket and
+# on S3. "one" kills the coordinator (0) mid-write and before the commit and during retention (only it
+# commits and deletes), the last rank after its local write, rank world // 2 mid-upload.
 POINTS = ('write', 'local', 'upload', 'commit', 'retention')
-CHAINS = {  # (ranks, bucket): who at write, local, upload, commit, retention
+CHAIN_A = {  # (ranks, bucket): who at write, local, upload, commit, retention
     (2, 'local'): ('all', 'one', 'all', 'one', 'one'),  # test_crash_matrix_two_ranks_local_bucket
     (2, 's3'): ('one', 'all', 'one', 'all', 'all'),
     (4, 'local'): ('one', 'all', 'one', 'all', 'all'),
     (4, 's3'): ('all', 'one', 'all', 'one', 'one'),
 }
+CHAINS = {**{(*key, 'A'): who for key, who in CHAIN_A.items()},
+          **{(*key, 'B'): tuple('one' if w == 'all' else 'all' for w in who) for key, who in CHAIN_A.items()}}
+CHAIN_PARAMS = [key for key in sorted(CHAINS) if key != (2, 'local', 'A')]
 
 
-@pytest.mark.parametrize('world, kind', [(2, 's3'), (4, 'local'), (4, 's3')], ids=['2-s3', '4-local', '4-s3'])
-def test_crash_matrix_chain(tmp_path, world, kind, request):
+@pytest.mark.parametrize('world, kind, variant', CHAIN_PARAMS, ids=[f'{w}-{k}-{v}' for w, k, v in CHAIN_PARAMS])
+def test_crash_matrix_chain(tmp_path, world, kind, variant, request):
     """One launch per kill point, each resuming bit-exactly from the latest; S3 chains recover the
     uncommitted checkpoint by restarting the job, local ones by `dist-logging drain`."""
     if kind == 's3':
@@ -142,7 +145,7 @@ def test_crash_matrix_chain(tmp_path, world, kind, request):
     base = {'root': str(tmp_path), 'bucket': bucket, 'backend_kwargs': kwargs, 'keep_last': 2,
             'wait_commits': True}
     one_rank = {'write': [0], 'local': [world - 1], 'upload': [world // 2], 'commit': [0], 'retention': [0]}
-    who = dict(zip(POINTS, CHAINS[(world, kind)]))
+    who = dict(zip(POINTS, CHAINS[(world, kind, variant)]))
 
     def kill(point, step):
         return {'point': point, 'step': step, 'ranks': 'all' if who[point] == 'all' else one_rank[point]}
