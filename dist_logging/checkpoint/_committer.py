@@ -2,7 +2,9 @@
 
 It never blocks the training thread and issues no collective: it learns what to wait for
 from the coordinator's ``finish()`` (every rank's write results) and watches the bucket
-(one listing of the checkpoint's folder per poll, backing off to one a second).
+(one listing of the checkpoint's folder per poll). The polls back off from 50 ms to 250 ms, and to
+one a second after the first 30 s of waiting; each upload this process lands (:meth:`Committer.nudge`)
+starts the schedule over at once, so a commit follows the last shard by about one listing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = ['Committer', 'commit_intent']
 
 log = logging.getLogger(__name__)
 _POLL_MIN, _POLL_MAX = 0.05, 1.0
+_POLL_EARLY_MAX, _POLL_EARLY_S = 0.25, 30.0  # an upload lands within seconds: poll closely at first
 _RESUMED_TRIES = 5  # an earlier process's intent whose files never land is left to drain after this many
 
 
@@ -72,6 +75,7 @@ class Committer:
         self._cond = threading.Condition()
         self._busy = False
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by nudge() and by a stop: ends the wait between two polls
         self._thread = threading.Thread(target=self._loop, name='checkpoint-committer', daemon=True)
         self._thread.start()
 
@@ -99,6 +103,10 @@ class Committer:
                 self._resumed_tries[intent.path] = tries + 1
                 self.submit(intent, resumed=True)
 
+    def nudge(self, *_: Any) -> None:
+        """Poll again now: an upload just landed (e.g. one of the coordinator's own shards)."""
+        self._wake.set()
+
     @property
     def pending(self) -> int:
         with self._cond:
@@ -117,12 +125,14 @@ class Committer:
         self._thread.join(timeout)
         if self._thread.is_alive():
             self._stop.set()
+            self._wake.set()
             self._thread.join(5)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def abort(self) -> None:
         """Stop at once (an intent cut short stays on disk, uncommitted, for drain or the next job)."""
         self._stop.set()
+        self._wake.set()
         with self._cond:
             self._cond.notify_all()
         self._thread.join(5)
@@ -154,9 +164,11 @@ class Committer:
                 self._cond.notify_all()
 
     def _commit(self, intent: CommitIntent, patient: bool = True) -> Optional[BaseException]:
-        deadline = time.monotonic() + (self.timeout if patient else 0)
+        started = time.monotonic()
+        deadline = started + (self.timeout if patient else 0)
         delay = _POLL_MIN
         while True:
+            self._wake.clear()  # a landing from here on triggers the next poll
             try:
                 commit_intent(self.store, intent, self.scratch)
                 return None
@@ -165,12 +177,15 @@ class Committer:
                 dead = {name: failed[name] for name in exc.missing if name in failed}
                 if dead:
                     return _not_landed_error(intent, exc, dead)
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if now >= deadline:
                     return _not_landed_error(intent, exc, {}, f'after {self.timeout:g} s')
-            if self._stop.wait(delay):
+            nudged = self._wake.wait(min(delay, max(0.0, deadline - now)))
+            if self._stop.is_set():
                 return RuntimeError(f'checkpoint {intent.checkpoint_id!r}: commit interrupted (stays uncommitted; '
                                     f'its intent {intent.path} lets `dist-logging drain` finish it)')
-            delay = min(_POLL_MAX, delay * 2)
+            cap = _POLL_EARLY_MAX if time.monotonic() - started < _POLL_EARLY_S else _POLL_MAX
+            delay = _POLL_MIN if nudged else min(cap, delay * 2)
 
 
 def _not_landed_error(intent: CommitIntent, exc: NotLanded, dead: dict, when: str = '') -> BaseException:

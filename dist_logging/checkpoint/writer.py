@@ -234,6 +234,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         if self._committer is None:
             self._committer = Committer(self.store, scratch_folder(self.staging_root), self.commit_timeout,
                                         self.uploader.failed_uploads, self._on_commit)
+            self.uploader.add_landed_listener(self._committer.nudge)
             uri = self._bucket_uri()
             for intent in read_intents(self._intents_dir):
                 if intent.bucket_uri == uri and uri is not None:
@@ -487,6 +488,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 self._committer.wait()
                 self._committer.close()
         finally:
+            if self._committer is not None:
+                self.uploader.remove_landed_listener(self._committer.nudge)
             if self._owns_uploader:
                 try:
                     self.uploader.shutdown()

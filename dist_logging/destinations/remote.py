@@ -11,7 +11,7 @@ import re
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 from dist_logging import _private_dirs, dist
 from dist_logging.destination import LoggerDestination
@@ -215,6 +215,7 @@ class RemoteUploaderDownloader(LoggerDestination):
         self._counted: dict[int, int] = {}
         self._warned_full = False
         self.uploaded_count = 0
+        self._landed_listeners: list[Callable[[str], None]] = []
         self._committer: Any = None  # commits upload_folder(commit=True) folders, created on first use
         self.commit_timeout = 600.0  # seconds a folder may wait for its files before its commit fails
 
@@ -420,10 +421,25 @@ class RemoteUploaderDownloader(LoggerDestination):
                 self._staged_bytes -= self._counted.pop(task.id, 0)
                 self._budget.notify_all()
 
+    def add_landed_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(object_name)`` (on an upload worker's thread; keep it short, it must not raise)
+        each time an upload lands. A committer uses it to look at the bucket again at once."""
+        self._landed_listeners.append(listener)
+
+    def remove_landed_listener(self, listener: Callable[[str], None]) -> None:
+        """Stop calling ``listener``; no error if it was not added."""
+        if listener in self._landed_listeners:
+            self._landed_listeners.remove(listener)
+
     def _on_done(self, task: UploadTask) -> None:
         self._staging.finish(task.id, task.path)  # type: ignore[union-attr]
         self._release(task)
         self.uploaded_count += 1
+        for listener in list(self._landed_listeners):
+            try:
+                listener(task.name)
+            except Exception:  # noqa: BLE001 - a listener's bug must not fail the upload that landed
+                log.exception('landed-upload listener %r failed', listener)
         with self._fail_lock:
             earlier = self._failed.get(task.name)
             if earlier is not None and earlier[0].id < task.id:
@@ -652,6 +668,7 @@ class RemoteUploaderDownloader(LoggerDestination):
             if self._committer is None:
                 self._committer = Committer(self.object_store, scratch_folder(self.upload_staging_folder), self.commit_timeout,
                                             self.failed_uploads, self._on_folder_commit)
+                self.add_landed_listener(self._committer.nudge)
         folder = os.path.join(os.path.dirname(self.staging_dir), INTENTS_FOLDER)  # type: ignore[arg-type]
         intent = write_intent(folder, cid, sizes, time.time_ns(), metadata=None, bucket_uri=self._store_record.uri,
                               backend_kwargs=self._store_record.kwargs, kind='folder', fsync=self.fsync)

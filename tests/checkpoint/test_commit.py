@@ -126,3 +126,40 @@ def test_retention_counts_only_committed_and_deletes_oldest_first(tmp_path):
     assert list_checkpoints(store, 'r') == ['r/step5']
     with pytest.raises(ValueError, match='keep_last'):
         apply_retention(store, 'r', 0)
+
+
+def test_a_landed_upload_wakes_the_committer_for_its_next_look_at_once(tmp_path, monkeypatch):
+    import time
+
+    from dist_logging.checkpoint import _committer
+    from dist_logging.checkpoint._intents import write_intent
+    from dist_logging.destinations.remote import RemoteUploaderDownloader
+
+    # Without a nudge the committer's next look at the bucket would be ten minutes away.
+    monkeypatch.setattr(_committer, '_POLL_MIN', 600.0)
+    bucket = tmp_path / 'bucket'
+    store = RecordingStore(str(bucket), block='c/s1/b.distcp')
+    results = []
+    (tmp_path / 'scratch').mkdir()
+    committer = _committer.Committer(store, str(tmp_path / 'scratch'), 1200.0, dict, lambda *a: results.append(a))
+    uploader = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'))
+    uploader.add_landed_listener(committer.nudge)
+    try:
+        put(store, tmp_path, 'c/s1/a.distcp', b'aaa')
+        intent = write_intent(str(tmp_path / 'intents'), 'c/s1', {'a.distcp': 3, 'b.distcp': 2}, time.time_ns(),
+                              metadata=None, bucket_uri=None, kind='folder')
+        committer.submit(intent)
+        src = tmp_path / 'b.bin'
+        src.write_bytes(b'bb')
+        uploader.upload_file(None, 'c/s1/b.distcp', str(src))
+        assert not committer.wait(0.3)  # b has not landed: the first look failed, the next is far away
+        lists_before = sum(op == ('list', 'c/s1/') for op in store.ops)
+        store.gate.set()  # b lands: its landing wakes the committer, which commits on its next look
+        assert committer.wait(60), 'the landed upload did not wake the committer'
+        assert results and results[0][1] is None, results
+        assert latest_checkpoint(store, 'c') == 'c/s1'
+        assert sum(op == ('list', 'c/s1/') for op in store.ops) >= lists_before + 1
+    finally:
+        uploader.remove_landed_listener(committer.nudge)
+        uploader.shutdown()
+        committer.close()
