@@ -189,12 +189,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--workers', type=int, default=4, help='upload workers of ours and of fs_upload')
     parser.add_argument('--workdir', default=None)
     parser.add_argument('--max-tail-steps', type=int, default=3000)
+    parser.add_argument('--memory-saves', type=int, default=300,
+                        help="then this many back-to-back saves of a small sharded state through one "
+                             "CheckpointWriter (dcp.save and dcp.async_save alternating, keep_last=2), "
+                             "sampling the rank's RSS and the memory dist_logging's code holds (0: skip)")
+    parser.add_argument('--memory-state', default='1MiB', help="the memory experiment's state size per rank")
     C.add_s3_server_arguments(parser)
     args = parser.parse_args(argv)
     C.check_s3_scheme(parser, args)
     if args.quick:
         args.sizes, args.every, args.saves, args.rounds = '4MiB', 2, 1, 1
         args.width, args.depth, args.batch = 64, 2, 16
+        args.memory_saves = min(args.memory_saves, 24)
+    if args.memory_saves < 0:
+        parser.error(f'--memory-saves must be >= 0, got {args.memory_saves}')
     sizes = C.parse_sizes(args.sizes)
     device_ms = [float(v) for v in args.device_ms.split(',') if v.strip()]
     if any(v < 0 for v in device_ms):
@@ -232,6 +240,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 d.log(f'{NAME}: {label}, {d.world_size} ranks, modes {modes}, a save every {args.every} steps, '
                       f'{args.rounds} rounds x {args.saves} saves')
                 experiments[label] = _experiment(args, d, total, ms, modes, setups, watcher, exclude, label)
+        memory = (_memory_experiment(args, d, work, endpoint, ckpt_group)
+                  if args.memory_saves and not any(m.startswith('ours') for m in skipped) else None)
     finally:
         if watcher is not None:
             watcher.close()
@@ -262,6 +272,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'skipped': skipped,
         'experiments': experiments,
         'targets': {label: _targets(exp) for label, exp in experiments.items()},
+        'memory': memory,
     }
     C.finish(NAME, d, summary, args, plot)
     return 0
@@ -686,8 +697,100 @@ def _targets(exp: dict[str, Any]) -> dict[str, Any]:
     return targets
 
 
+def _rss_bytes() -> int:
+    with open('/proc/self/status') as status:
+        for line in status:
+            if line.startswith('VmRSS:'):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError('no VmRSS in /proc/self/status')
+
+
+def _memory_experiment(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, ckpt_group: Any) -> dict[str, Any]:
+    """Hundreds of saves through one writer: does anything grow per save?
+
+    Every rank saves a small sharded state (``--memory-state`` per rank) back to back, ``dcp.save`` and
+    ``dcp.async_save`` alternating, ``keep_last=2``; the coordinator waits for each commit (so the
+    bucket and the staging folder hold at most two checkpoints). Every 10 saves each rank samples its
+    RSS, the Python memory allocated by dist_logging's own code (tracemalloc, filtered to the package),
+    its threads and open file descriptors, and the bytes left in its staging folder. Growth is judged
+    on the second half (the first saves warm up allocators and caches): bytes per 100 saves.
+    """
+    import gc
+    import tracemalloc
+
+    from torch.distributed.checkpoint.state_dict_saver import async_save, save
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from dist_logging.checkpoint import CheckpointWriter, list_checkpoints
+
+    per_rank = C.parse_size(args.memory_state)
+    rows = max(1, per_rank // (64 * 4))
+    if d.world_size > 1:
+        mesh = init_device_mesh('cpu', (d.world_size,))
+        weight = distribute_tensor(torch.zeros(rows * d.world_size, 64), mesh, [Shard(0)])
+    else:
+        weight = torch.zeros(rows, 64)
+    state = {'w': weight, f'opt_rank{d.rank}': torch.zeros(1024), 'step': torch.tensor(0)}
+    staging = work / 'staging-memory'
+    writer = CheckpointWriter(f's3://{C.MOTO_BUCKET}/memory', backend_kwargs={'endpoint_url': endpoint},
+                              upload_staging_folder=str(staging), run_name='bench-memory', keep_last=2,
+                              num_concurrent_uploads=args.workers)
+    package = str(pathlib.Path(__file__).resolve().parents[1] / 'dist_logging')
+    samples: list[dict[str, Any]] = []
+    d.log(f'{NAME}: memory, {args.memory_saves} saves of {C.format_size(per_rank)} per rank through one writer')
+    started = time.monotonic()
+    tracemalloc.start()
+    try:
+        for n in range(args.memory_saves):
+            local = state['w'].to_local() if hasattr(state['w'], 'to_local') else state['w']
+            local.add_(1.0)
+            state['step'] = torch.tensor(n)
+            cid = f'ckpt/memory/step{n:05d}'
+            if n % 2:
+                async_save(state, checkpoint_id=cid, storage_writer=writer, process_group=ckpt_group).result()
+            else:
+                save(state, checkpoint_id=cid, storage_writer=writer)
+            if d.is_zero and not writer.wait_for_commits(120):
+                raise RuntimeError(f'{cid}: not committed within 120 s')
+            if (n + 1) % 10 == 0:
+                gc.collect()
+                snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, package + '/*')])
+                samples.append({'saves': n + 1, 'rss': _rss_bytes(),
+                                'dist_logging_py': sum(stat.size for stat in snapshot.statistics('filename')),
+                                'threads': threading.active_count(), 'fds': len(os.listdir('/proc/self/fd')),
+                                'staged': sum(f.stat().st_size for f in staging.rglob('*') if f.is_file()),
+                                'timings_kept': len(writer.timings)})
+    finally:
+        tracemalloc.stop()
+        writer.close()
+    # one listing, no read: the sink keeps no bytes
+    committed = list_checkpoints(f's3://{C.MOTO_BUCKET}/memory', 'ckpt/memory', backend_kwargs={'endpoint_url': endpoint})
+    half = [s for s in samples if s['saves'] > args.memory_saves // 2] or samples
+
+    def per_100(key: str) -> Optional[float]:
+        if len(half) < 2 or half[-1]['saves'] == half[0]['saves']:
+            return None
+        return (half[-1][key] - half[0][key]) * 100 / (half[-1]['saves'] - half[0]['saves'])
+
+    mine = {'samples': samples,
+            'rss_growth_bytes_per_100_saves': per_100('rss'),
+            'dist_logging_py_growth_bytes_per_100_saves': per_100('dist_logging_py'),
+            'threads_first_last': [samples[0]['threads'], samples[-1]['threads']] if samples else None,
+            'fds_first_last': [samples[0]['fds'], samples[-1]['fds']] if samples else None,
+            'staged_bytes_max': max((s['staged'] for s in samples), default=0)}
+    everyone = d.all_gather_object(mine)
+    return {'saves': args.memory_saves, 'state_bytes_per_rank': per_rank, 'keep_last': 2,
+            'seconds': time.monotonic() - started, 'committed_at_end': committed,
+            'worst_rss_growth_bytes_per_100_saves': max((r['rss_growth_bytes_per_100_saves'] or 0) for r in everyone),
+            'worst_dist_logging_py_growth_bytes_per_100_saves': max(
+                (r['dist_logging_py_growth_bytes_per_100_saves'] or 0) for r in everyone),
+            'ranks': everyone}
+
+
 def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
-    fig, axes = C.new_figure(ncols=3, width=5.6)
+    memory = summary.get('memory')
+    fig, axes = C.new_figure(ncols=4 if memory else 3, width=5.6)
     labels = list(summary['experiments'])
     modes = [m for m in next(iter(summary['experiments'].values()))['modes'] if m != 'none'] if labels else []
     width = 0.8 / max(len(labels), 1)
@@ -710,6 +813,18 @@ def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
         ax.set_title(title, fontsize=9)
         if log:
             ax.set_yscale('log')
+        ax.legend(fontsize=7)
+    if memory:
+        ax = axes[3]
+        for rank, mine in enumerate(memory['ranks']):
+            xs_m = [sample['saves'] for sample in mine['samples']]
+            ax.plot(xs_m, [sample['rss'] / 2**20 for sample in mine['samples']], label=f'RSS, rank {rank}')
+            ax.plot(xs_m, [sample['dist_logging_py'] / 2**20 for sample in mine['samples']], linestyle='--',
+                    label=f"dist_logging's Python memory, rank {rank}")
+        ax.set_xlabel('saves through one writer')
+        ax.set_ylabel('MiB')
+        ax.set_title(f"memory over {memory['saves']} saves of {C.format_size(memory['state_bytes_per_rank'])}"
+                     ' per rank', fontsize=9)
         ax.legend(fontsize=7)
     note = ' (oversubscribed)' if d.local_world_size > (os.cpu_count() or 1) else ''
     fig.suptitle(f'{NAME}: {d.world_size} rank(s){note}, a save every {summary["every"]} steps, '

@@ -134,3 +134,8 @@ def test_checkpoint_stall(tmp_path):
     assert set(doc['targets'][label]) >= {'ours_save_blocking_le_1.1x_filesystemwriter_save',
                                           'ours_async_blocking_le_1.1x_dcp_async_local',
                                           'ours_save_commit_le_best_of_modes_4_5', 'ours_save_written_once_read_once'}
+    memory = doc['memory']  # --quick: 24 saves through one writer, sampled every 10
+    assert memory['saves'] == 24 and memory['committed_at_end'] == ['ckpt/memory/step00022', 'ckpt/memory/step00023']
+    for rank in memory['ranks']:
+        assert [s['saves'] for s in rank['samples']] == [10, 20]
+        assert all(s['rss'] > 0 and s['dist_logging_py'] > 0 and s['fds'] > 0 for s in rank['samples'])
