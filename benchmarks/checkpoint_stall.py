@@ -708,16 +708,21 @@ def _rss_bytes() -> int:
 def _memory_experiment(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, ckpt_group: Any) -> dict[str, Any]:
     """Hundreds of saves through one writer: does anything grow per save?
 
-    Every rank saves a small sharded state (``--memory-state`` per rank) back to back, ``dcp.save`` and
-    ``dcp.async_save`` alternating, ``keep_last=2``; the coordinator waits for each commit (so the
-    bucket and the staging folder hold at most two checkpoints). Every 10 saves each rank samples its
-    RSS, the Python memory allocated by dist_logging's own code (tracemalloc, filtered to the package),
-    its threads and open file descriptors, and the bytes left in its staging folder. Growth is judged
-    on the second half (the first saves warm up allocators and caches): bytes per 100 saves.
+    Every rank saves a small sharded state (``--memory-state`` per rank) back to back, ``dcp.save``
+    and ``dcp.async_save`` alternating, in blocks of 10 saves that alternate between ours
+    (``CheckpointWriter`` to the S3 server, ``keep_last=2``, the coordinator waiting for each commit)
+    and the reference, torch's ``FileSystemWriter`` to local disk (the previous checkpoint deleted):
+    both run in the same process, so a growth of torch's own shows in both. Each block's change of
+    RSS is charged to its mode. After each of ours' blocks each rank also samples the Python memory
+    allocated by dist_logging's code (tracemalloc, filtered to the package, with the lines that grew
+    over the second half), its threads and open file descriptors, and the bytes in its staging
+    folder. Growth is judged on the second half (the first saves warm up allocators and caches), in
+    bytes per 100 saves.
     """
     import gc
     import tracemalloc
 
+    from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import async_save, save
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -733,56 +738,91 @@ def _memory_experiment(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, 
         weight = torch.zeros(rows, 64)
     state = {'w': weight, f'opt_rank{d.rank}': torch.zeros(1024), 'step': torch.tensor(0)}
     staging = work / 'staging-memory'
+    local_root = pathlib.Path(d.broadcast_object(str(work / 'fs-memory')))
     writer = CheckpointWriter(f's3://{C.MOTO_BUCKET}/memory', backend_kwargs={'endpoint_url': endpoint},
                               upload_staging_folder=str(staging), run_name='bench-memory', keep_last=2,
                               num_concurrent_uploads=args.workers)
     package = str(pathlib.Path(__file__).resolve().parents[1] / 'dist_logging')
     samples: list[dict[str, Any]] = []
-    d.log(f'{NAME}: memory, {args.memory_saves} saves of {C.format_size(per_rank)} per rank through one writer')
+    rss_growth = {'ours': [], 'filesystemwriter': []}  # (saves of the mode so far, cumulative RSS change)
+    halfway: Any = None  # the snapshot at half the saves, to attribute what grew after it
+    growth: list[dict[str, Any]] = []
+    block = 10
+    d.log(f'{NAME}: memory, {args.memory_saves} saves of {C.format_size(per_rank)} per rank through one writer, '
+          f'interleaved with as many FileSystemWriter saves')
     started = time.monotonic()
     tracemalloc.start()
     try:
-        for n in range(args.memory_saves):
-            local = state['w'].to_local() if hasattr(state['w'], 'to_local') else state['w']
-            local.add_(1.0)
-            state['step'] = torch.tensor(n)
-            cid = f'ckpt/memory/step{n:05d}'
-            if n % 2:
-                async_save(state, checkpoint_id=cid, storage_writer=writer, process_group=ckpt_group).result()
-            else:
-                save(state, checkpoint_id=cid, storage_writer=writer)
-            if d.is_zero and not writer.wait_for_commits(120):
-                raise RuntimeError(f'{cid}: not committed within 120 s')
-            if (n + 1) % 10 == 0:
+        done = {'ours': 0, 'filesystemwriter': 0}
+        total = {'ours': 0, 'filesystemwriter': 0}
+        while done['ours'] < args.memory_saves:
+            for mode in ('ours', 'filesystemwriter'):
                 gc.collect()
-                snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, package + '/*')])
-                samples.append({'saves': n + 1, 'rss': _rss_bytes(),
-                                'dist_logging_py': sum(stat.size for stat in snapshot.statistics('filename')),
-                                'threads': threading.active_count(), 'fds': len(os.listdir('/proc/self/fd')),
-                                'staged': sum(f.stat().st_size for f in staging.rglob('*') if f.is_file()),
-                                'timings_kept': len(writer.timings)})
+                before = _rss_bytes()
+                for _ in range(min(block, args.memory_saves - done[mode])):
+                    n = done[mode]
+                    local = state['w'].to_local() if hasattr(state['w'], 'to_local') else state['w']
+                    local.add_(1.0)
+                    state['step'] = torch.tensor(n)
+                    if mode == 'ours':
+                        cid, target = f'ckpt/memory/step{n:05d}', writer
+                    else:
+                        cid = str(local_root / f'step{n:05d}')
+                        target = FileSystemWriter(cid)
+                    if n % 2:
+                        async_save(state, checkpoint_id=cid, storage_writer=target, process_group=ckpt_group).result()
+                    else:
+                        save(state, checkpoint_id=cid, storage_writer=target)
+                    if mode == 'ours' and d.is_zero and not writer.wait_for_commits(120):
+                        raise RuntimeError(f'{cid}: not committed within 120 s')
+                    if mode == 'filesystemwriter':
+                        d.barrier()
+                        if d.local_rank == 0 and n:
+                            shutil.rmtree(local_root / f'step{n - 1:05d}', ignore_errors=True)
+                    done[mode] += 1
+                gc.collect()
+                total[mode] += _rss_bytes() - before
+                rss_growth[mode].append((done[mode], total[mode]))
+            staged = [(f.stat().st_size, str(f.relative_to(staging))) for f in staging.rglob('*') if f.is_file()]
+            snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, package + '/*')])
+            if halfway is None and done['ours'] > args.memory_saves // 2:
+                halfway = snapshot
+            elif done['ours'] >= args.memory_saves and halfway is not None:
+                growth = [{'where': str(stat.traceback), 'bytes': stat.size_diff, 'blocks': stat.count_diff}
+                          for stat in snapshot.compare_to(halfway, 'lineno')[:5] if stat.size_diff]
+            samples.append({'saves': done['ours'], 'rss': _rss_bytes(),
+                            'dist_logging_py': sum(stat.size for stat in snapshot.statistics('filename')),
+                            'threads': threading.active_count(), 'fds': len(os.listdir('/proc/self/fd')),
+                            'staged': sum(size for size, _ in staged), 'largest_staged': max(staged, default=None),
+                            'timings_kept': len(writer.timings)})
     finally:
         tracemalloc.stop()
         writer.close()
+        d.barrier()
+        if d.local_rank == 0:
+            shutil.rmtree(local_root, ignore_errors=True)
     # one listing, no read: the sink keeps no bytes
     committed = list_checkpoints(f's3://{C.MOTO_BUCKET}/memory', 'ckpt/memory', backend_kwargs={'endpoint_url': endpoint})
-    half = [s for s in samples if s['saves'] > args.memory_saves // 2] or samples
 
-    def per_100(key: str) -> Optional[float]:
-        if len(half) < 2 or half[-1]['saves'] == half[0]['saves']:
+    def per_100(series: list[tuple[int, int]]) -> Optional[float]:
+        half = [point for point in series if point[0] > args.memory_saves // 2] or series
+        if len(half) < 2 or half[-1][0] == half[0][0]:
             return None
-        return (half[-1][key] - half[0][key]) * 100 / (half[-1]['saves'] - half[0]['saves'])
+        return (half[-1][1] - half[0][1]) * 100 / (half[-1][0] - half[0][0])
 
-    mine = {'samples': samples,
-            'rss_growth_bytes_per_100_saves': per_100('rss'),
-            'dist_logging_py_growth_bytes_per_100_saves': per_100('dist_logging_py'),
+    mine = {'samples': samples, 'rss_growth_by_mode': rss_growth,
+            'rss_growth_bytes_per_100_saves': {mode: per_100(series) for mode, series in rss_growth.items()},
+            'dist_logging_py_growth_bytes_per_100_saves': per_100([(s['saves'], s['dist_logging_py'])
+                                                                   for s in samples]),
+            'dist_logging_py_top_growth_second_half': growth,
             'threads_first_last': [samples[0]['threads'], samples[-1]['threads']] if samples else None,
             'fds_first_last': [samples[0]['fds'], samples[-1]['fds']] if samples else None,
             'staged_bytes_max': max((s['staged'] for s in samples), default=0)}
     everyone = d.all_gather_object(mine)
     return {'saves': args.memory_saves, 'state_bytes_per_rank': per_rank, 'keep_last': 2,
             'seconds': time.monotonic() - started, 'committed_at_end': committed,
-            'worst_rss_growth_bytes_per_100_saves': max((r['rss_growth_bytes_per_100_saves'] or 0) for r in everyone),
+            'worst_rss_growth_bytes_per_100_saves': {
+                mode: max((r['rss_growth_bytes_per_100_saves'][mode] or 0) for r in everyone) for mode in rss_growth},
             'worst_dist_logging_py_growth_bytes_per_100_saves': max(
                 (r['dist_logging_py_growth_bytes_per_100_saves'] or 0) for r in everyone),
             'ranks': everyone}
@@ -817,15 +857,15 @@ def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
     if memory:
         ax = axes[3]
         for rank, mine in enumerate(memory['ranks']):
-            xs_m = [sample['saves'] for sample in mine['samples']]
-            ax.plot(xs_m, [sample['rss'] / 2**20 for sample in mine['samples']], label=f'RSS, rank {rank}')
-            ax.plot(xs_m, [sample['dist_logging_py'] / 2**20 for sample in mine['samples']], linestyle='--',
-                    label=f"dist_logging's Python memory, rank {rank}")
-        ax.set_xlabel('saves through one writer')
+            for mode, series in mine['rss_growth_by_mode'].items():
+                ax.plot([x for x, _ in series], [y / 2**20 for _, y in series], label=f'RSS change, {mode}, rank {rank}')
+            ax.plot([s['saves'] for s in mine['samples']], [s['dist_logging_py'] / 2**20 for s in mine['samples']],
+                    linestyle='--', label=f"dist_logging's Python memory, rank {rank}")
+        ax.set_xlabel('saves (of each mode, interleaved in blocks of 10)')
         ax.set_ylabel('MiB')
         ax.set_title(f"memory over {memory['saves']} saves of {C.format_size(memory['state_bytes_per_rank'])}"
                      ' per rank', fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     note = ' (oversubscribed)' if d.local_world_size > (os.cpu_count() or 1) else ''
     fig.suptitle(f'{NAME}: {d.world_size} rank(s){note}, a save every {summary["every"]} steps, '
                  f'S3 {summary["s3_server"]} over {summary["s3_scheme"]}', fontsize=10)

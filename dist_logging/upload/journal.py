@@ -18,7 +18,10 @@ A record is appended only after its snapshot is complete, so a process killed at
 any moment leaves either a complete snapshot with its record or an unrecorded file
 that the next reader deletes. A torn last line (the process died mid-write) is
 ignored. :func:`compact` rewrites the journal with only what is still pending
-(temp file, then ``os.replace``).
+(temp file, then ``os.replace``); the open journal also starts over by itself, keeping only
+its store lines, whenever nothing is pending and it has grown past ``COMPACT_AT`` bytes, so a
+run of any length keeps it small (a killed process leaves at worst an empty journal, which
+is right: nothing was pending).
 
 Records survive the death of the process as soon as ``write`` returns (the page
 cache belongs to the kernel). Surviving a machine crash needs ``fsync=True``,
@@ -38,6 +41,7 @@ from typing import Any, Optional
 __all__ = ['Journal', 'QueuedRecord', 'StoreRecord', 'JournalState', 'read_journal', 'compact', 'JOURNAL_NAME']
 
 JOURNAL_NAME = 'journal.jsonl'
+COMPACT_AT = 64 * 1024  # bytes: an open journal with nothing pending starts over past this size
 
 try:
     from json.encoder import c_encode_basestring_ascii as _quote  # type: ignore[attr-defined]
@@ -103,11 +107,18 @@ class Journal:
     Args:
         path: the journal file (created if missing).
         fsync: ``fdatasync`` after every append (durable against machine crashes; slow).
+        state: what the file held when opened (:func:`read_journal`): its pending uploads
+            and stores. Needed for the journal to start over when nothing is pending;
+            without it (None) the journal never does.
     """
 
-    def __init__(self, path: str, *, fsync: bool = False):
+    def __init__(self, path: str, *, fsync: bool = False, state: Optional['JournalState'] = None):
         self.path = path
         self.fsync = fsync
+        self._can_restart = state is not None
+        self._open_ids: set[int] = set(state.pending) if state is not None else set()
+        self._store_lines: dict[str, str] = ({sid: record.to_json() for sid, record in state.stores.items()}
+                                             if state is not None else {})
         self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0)
                                           | getattr(os, 'O_CLOEXEC', 0), 0o600)
         if os.fstat(self._fd).st_mode & 0o077:  # written by an older version under a loose umask
@@ -121,7 +132,8 @@ class Journal:
                 if handle.read(1) != b'\n':
                     os.write(self._fd, b'\n')
 
-    def _write(self, line: str) -> None:
+    def _write(self, line: str, *, queued: Optional[int] = None, done: Optional[int] = None,
+               store: Optional[str] = None) -> None:
         data = line.encode('utf-8')
         with self._lock:
             if self._fd is None:
@@ -129,8 +141,27 @@ class Journal:
             written = os.write(self._fd, data)
             if written != len(data):
                 self._finish_short_write(self._fd, data, written)
+            if store is not None:
+                self._store_lines[store] = line
+            if queued is not None:
+                self._open_ids.add(queued)
+            if done is not None:
+                self._open_ids.discard(done)
+                if self._can_restart and not self._open_ids and os.fstat(self._fd).st_size >= COMPACT_AT:
+                    self._start_over()
             if self.fsync:
                 os.fdatasync(self._fd)
+
+    def _start_over(self) -> None:
+        # Nothing is pending: only the store lines matter (later queued lines refer to them).
+        # Cut and rewrite under the lock; a kill in between leaves an empty journal, which says
+        # the same (nothing pending) to whoever reads it next.
+        os.ftruncate(self._fd, 0)
+        stores = ''.join(self._store_lines.values()).encode('utf-8')
+        if stores:
+            written = os.write(self._fd, stores)
+            if written != len(stores):
+                self._finish_short_write(self._fd, stores, written)
 
     @staticmethod
     def _finish_short_write(fd: int, data: bytes, written: int) -> None:
@@ -149,16 +180,16 @@ class Journal:
 
     def append_store(self, record: StoreRecord) -> None:
         """Record a store that later ``queued`` lines refer to by ``sid``."""
-        self._write(record.to_json())
+        self._write(record.to_json(), store=record.sid)
 
     def append_queued(self, upload_id: int, name: str, size: int, overwrite: bool, sid: str,
                       src: Optional[str] = None, owned: bool = False) -> None:
         """Record that upload ``upload_id`` is queued (its snapshot is already complete)."""
-        self._write(_queued_line(upload_id, name, size, overwrite, sid, src, time.time(), owned))
+        self._write(_queued_line(upload_id, name, size, overwrite, sid, src, time.time(), owned), queued=upload_id)
 
     def append_done(self, upload_id: int) -> None:
         """Record that upload ``upload_id`` needs nothing more."""
-        self._write(f'{{"op":"d","id":{upload_id}}}\n')
+        self._write(f'{{"op":"d","id":{upload_id}}}\n', done=upload_id)
 
     def close(self) -> None:
         with self._lock:

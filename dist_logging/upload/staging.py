@@ -128,7 +128,7 @@ class RankStaging:
             self._remove_orphans(state)
             compact(self.journal_path, state, fsync=fsync)
             self.recovered: JournalState = state
-            self.journal = Journal(self.journal_path, fsync=fsync)
+            self.journal = Journal(self.journal_path, fsync=fsync, state=read_journal(self.journal_path))
         except BaseException:
             self._lock.release()
             raise

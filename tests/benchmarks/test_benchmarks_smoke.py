@@ -137,5 +137,6 @@ def test_checkpoint_stall(tmp_path):
     memory = doc['memory']  # --quick: 24 saves through one writer, sampled every 10
     assert memory['saves'] == 24 and memory['committed_at_end'] == ['ckpt/memory/step00022', 'ckpt/memory/step00023']
     for rank in memory['ranks']:
-        assert [s['saves'] for s in rank['samples']] == [10, 20]
+        assert [s['saves'] for s in rank['samples']] == [10, 20, 24]
+        assert set(rank['rss_growth_by_mode']) == {'ours', 'filesystemwriter'}
         assert all(s['rss'] > 0 and s['dist_logging_py'] > 0 and s['fds'] > 0 for s in rank['samples'])

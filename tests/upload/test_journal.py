@@ -61,3 +61,40 @@ def test_compact_keeps_only_pending(tmp_path):
     assert sorted(state.pending) == [3, 4] and set(state.stores) == {'s1'}
     compact(path, read_journal(path).__class__(stores={}, pending={}))
     assert not (tmp_path / 'journal.jsonl').exists()
+
+
+def test_open_journal_starts_over_when_nothing_is_pending_and_it_grew(tmp_path):
+    import os
+
+    from dist_logging.upload import journal as journal_module
+
+    path = str(tmp_path / 'journal.jsonl')
+    old = Journal(path)  # an earlier process left upload 1 pending
+    old.append_store(StoreRecord('s0', 'file:///old'))
+    old.append_queued(1, 'left-over', 5, True, 's0')
+    old.close()
+    journal = Journal(path, state=read_journal(path))
+    journal.append_store(StoreRecord('s1', 'file:///b'))
+    sizes = []
+    for i in range(2, 3000):  # one upload at a time, as a long run hands them over
+        journal.append_queued(i, f'run/step{i}/logs.txt', 100, True, 's1')
+        journal.append_done(i)
+        sizes.append(os.path.getsize(path))
+    # upload 1 (from before) is still pending: the journal may not start over yet
+    assert sizes[-1] > journal_module.COMPACT_AT
+    assert list(read_journal(path).pending) == [1]
+    journal.append_done(1)  # now nothing is pending: it starts over, keeping its store lines
+    assert os.path.getsize(path) < 1024
+    state = read_journal(path)
+    assert state.pending == {} and set(state.stores) == {'s0', 's1'}
+    for i in range(3000, 9000):
+        journal.append_queued(i, f'run/step{i}/logs.txt', 100, True, 's1')
+        if i % 3 == 0:  # two of every three stay pending for a while
+            for j in (i - 2, i - 1, i):
+                journal.append_done(j)
+        sizes.append(os.path.getsize(path))
+    journal.append_queued(9000, 'last', 7, False, 's1')  # queued after a restart: refers to s1
+    journal.close()
+    assert max(sizes[3000:]) < journal_module.COMPACT_AT + 1024  # bounded however long the run
+    state = read_journal(path)
+    assert list(state.pending) == [8998, 8999, 9000] and state.stores['s1'].uri == 'file:///b' and state.torn_lines == 0
