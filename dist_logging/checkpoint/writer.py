@@ -37,7 +37,7 @@ __all__ = ['CheckpointWriter', 'SaveTiming']
 
 log = logging.getLogger(__name__)
 _WRITES_FOLDER = 'checkpoint-writes'
-_TIMINGS_KEPT = 1000
+_TIMINGS_KEPT = 100  # SaveTiming records kept (about 250 bytes each)
 _SHARD_NAME = re.compile(r'/__\d+_[0-9a-f]{8}_\d+\.distcp$')  # prepare_global_plan's names
 
 

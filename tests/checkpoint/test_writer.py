@@ -239,7 +239,7 @@ def test_hundreds_of_saves_keep_memory_and_staging_bounded(tmp_path):
 
     store = RecordingStore(str(tmp_path / 'bucket'))
     writer = writer_for(tmp_path, store, keep_last=2)
-    writer.timings = collections.deque(maxlen=10)  # the bound (1,000 by default) reached early
+    writer.timings = collections.deque(maxlen=10)  # the bound (100 by default) reached early
     small = {'w': torch.arange(64.0)}
 
     def save(step):
