@@ -190,9 +190,7 @@ class HandOff:
                 self.poll(timed_out=True)
                 break
             time.sleep(POLL_S)
-        if not os.path.isdir(self.folder):
-            return
-        if not [entry for entry in os.listdir(self.folder) if entry != WRITER_INFO]:
+        if os.path.isdir(self.folder) and not [entry for entry in os.listdir(self.folder) if entry != WRITER_INFO]:
             try:
                 os.unlink(os.path.join(self.folder, WRITER_INFO))
             except FileNotFoundError:
