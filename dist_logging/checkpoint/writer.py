@@ -47,7 +47,8 @@ class SaveTiming:
     Attributes:
         checkpoint_id: the checkpoint's id (its folder in the bucket).
         rank: the global rank.
-        started_at: Unix time the save started on this rank (DCP's ``reset``).
+        started_at: Unix time the save started on this rank (DCP's ``reset``; for a save in torch's
+            checkpoint process, when the trainer sent it there).
         local_s: seconds from the start until this rank's shards were written locally and queued
             in the durable upload journal (the moment a SIGKILL no longer loses them).
         bytes_written: this rank's shard bytes.
@@ -69,7 +70,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     """Writes a DCP checkpoint to local staging, uploads it in the background, commits it when complete.
 
     Use it as ``dcp.save(state_dict, checkpoint_id='run/checkpoints/step100', storage_writer=writer)``
-    or with ``dcp.async_save`` (thread checkpointer); the ``checkpoint_id`` is the checkpoint's
+    or with ``dcp.async_save`` (thread or process checkpointer); the ``checkpoint_id`` is the checkpoint's
     folder in the bucket. On every rank the shards are written (by torch's own file writer)
     into a folder next to the rank's upload staging folder, then handed to the uploader by hard
     link (no second copy) and recorded in its durable journal: ``dcp.save`` returns then. The
@@ -81,6 +82,12 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     Shard files get a per-save nonce in their names (``__0_1a2b3c4d_0.distcp``), so saving again
     to a committed id never overwrites the files the committed version's metadata points at:
     that version stays readable until the new one commits (which removes the old marker first).
+
+    With ``dcp.async_save(..., async_checkpointer_type=AsyncCheckpointerType.PROCESS)`` torch pickles
+    the writer into its checkpoint process for every save: the copy only writes this rank's shard
+    files (and, on the coordinator, the commit record) into a hand-off folder in the writer's staging
+    state; this writer, in the trainer, hands them to the uploader, records the commit intent,
+    the timings and the metrics, and reports failures at ``close`` (see ``docs/checkpoints.md``).
 
     One save at a time per writer (as with torch's ``FileSystemWriter``): wait for an
     ``async_save`` future before starting the next save with the same writer.
@@ -100,7 +107,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             not yet uploaded and those plus this rank's previous save would exceed this; None:
             never waits (the disk is the limit).
         commit_timeout: seconds the committer waits for a checkpoint's shards before it fails
-            (the checkpoint stays uncommitted; ``close`` raises).
+            (the checkpoint stays uncommitted; ``close`` raises); also how long ``close`` waits for
+            saves still running in torch's checkpoint process.
         logger: a :class:`~dist_logging.Logger`: each save's ``checkpoint/local_s`` (every rank)
             and ``checkpoint/commit_s`` (coordinator) are logged through it.
         sync_files: fsync shard files, journal records and commit intents, so a queued save
@@ -478,6 +486,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def wait_for_commits(self, timeout: Optional[float] = None) -> bool:
         """Block until every checkpoint this coordinator handed over committed or failed; False on timeout.
 
+        A save in torch's checkpoint process whose ``async_save`` future is done is handed over first.
+
         On other ranks it returns True at once (they commit nothing). Never raises for failures.
         """
         if self._handoff is not None:
@@ -489,10 +499,14 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         """Wait for every upload of this rank and (coordinator) every commit; stop what the writer owns.
 
         Idempotent. Call it on every rank after the last save (and after its ``async_save`` future).
+        Saves sent to torch's checkpoint process are handed over first (a save still running there is
+        waited for, up to ``commit_timeout``).
 
         Raises:
             UploadError: uploads that failed, and (coordinator) checkpoints that did not commit,
-                naming each object that is missing or failed.
+                naming each object that is missing or failed; and each save sent to torch's
+                checkpoint process that did not reach the hand-over (its write failed, the process
+                ended it, or on the coordinator DCP's ``finish`` never ran), named by its checkpoint id.
         """
         with self._lock:
             if self._closed:

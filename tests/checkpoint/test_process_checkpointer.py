@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import pytest
 import torch
@@ -125,6 +126,32 @@ def test_failed_and_missing_process_saves_are_named_at_close_and_stay_uncommitte
     assert list_checkpoints(store, 'r/ck') == ['r/ck/s1']
     writer.uploader.shutdown()  # a shared uploader is its owner's to close
     assert left_in(tmp_path / 'staging') == []  # the failed saves' partial files are gone too
+
+
+def test_staging_bound_holds_a_process_save_before_it_is_sent(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'), block='.distcp')  # shard uploads wait for the gate
+    writer = writer_for(tmp_path, store, max_staged_bytes=1)
+    as_checkpoint_process(writer, lambda side: dcp.save(state(1), checkpoint_id='r/s1', storage_writer=side))
+    sent = threading.Event()
+
+    def second():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            side = pickle.loads(pickle.dumps(writer))  # torch's sending thread: waits while staging is full
+        sent.caught = caught
+        sent.set()
+        dcp.save(state(2), checkpoint_id='r/s2', storage_writer=side)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    assert not sent.wait(0.5)  # s1's shards are staged, not uploaded: s2 is not sent yet
+    store.gate.set()
+    assert sent.wait(30)
+    thread.join(60)
+    assert any('max_staged_bytes' in str(w.message) for w in sent.caught)
+    writer.close()
+    writer.uploader.shutdown()
+    assert list_checkpoints(store, 'r') == ['r/s1', 'r/s2']
 
 
 CHILD = '''
