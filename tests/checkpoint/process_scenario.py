@@ -1,5 +1,6 @@
 """One torchrun launch: saves through one CheckpointWriter with dcp.async_save's PROCESS checkpointer (and one
-THREAD save in between), closes, then loads every checkpoint back through CheckpointReader on every rank.
+THREAD save in between), then one PROCESS save that fails on rank 1, closes, then loads every checkpoint back
+through CheckpointReader on every rank.
 
 $CKPT_PLAN: {"root": ..., "bucket": uri}. Each rank writes what it saw to $OUT_DIR/rank{r}.json.
 torch spawns its checkpoint process, which imports this file as __mp_main__: the job runs only under
@@ -8,6 +9,20 @@ the __main__ guard.
 
 import json
 import os
+
+if __name__ == '__mp_main__':
+    # This is torch's checkpoint process (it imports the script under this name): rank 1's write of step5
+    # fails there, after its write began (the failure manifest), so the coordinator's finish never runs.
+    from dist_logging.checkpoint import _process_side
+
+    _real_write = _process_side.write_rank_files
+
+    def _write_rank_files(writer, plan, planner, results):
+        if os.environ.get('RANK') == '1' and writer.checkpoint_id.endswith('/step5'):
+            raise OSError("injected in rank 1's checkpoint process: disk full")
+        return _real_write(writer, plan, planner, results)
+
+    _process_side.write_rank_files = _write_rank_files
 
 
 def main():
@@ -53,6 +68,12 @@ def main():
     for step, kind in kinds.items():
         dcp.async_save(state(step), checkpoint_id=f'run/ckpt/step{step}', storage_writer=writer,
                        async_checkpointer_type=kind).result(120)
+    try:
+        dcp.async_save(state(5), checkpoint_id='run/ckpt/step5', storage_writer=writer,
+                       async_checkpointer_type=AsyncCheckpointerType.PROCESS).result(120)
+        step5_error = None
+    except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException is a BaseException
+        step5_error = f'{type(exc).__name__}: {exc}'
     from torch.distributed.checkpoint import _async_process_executor as executor
     checkpoint_process = executor._CHECKPOINT_PROCESS  # torch's one checkpoint process of this trainer
     close_error = None
@@ -71,6 +92,7 @@ def main():
             loaded[step] = exact(got, state(step))
     dump_rank_output({
         'close_error': close_error,
+        'step5_error': step5_error,
         'checkpoint_process_pid': checkpoint_process._save_process.pid if checkpoint_process else None,
         'pid': os.getpid(),
         'latest': latest_checkpoint(bucket, 'run/ckpt'),
