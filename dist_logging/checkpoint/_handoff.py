@@ -167,8 +167,8 @@ class HandOff:
         cid = sent.cid or (read_json(os.path.join(sent.folder, STARTED)) or {}).get('checkpoint_id')
         name = cid if cid else f'<process save #{sent.seq}, no checkpoint id recorded>'
         what = f'checkpoint {cid!r}' if cid else 'a save'
-        error = RuntimeError(f'{what} (async_save in the checkpoint process: this writer's process save #{sent.seq}): {why}; '
-                             'it stays uncommitted (invisible to latest_checkpoint)')
+        error = RuntimeError(f"{what} (async_save in the checkpoint process: this writer's process save "
+                             f'#{sent.seq}): {why}; it stays uncommitted (invisible to latest_checkpoint)')
         log.error('%s', error)
         self.errors[name] = error
         if remove:
