@@ -23,7 +23,7 @@ import shutil
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from dist_logging.checkpoint._intents import write_intent
 from dist_logging.checkpoint._process_side import (COMMIT, COMMIT_METADATA, MANIFEST, STARTED, ProcessSideWriter,
@@ -33,7 +33,7 @@ from dist_logging.checkpoint._shards import publish
 if TYPE_CHECKING:
     from dist_logging.checkpoint.writer import CheckpointWriter
 
-__all__ = ['PROCESS_FOLDER', 'HandOff']
+__all__ = ['PROCESS_FOLDER', 'HandOff', 'LeftSave', 'take_left_saves']
 
 log = logging.getLogger(__name__)
 PROCESS_FOLDER = 'checkpoint-process'
@@ -84,7 +84,8 @@ class HandOff:
         with self._lock:
             if self._seq == 0:
                 os.makedirs(self.folder, mode=0o700, exist_ok=True)
-                info = {'bucket_uri': writer._bucket_uri(), 'pid': os.getpid()}
+                info = {'bucket_uri': writer._bucket_uri(), 'backend_kwargs': writer._backend_kwargs,
+                        'keep_last': writer.keep_last, 'pid': os.getpid()}
                 publish(os.path.join(self.folder, WRITER_INFO), json.dumps(info).encode(), writer.sync_files)
             self._seq += 1
             seq = self._seq
@@ -205,53 +206,105 @@ class HandOff:
     def adopt_dead(self) -> None:
         """Hand over the complete saves that dead writers of this rank left in their hand-off folders; remove
         the incomplete ones (never committed). A folder whose checkpoint process is still alive is left alone."""
-        try:
-            entries = sorted(os.listdir(self.rank_folder))
-        except FileNotFoundError:
-            return
-        for entry in entries:
-            owner = entry.split('-', 1)[0]
-            if not owner.isdigit() or int(owner) == os.getpid() or _alive(int(owner)):
-                continue
-            folder = os.path.join(self.rank_folder, entry)
-            info = read_json(os.path.join(folder, WRITER_INFO)) or {}
-            busy = False
-            for seq in sorted(os.listdir(folder)):
-                path = os.path.join(folder, seq)
-                if not os.path.isdir(path):
-                    continue
-                started = read_json(os.path.join(path, STARTED)) or {}
-                if isinstance(started.get('pid'), int) and _alive(started['pid']):
-                    busy = True  # the dead writer's checkpoint process still writes it: the next writer looks again
-                    continue
-                self._adopt(path, info.get('bucket_uri'), started.get('checkpoint_id'))
-            if not busy:
-                shutil.rmtree(folder, ignore_errors=True)
+        take_left_saves(self.rank_folder, self._adopt)
 
-    def _adopt(self, folder: str, bucket_uri: Optional[str], cid: Optional[str]) -> None:
+    def _adopt(self, left: 'LeftSave') -> Optional[bool]:
         writer = self.writer
-        manifest = read_json(os.path.join(folder, MANIFEST))
-        ours = bucket_uri is not None and bucket_uri == writer._bucket_uri()
-        if manifest is not None and manifest.get('ok') and ours:
-            cid = manifest['checkpoint_id']
-            writer._queue_for_upload(folder, cid, manifest['files'], skip_missing=True)
-            commit = read_json(os.path.join(folder, COMMIT)) if manifest.get('coordinator') else None
-            if commit is not None:
-                with open(os.path.join(folder, COMMIT_METADATA), 'rb') as handle:
-                    metadata = handle.read()
-                # The same time_ns as the dead writer would have used: an intent it wrote already is rewritten
-                # in place, not doubled. The committer resumes it as any intent a dead coordinator left.
-                write_intent(writer._intents_dir, cid, commit['files'], int(commit['time_ns']), metadata=metadata,
-                             bucket_uri=writer._bucket_uri(), backend_kwargs=writer._backend_kwargs,
-                             keep_last=writer.keep_last, fsync=writer.sync_files)
-            log.warning('CheckpointWriter: handed over the shards of checkpoint %r that a killed process left in %s%s',
-                        cid, folder, ' (and its commit intent)' if commit is not None else '')
-        else:
-            why = ('it was not finished' if manifest is None or not manifest.get('ok') else
-                   f'it was for another bucket ({bucket_uri!r})')
-            log.warning('CheckpointWriter: removing the process save of checkpoint %r that a killed process left in '
-                        '%s: %s (it was never committed)', cid, folder, why)
-        shutil.rmtree(folder, ignore_errors=True)
+        if left.bucket_uri != writer._bucket_uri():  # both None: a custom store, resumed as the uploader does
+            return False
+        writer._queue_for_upload(left.folder, left.checkpoint_id, left.manifest['files'], skip_missing=True)
+        if left.commit is not None:
+            # The committer resumes it as any intent a killed coordinator left.
+            left.write_intent(writer._intents_dir, writer._bucket_uri(), writer._backend_kwargs, writer.keep_last,
+                              writer.sync_files)
+        return True
+
+
+@dataclasses.dataclass
+class LeftSave:
+    """A complete save (its manifest says ok) that a dead writer left in its hand-off folder.
+
+    Attributes:
+        folder: the save's folder.
+        bucket_uri, backend_kwargs: the dead writer's bucket (None: a custom store).
+        keep_last: the dead writer's retention.
+        checkpoint_id: the checkpoint.
+        manifest: the rank's manifest (``files``: relative name -> size; ``coordinator``).
+        commit: the coordinator's commit record, when DCP's ``finish`` ran; else None.
+    """
+
+    folder: str
+    bucket_uri: Optional[str]
+    backend_kwargs: dict
+    keep_last: Optional[int]
+    checkpoint_id: str
+    manifest: dict
+    commit: Optional[dict]
+
+    def write_intent(self, intents_dir: str, bucket_uri: Optional[str], backend_kwargs: dict,
+                     keep_last: Optional[int], fsync: bool) -> None:
+        """Record the commit intent of the save (coordinator, with its commit record).
+
+        With the time the dead writer would have used: an intent it wrote already is rewritten in place,
+        not doubled."""
+        assert self.commit is not None
+        with open(os.path.join(self.folder, COMMIT_METADATA), 'rb') as handle:
+            metadata = handle.read()
+        write_intent(intents_dir, self.checkpoint_id, self.commit['files'], int(self.commit['time_ns']),
+                     metadata=metadata, bucket_uri=bucket_uri, backend_kwargs=backend_kwargs, keep_last=keep_last,
+                     fsync=fsync)
+
+
+def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]]) -> None:
+    """Go through the hand-off folders below ``rank_folder`` whose writer (trainer pid in the folder name) is dead.
+
+    A save whose checkpoint process is still alive (an orphan still writing) is left for a later look. A
+    complete save goes to ``adopt``, which hands its files over and returns True, returns False when it
+    cannot take it (another bucket: the save is deleted), or None to leave it where it is. Every other save
+    (no manifest, a failure manifest) is deleted: it never was, and never will be, committed.
+    """
+    try:
+        entries = sorted(os.listdir(rank_folder))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        owner = entry.split('-', 1)[0]
+        if not owner.isdigit() or int(owner) == os.getpid() or _alive(int(owner)):
+            continue
+        folder = os.path.join(rank_folder, entry)
+        info = read_json(os.path.join(folder, WRITER_INFO)) or {}
+        kept = False
+        for seq in sorted(os.listdir(folder)):
+            path = os.path.join(folder, seq)
+            if not os.path.isdir(path):
+                continue
+            started = read_json(os.path.join(path, STARTED)) or {}
+            if isinstance(started.get('pid'), int) and _alive(started['pid']):
+                kept = True
+                continue
+            manifest = read_json(os.path.join(path, MANIFEST))
+            cid = (manifest or started).get('checkpoint_id')
+            if manifest is not None and manifest.get('ok'):
+                commit = read_json(os.path.join(path, COMMIT)) if manifest.get('coordinator') else None
+                left = LeftSave(path, info.get('bucket_uri'), dict(info.get('backend_kwargs') or {}),
+                                info.get('keep_last'), cid, manifest, commit)
+                taken = adopt(left)
+                if taken is None:
+                    kept = True
+                    continue
+                if taken:
+                    log.warning('CheckpointWriter: handed over the shards of checkpoint %r that a killed process left '
+                                'in %s%s', cid, path, ' (and its commit intent)' if commit is not None else '')
+                else:
+                    log.warning('CheckpointWriter: removing the process save of checkpoint %r that a killed process '
+                                'left in %s: it was for another bucket (%r); it was never committed', cid, path,
+                                left.bucket_uri)
+            else:
+                log.warning('CheckpointWriter: removing the unfinished process save of checkpoint %r that a killed '
+                            'process left in %s (it was never committed)', cid, path)
+            shutil.rmtree(path, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

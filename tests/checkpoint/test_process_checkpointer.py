@@ -179,7 +179,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 '''
 
 
-def test_a_restarted_writer_adopts_what_a_killed_one_left_in_its_hand_off_folder(tmp_path):
+@pytest.mark.parametrize('recovery', ['restart', 'drain'])
+def test_a_restarted_writer_or_drain_takes_over_what_a_killed_trainer_left(tmp_path, recovery):
     bucket, staging = str(tmp_path / 'bucket'), str(tmp_path / 'staging')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get('PYTHONPATH', '')]))
     child = subprocess.run([sys.executable, '-c', textwrap.dedent(CHILD), bucket, staging], env=env, timeout=120,
@@ -189,9 +190,17 @@ def test_a_restarted_writer_adopts_what_a_killed_one_left_in_its_hand_off_folder
     assert any(name.endswith('commit.json') for name in left) and any(name.endswith('.distcp') for name in left)
     assert latest_checkpoint(bucket, 'r/ck') is None
 
-    with CheckpointWriter(bucket, upload_staging_folder=staging) as writer:  # the restarted job
-        dcp.save(state(9), checkpoint_id='r/ck/s9', storage_writer=writer)  # starts it: adopts, then saves
-    assert list_checkpoints(bucket, 'r/ck') == ['r/ck/s7', 'r/ck/s9']  # s8 was never written: removed, not committed
+    if recovery == 'restart':
+        with CheckpointWriter(bucket, upload_staging_folder=staging) as writer:  # the restarted job
+            dcp.save(state(9), checkpoint_id='r/ck/s9', storage_writer=writer)  # starts it: adopts, then saves
+        expected = ['r/ck/s7', 'r/ck/s9']  # s8 was never written: removed, not committed
+    else:
+        drained = subprocess.run([sys.executable, '-m', 'dist_logging', 'drain', staging, '--no-progress'], env=env,
+                                 timeout=120, capture_output=True, text=True)
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        assert 'committed checkpoint r/ck/s7' in drained.stdout, drained.stdout
+        expected = ['r/ck/s7']
+    assert list_checkpoints(bucket, 'r/ck') == expected
     got = state(0)
     with CheckpointReader(bucket, cache_folder=str(tmp_path / 'cache')) as reader:
         dcp.load(got, checkpoint_id='r/ck/s7', storage_reader=reader)
