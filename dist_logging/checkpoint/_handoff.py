@@ -10,7 +10,8 @@ and, on the coordinator, the commit intent; then it removes the folder.
 A save is over in the checkpoint process once torch's thread that sent it has ended (it waits for the
 process's answer, and torch ends it after the save): what the folder holds then is all it will hold, so
 a missing manifest (or, on the coordinator, a missing commit record: DCP's ``finish`` never ran) is
-final and reported at once, not after a timeout.
+final and reported at once, not after a timeout. (Were a torch version to keep that thread for later
+saves, such a failure would be reported when ``close()``'s bounded wait ends instead.)
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ class HandOff:
             manifest = read_json(os.path.join(sent.folder, MANIFEST))
             if manifest is None:
                 if over:
-                    self._fail(sent, 'the checkpoint process ended it before its files were written (the '
-                               'async_save future holds the error)', remove=True)
+                    self._fail(sent, 'it ended before its files were written (in the checkpoint process, or before '
+                               'reaching it; the async_save future holds the error)', remove=True)
                 elif timed_out:
                     self._fail(sent, 'the checkpoint process did not finish writing it within commit_timeout',
                                remove=False)
