@@ -8,8 +8,10 @@ import json
 import os
 import pathlib
 import pickle
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import warnings
@@ -41,11 +43,23 @@ def left_in(folder: pathlib.Path) -> list[str]:
 
 @pytest.mark.multiprocess
 def test_process_checkpointer_two_ranks_commits_loads_exactly_and_leaves_nothing(tmp_path):
-    root, tmp = tmp_path / 'job', tmp_path / 'tmpdir'
+    root = tmp_path / 'job'
     root.mkdir()
-    tmp.mkdir()
+    # The job's own TMPDIR, short (not in the suite's nested sandbox): torch hands tensors to its checkpoint
+    # process through a Unix socket made there (multiprocessing's resource sharer), whose path is limited to
+    # 107 bytes. Removed below.
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix='dlp-', dir='/tmp' if os.path.isdir('/tmp') else None))
     plan = {'root': str(root), 'bucket': str(tmp_path / 'bucket')}
-    run_torchrun(SCENARIO, 2, tmp_path / 'out', env={'CKPT_PLAN': json.dumps(plan), 'TMPDIR': str(tmp)}, timeout=200)
+    try:
+        run_torchrun(SCENARIO, 2, tmp_path / 'out', env={'CKPT_PLAN': json.dumps(plan), 'TMPDIR': str(tmp)},
+                     timeout=200)
+        # Nothing left in the job's TMPDIR: no file at all, and no folder but torch's own (torchrun's log folder,
+        # inductor's cache folder made at import) and dist_logging's per-user base (latest_checkpoint's scratch).
+        assert [str(p) for p in tmp.rglob('*') if not p.is_dir()] == []
+        assert [p.name for p in tmp.iterdir() if not p.name.startswith(('torchelastic_', 'torchinductor_',
+                                                                          'dist_logging-'))] == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     outputs = read_rank_outputs(tmp_path / 'out')
     assert sorted(outputs) == [0, 1]
     ids = [f'run/ckpt/step{step}' for step in (1, 2, 3, 4)]  # 1, 3, 4: PROCESS; 2: THREAD; 5 failed
@@ -68,11 +82,6 @@ def test_process_checkpointer_two_ranks_commits_loads_exactly_and_leaves_nothing
     staging = root / 'staging'
     assert left_in(staging) == []  # shards uploaded, hand-off folders (step5's too) and intents gone
     assert not (staging / 'checkpoint-process').exists()
-    # Nothing left in the job's TMPDIR: no file at all, and no folder but torch's own (torchrun's log folder,
-    # inductor's cache folder made at import) and dist_logging's per-user base (latest_checkpoint's scratch).
-    assert [str(p) for p in tmp.rglob('*') if not p.is_dir()] == []
-    assert [p.name for p in tmp.iterdir() if not p.name.startswith(('torchelastic_', 'torchinductor_',
-                                                                      'dist_logging-'))] == []
 
 
 def writer_for(tmp_path, store, **kwargs) -> CheckpointWriter:
