@@ -125,6 +125,8 @@ def _cmd_drain(args: argparse.Namespace) -> int:
     from dist_logging.checkpoint.drain import finish_commits
 
     commits = finish_commits(args.staging_folder)
+    for cid in commits.handed_over:
+        print(f'uploaded the shards of checkpoint {cid} that a killed trainer left from its checkpoint process')
     for cid in commits.committed:
         print(f'committed checkpoint {cid}')
     for cid, error in sorted(commits.not_ready.items()):

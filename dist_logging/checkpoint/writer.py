@@ -8,7 +8,6 @@ import logging
 import os
 import pickle
 import queue
-import re
 import shutil
 import threading
 import time
@@ -18,17 +17,18 @@ from torch.futures import Future
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from torch.distributed.checkpoint.filesystem import (CURRENT_DCP_VERSION, DEFAULT_SUFFIX, FileSystemWriter,
-                                                     _split_by_size_and_type, _StoragePrefix, _write_files_from_queue)
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
 from dist_logging import dist
 from dist_logging.checkpoint._committer import Committer
+from dist_logging.checkpoint._handoff import PROCESS_FOLDER, HandOff
 from dist_logging.checkpoint._intents import INTENTS_FOLDER, CommitIntent, read_intents, write_intent
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._paths import scratch_folder
+from dist_logging.checkpoint._shards import SHARD_NAME, file_sizes, name_rank_files, seal_metadata, write_rank_files
 from dist_logging.destinations.remote import RemoteUploaderDownloader
 from dist_logging.errors import UploadError
 from dist_logging.object_store import persistable_kwargs, persistable_uri
@@ -38,7 +38,6 @@ __all__ = ['CheckpointWriter', 'SaveTiming']
 log = logging.getLogger(__name__)
 _WRITES_FOLDER = 'checkpoint-writes'
 _TIMINGS_KEPT = 100  # SaveTiming records kept (about 250 bytes each)
-_SHARD_NAME = re.compile(r'/__\d+_[0-9a-f]{8}_\d+\.distcp$')  # prepare_global_plan's names
 
 
 @dataclasses.dataclass
@@ -48,7 +47,8 @@ class SaveTiming:
     Attributes:
         checkpoint_id: the checkpoint's id (its folder in the bucket).
         rank: the global rank.
-        started_at: Unix time the save started on this rank (DCP's ``reset``).
+        started_at: Unix time the save started on this rank (DCP's ``reset``; for a save in torch's
+            checkpoint process, when the trainer sent it there).
         local_s: seconds from the start until this rank's shards were written locally and queued
             in the durable upload journal (the moment a SIGKILL no longer loses them).
         bytes_written: this rank's shard bytes.
@@ -70,7 +70,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     """Writes a DCP checkpoint to local staging, uploads it in the background, commits it when complete.
 
     Use it as ``dcp.save(state_dict, checkpoint_id='run/checkpoints/step100', storage_writer=writer)``
-    or with ``dcp.async_save`` (thread checkpointer); the ``checkpoint_id`` is the checkpoint's
+    or with ``dcp.async_save`` (thread or process checkpointer); the ``checkpoint_id`` is the checkpoint's
     folder in the bucket. On every rank the shards are written (by torch's own file writer)
     into a folder next to the rank's upload staging folder, then handed to the uploader by hard
     link (no second copy) and recorded in its durable journal: ``dcp.save`` returns then. The
@@ -82,6 +82,12 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     Shard files get a per-save nonce in their names (``__0_1a2b3c4d_0.distcp``), so saving again
     to a committed id never overwrites the files the committed version's metadata points at:
     that version stays readable until the new one commits (which removes the old marker first).
+
+    With ``dcp.async_save(..., async_checkpointer_type=AsyncCheckpointerType.PROCESS)`` torch pickles
+    the writer into its checkpoint process for every save: the copy only writes this rank's shard
+    files (and, on the coordinator, the commit record) into a hand-off folder in the writer's staging
+    state; this writer, in the trainer, hands them to the uploader, records the commit intent,
+    the timings and the metrics, and reports failures at ``close`` (see ``docs/checkpoints.md``).
 
     One save at a time per writer (as with torch's ``FileSystemWriter``): wait for an
     ``async_save`` future before starting the next save with the same writer.
@@ -101,7 +107,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             not yet uploaded and those plus this rank's previous save would exceed this; None:
             never waits (the disk is the limit).
         commit_timeout: seconds the committer waits for a checkpoint's shards before it fails
-            (the checkpoint stays uncommitted; ``close`` raises).
+            (the checkpoint stays uncommitted; ``close`` raises); also how long ``close`` waits for
+            saves still running in torch's checkpoint process.
         logger: a :class:`~dist_logging.Logger`: each save's ``checkpoint/local_s`` (every rank)
             and ``checkpoint/commit_s`` (coordinator) are logged through it.
         sync_files: fsync shard files, journal records and commit intents, so a queued save
@@ -199,14 +206,31 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self._commit_errors: dict[str, BaseException] = {}
         self._pending_metrics: collections.deque[dict] = collections.deque()
         self._owner_thread = threading.get_ident()
+        self._committer_lock = threading.Lock()
+        self._handoff: Optional[HandOff] = None
         self.timings: collections.deque[SaveTiming] = collections.deque(maxlen=_TIMINGS_KEPT)
 
     # ------------------------------------------------------------------ pickling (process checkpointer)
     def __reduce__(self) -> Any:
-        raise TypeError('CheckpointWriter cannot be pickled: it owns upload workers and a locked staging folder in '
-                        'this process. dcp.async_save(async_checkpointer_type=AsyncCheckpointerType.PROCESS) sends '
-                        'the storage writer to a checkpoint process; use the default THREAD checkpointer (the upload '
-                        'already runs off the training thread)')
+        """Pickle for torch's checkpoint process (``dcp.async_save(..., async_checkpointer_type=PROCESS)``).
+
+        torch pickles the storage writer for every such save and runs ``dcp.save`` on the copy in its
+        checkpoint process. The copy is a small process-side writer that only writes this rank's shard
+        files (and, on the coordinator, the commit record) into a hand-off folder of this writer; this
+        writer, in the trainer, hands them to its uploader and commits, as for a thread save. Each pickle
+        is one save: this writer waits for it at ``close()``.
+
+        Raises:
+            RuntimeError: the writer is closed.
+        """
+        self._start()
+        return self._handoff.send().__reduce__()
+
+    def __copy__(self) -> Any:
+        raise TypeError('a CheckpointWriter cannot be copied: it owns upload workers and a staging folder')
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError('a CheckpointWriter cannot be copied: it owns upload workers and a staging folder')
 
     # ------------------------------------------------------------------ setup
     def _start(self) -> None:
@@ -228,19 +252,28 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             if not self._links:
                 log.warning('CheckpointWriter: no hard links from %s to %s: shards are copied into staging (a '
                             'second write of every byte)', self._writes_dir, self._files_dir)
+            self._handoff = HandOff(self, os.path.join(self.staging_root, PROCESS_FOLDER,
+                                                       f'rank{dist.get_global_rank()}'))
             self._started = True
+        try:
+            self._handoff.adopt_dead()
+        except Exception as exc:  # noqa: BLE001 - what stays is looked at again by the next writer
+            log.warning('CheckpointWriter: could not take over the process saves a killed writer left in %s: %s: %s',
+                        self._handoff.rank_folder, type(exc).__name__, exc)
 
     def _start_committer(self) -> Committer:
-        if self._committer is None:
-            self._committer = Committer(self.store, scratch_folder(self.staging_root), self.commit_timeout,
-                                        self.uploader.failed_uploads, self._on_commit)
-            self.uploader.add_landed_listener(self._committer.nudge)
-            uri = self._bucket_uri()
-            for intent in read_intents(self._intents_dir):
-                if intent.bucket_uri == uri and uri is not None:
-                    log.warning('resuming the commit of checkpoint %r left by an earlier process', intent.checkpoint_id)
-                    self._committer.submit(intent, resumed=True)
-        return self._committer
+        with self._committer_lock:  # the hand-off watcher may start it too
+            if self._committer is None:
+                self._committer = Committer(self.store, scratch_folder(self.staging_root), self.commit_timeout,
+                                            self.uploader.failed_uploads, self._on_commit)
+                self.uploader.add_landed_listener(self._committer.nudge)
+                uri = self._bucket_uri()
+                for intent in read_intents(self._intents_dir):
+                    if intent.bucket_uri == uri and uri is not None:
+                        log.warning('resuming the commit of checkpoint %r left by an earlier process',
+                                    intent.checkpoint_id)
+                        self._committer.submit(intent, resumed=True)
+            return self._committer
 
     def _bucket_uri(self) -> Optional[str]:
         uri = getattr(self.store, 'bucket_uri', None)
@@ -289,9 +322,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Name each rank's files ``__{rank}_{nonce}_{n}.distcp`` (coordinator; the nonce is fresh per save)."""
-        nonce = uuid.uuid4().hex[:8]
-        return [dataclasses.replace(plan, storage_data=_StoragePrefix(f'__{i}_{nonce}_'))
-                for i, plan in enumerate(plans)]
+        return name_rank_files(plans)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         """Write this rank's shard files locally, queueing each for upload as soon as it is complete (all ranks).
@@ -300,33 +331,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         ``thread_count`` threads), split in ``max(files_per_rank, thread_count)`` files balanced by size.
         """
         self._wait_for_room()
-        prefix: _StoragePrefix = plan.storage_data
-        files: queue.Queue = queue.Queue()
-        buckets = [bucket for bucket in _split_by_size_and_type(max(self.files_per_rank, self.thread_count),
-                                                                  plan.items) if bucket]
-        for n, bucket in enumerate(buckets):
-            name = f'{prefix.prefix}{n}{DEFAULT_SUFFIX}'
-            files.put((self.fs.concat_path(self.path, name), name, bucket))
         handed = _HandOver(self)
-        errors: list[BaseException] = []
-
-        def write() -> None:
-            try:
-                _write_files_from_queue(self.fs.create_stream, files, handed, planner, self.transforms,
-                                        self.per_thread_copy_ahead, self.sync_files, self.thread_count,
-                                        self.serialization_format)
-            except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
-                errors.append(exc)
-
-        threads = [threading.Thread(target=write, name=f'dist_logging-ckpt-write-{i}', daemon=True)
-                   for i in range(1, min(self.thread_count, len(buckets)))]
-        for thread in threads:
-            thread.start()
-        write()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+        write_rank_files(self, plan, planner, handed)
         results = handed.results()
         self._finish_hand_over(handed.total)
         future: Future = Future()
@@ -335,10 +341,18 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
     def _hand_over_file(self, results: list[WriteResult]) -> int:
         """Queue one complete, closed shard file for upload (a link and a journal line); its size."""
-        local, cid = str(self.path), self._cid
+        return self._queue_for_upload(str(self.path), self._cid, file_sizes(results))
+
+    def _queue_for_upload(self, local: str, cid: str, files: dict[str, int], skip_missing: bool = False) -> int:
+        """Queue complete, closed shard files of ``local`` (relative name -> size) as ``{cid}/{name}``; their bytes.
+
+        ``skip_missing``: a file no longer there was queued already (by a writer killed before the end).
+        """
         total = 0
-        for relative, size in _file_sizes(results).items():
+        for relative, size in files.items():
             path = os.path.join(local, relative)
+            if skip_missing and not os.path.exists(path):
+                continue
             actual = os.path.getsize(path)
             if actual != size:
                 raise RuntimeError(f'CheckpointWriter: {path} has {actual} bytes but its write results end at {size}; '
@@ -352,7 +366,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 with self._lock:
                     self._earlier.update(exc.failures)
                 warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
-                              stacklevel=2)
+                              stacklevel=3)
             finally:
                 # The uploader remembers every name it queued (to refuse a second overwrite=False call of
                 # it); shard names carry a per-save nonce and never come again: forgetting them keeps
@@ -374,6 +388,27 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             if self.logger is not None:
                 self._pending_metrics.append({'checkpoint/local_s': timing.local_s})
                 self._emit_metrics()
+
+    def _record_process_save(self, cid: str, started_at: float, t0: float, total: int) -> SaveTiming:
+        """A process save's files are queued (hand-off watcher): its timing, measured from the pickle."""
+        self._last_bytes = total
+        timing = SaveTiming(cid, dist.get_global_rank(), started_at, local_s=time.monotonic() - t0,
+                            bytes_written=total)
+        with self._lock:
+            self.timings.append(timing)
+        if self.logger is not None:
+            self._pending_metrics.append({'checkpoint/local_s': timing.local_s})
+            self._emit_metrics()
+        return timing
+
+    def _submit_process_commit(self, cid: str, files: dict[str, int], time_ns: int, metadata: bytes,
+                               timing: Optional[SaveTiming], t0: float) -> None:
+        """A process save's commit record (coordinator, hand-off watcher): as ``finish`` does in a thread save."""
+        committer = self._start_committer()
+        intent = write_intent(self._intents_dir, cid, files, time_ns, metadata=metadata,
+                              bucket_uri=self._bucket_uri(), backend_kwargs=self._backend_kwargs,
+                              keep_last=self.keep_last, fsync=self.sync_files)
+        committer.submit(intent, timing=timing, t0=t0)
 
     def _staged_bytes(self) -> int:
         total = 0
@@ -406,13 +441,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Record the commit intent and hand it to the background committer (coordinator only; no I/O to the bucket)."""
-        metadata.version = CURRENT_DCP_VERSION
-        storage = {}
-        for rank_results in results:
-            storage.update({result.index: result.storage_data for result in rank_results})
-        metadata.storage_data = storage
-        metadata.storage_meta = self.storage_meta()
-        files = _file_sizes([result for rank_results in results for result in rank_results])
+        files = seal_metadata(metadata, results, self.storage_meta())
         committer = self._start_committer()
         intent = write_intent(self._intents_dir, self._cid, files, time.time_ns(), metadata=pickle.dumps(metadata),
                               bucket_uri=self._bucket_uri(), backend_kwargs=self._backend_kwargs,
@@ -458,8 +487,12 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def wait_for_commits(self, timeout: Optional[float] = None) -> bool:
         """Block until every checkpoint this coordinator handed over committed or failed; False on timeout.
 
+        A save in torch's checkpoint process whose ``async_save`` future is done is handed over first.
+
         On other ranks it returns True at once (they commit nothing). Never raises for failures.
         """
+        if self._handoff is not None:
+            self._handoff.poll()  # a process save whose future is done: its commit record is there
         committer = self._committer
         return True if committer is None else committer.wait(timeout)
 
@@ -467,10 +500,14 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         """Wait for every upload of this rank and (coordinator) every commit; stop what the writer owns.
 
         Idempotent. Call it on every rank after the last save (and after its ``async_save`` future).
+        Saves sent to torch's checkpoint process are handed over first (a save still running there is
+        waited for, up to ``commit_timeout``).
 
         Raises:
             UploadError: uploads that failed, and (coordinator) checkpoints that did not commit,
-                naming each object that is missing or failed.
+                naming each object that is missing or failed; and each save sent to torch's
+                checkpoint process that did not reach the hand-over (its write failed, the process
+                ended it, or on the coordinator DCP's ``finish`` never ran), named by its checkpoint id.
         """
         with self._lock:
             if self._closed:
@@ -480,6 +517,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         failures: dict[str, BaseException] = {}
         try:
             if started:
+                self._handoff.close(self.commit_timeout)
                 self.uploader.wait_for_uploads()
             if started and self._committer is None and dist.get_global_rank() == 0 and read_intents(self._intents_dir):
                 self._start_committer()  # a restarted job that did not save again: finish what it left
@@ -497,7 +535,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                     failures.update(exc.failures)
             else:
                 failures.update({name: exc for name, exc in self.uploader.failed_uploads().items()
-                                 if _SHARD_NAME.search(name)})  # a shared uploader's other failures are its own
+                                 if SHARD_NAME.search(name)})  # a shared uploader's other failures are its own
         if started:
             writes = self._writes_dir
             for folder in (writes, os.path.dirname(writes), os.path.dirname(os.path.dirname(writes)),
@@ -509,11 +547,16 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self._emit_metrics()
         failures.update(self._earlier)
         failures.update(self._commit_errors)
+        process_errors = self._handoff.errors if self._handoff is not None else {}
+        failures.update(process_errors)
         if failures:
             error = UploadError(failures)
             if self._commit_errors:
                 error.add_note(f'{len(self._commit_errors)} checkpoint file(s) never landed: their checkpoints stay '
                                'uncommitted (invisible to latest_checkpoint)')
+            if process_errors:
+                error.add_note(f'{len(process_errors)} async_save(s) to the checkpoint process did not reach the '
+                               'hand-over: they stay uncommitted (invisible to latest_checkpoint)')
             raise error
 
     def __enter__(self) -> 'CheckpointWriter':
@@ -583,17 +626,6 @@ def _remove_dead_writes(folder: str) -> None:
         except PermissionError:
             continue
         shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
-
-
-def _file_sizes(results: list[WriteResult]) -> dict[str, int]:
-    """Relative file name -> size, from write results (each item's offset + length; torch writes them back to back)."""
-    sizes: dict[str, int] = {}
-    for result in results:
-        info = result.storage_data
-        end = info.offset + info.length
-        if end > sizes.get(info.relative_path, -1):
-            sizes[info.relative_path] = end
-    return sizes
 
 
 def _protocol_base() -> type:

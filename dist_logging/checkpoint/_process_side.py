@@ -1,0 +1,150 @@
+"""The writer torch's checkpoint process runs for ``dcp.async_save(async_checkpointer_type=PROCESS)``.
+
+torch keeps one spawned checkpoint process per trainer process and, for every such save, pickles the
+storage writer into it and runs ``dcp.save`` there on the copy. A ``CheckpointWriter`` pickles into a
+:class:`ProcessSideWriter`: configuration only, no uploader, no thread. It writes this rank's shard
+files into a hand-off folder the trainer's writer watches, then publishes (temp file + rename):
+
+- ``started.json`` at ``reset``: the checkpoint id and this process's pid;
+- ``manifest.json`` after ``write_data``: the checkpoint id, the role (coordinator or not), every file's
+  relative name and size and the total; or, if ``write_data`` failed, ``ok: false`` with the error;
+- on the coordinator, ``commit.metadata`` (the pickled ``.metadata``) then ``commit.json`` (every
+  rank's files with their sizes, the save's time) in ``finish``.
+
+The trainer's writer hands the files to its uploader, records the commit intent and removes the folder:
+the checkpoint process only writes files (see ``docs/checkpoints.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import queue
+import time
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
+from dist_logging.checkpoint._shards import file_sizes, name_rank_files, publish, seal_metadata, write_rank_files
+
+__all__ = ['ProcessSideWriter', 'STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'read_json']
+
+STARTED, MANIFEST, COMMIT, COMMIT_METADATA = 'started.json', 'manifest.json', 'commit.json', 'commit.metadata'
+
+
+class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
+    """One save of a ``CheckpointWriter`` in torch's checkpoint process: writes files, uploads nothing.
+
+    Built by ``CheckpointWriter.__reduce__``; not meant to be made by hand.
+
+    Args:
+        folder: the save's hand-off folder (made by the trainer's writer; private to it).
+        files_per_rank, thread_count, sync_files, per_thread_copy_ahead, serialization_format:
+            as the trainer's writer has them.
+    """
+
+    def __init__(self, folder: str, *, files_per_rank: int, thread_count: int, sync_files: bool,
+                 per_thread_copy_ahead: int, serialization_format: Any):
+        super().__init__(folder, single_file_per_rank=True, sync_files=sync_files, thread_count=thread_count,
+                         per_thread_copy_ahead=per_thread_copy_ahead, overwrite=True,
+                         serialization_format=serialization_format)
+        self.folder = folder
+        self.files_per_rank = files_per_rank
+        self._config = dict(files_per_rank=files_per_rank, thread_count=thread_count, sync_files=sync_files,
+                            per_thread_copy_ahead=per_thread_copy_ahead, serialization_format=serialization_format)
+        self._is_coordinator = False
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (self.folder, self._config))
+
+    def reset(self, checkpoint_id: Union[str, 'os.PathLike[str]', None] = None) -> None:
+        """Start the save: record its id and this process in ``started.json``.
+
+        Raises:
+            ValueError: no ``checkpoint_id``, or a bad one.
+        """
+        if checkpoint_id is None:
+            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
+                             'dcp.async_save')
+        cid = check_checkpoint_id(checkpoint_id)
+        super().reset(None)
+        self._cid = cid
+        self.path = Path(self.folder)
+        publish(os.path.join(self.folder, STARTED), json.dumps({'checkpoint_id': cid, 'pid': os.getpid()}).encode(),
+                self.sync_files)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Record the role. Raises ValueError without a ``checkpoint_id`` or for ``use_collectives=False``."""
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+        if self._cid is None:  # torch calls reset() only when a checkpoint_id is given
+            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
+                             'dcp.async_save')
+        if not self.use_collectives:
+            raise ValueError('CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
+                             'from every rank\'s write results')
+        self._is_coordinator = bool(is_coordinator)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Name each rank's files ``__{rank}_{nonce}_{n}.distcp``, as the trainer's writer does."""
+        return name_rank_files(plans)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        """Write this rank's shard files, then ``manifest.json`` (a failure manifest if the write failed)."""
+        results: queue.Queue = queue.Queue()
+        try:
+            write_rank_files(self, plan, planner, results)
+            collected: list[WriteResult] = []
+            while not results.empty():
+                collected.extend(results.get_nowait())
+            files = file_sizes(collected)
+            for relative, size in files.items():
+                actual = os.path.getsize(os.path.join(self.folder, relative))
+                if actual != size:
+                    raise RuntimeError(f'CheckpointWriter: {relative} has {actual} bytes but its write results end at '
+                                       f'{size}; this torch writes a file layout the commit check does not understand')
+        except BaseException as exc:
+            record = {'checkpoint_id': self._cid, 'ok': False, 'error': f'{type(exc).__name__}: {exc}'}
+            try:
+                publish(os.path.join(self.folder, MANIFEST), json.dumps(record).encode(), self.sync_files)
+            except OSError as also:
+                exc.add_note(f'and its failure manifest could not be written: {also}')
+            raise
+        record = {'checkpoint_id': self._cid, 'ok': True, 'coordinator': self._is_coordinator, 'files': files,
+                  'total_bytes': sum(files.values())}
+        publish(os.path.join(self.folder, MANIFEST), json.dumps(record, sort_keys=True).encode(), self.sync_files)
+        future: Future = Future()
+        future.set_result(collected)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Publish the commit info: the ``.metadata`` then ``commit.json`` (coordinator only; no I/O to the bucket)."""
+        files = seal_metadata(metadata, results, self.storage_meta())
+        publish(os.path.join(self.folder, COMMIT_METADATA), pickle.dumps(metadata), self.sync_files)
+        record = {'checkpoint_id': self._cid, 'files': files, 'time_ns': time.time_ns()}
+        publish(os.path.join(self.folder, COMMIT), json.dumps(record, sort_keys=True).encode(), self.sync_files)
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self._cid, save_id=self.save_id)
+
+
+def _rebuild(folder: str, config: dict) -> ProcessSideWriter:
+    return ProcessSideWriter(folder, **config)
+
+
+def read_json(path: str) -> Optional[dict]:
+    """The JSON record at ``path``, or None while it does not exist (records are published whole)."""
+    try:
+        with open(path, 'rb') as handle:
+            return json.loads(handle.read())
+    except FileNotFoundError:
+        return None

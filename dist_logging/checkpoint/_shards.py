@@ -1,0 +1,106 @@
+"""What both DCP writers (``CheckpointWriter`` in the trainer, the process-side writer in torch's
+checkpoint process) do alike: name the shard files, write them with torch's file writer, build the
+``.metadata``, and publish small files atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import re
+import threading
+import uuid
+from typing import Any, Optional
+
+from torch.distributed.checkpoint.filesystem import (CURRENT_DCP_VERSION, DEFAULT_SUFFIX, _split_by_size_and_type,
+                                                     _StoragePrefix, _write_files_from_queue)
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+
+__all__ = ['SHARD_NAME', 'name_rank_files', 'write_rank_files', 'seal_metadata', 'file_sizes', 'publish']
+
+SHARD_NAME = re.compile(r'/__\d+_[0-9a-f]{8}_\d+\.distcp$')  # name_rank_files' names
+
+
+def name_rank_files(plans: list[SavePlan]) -> list[SavePlan]:
+    """Name each rank's files ``__{rank}_{nonce}_{n}.distcp`` (coordinator; the nonce is fresh per save)."""
+    nonce = uuid.uuid4().hex[:8]
+    return [dataclasses.replace(plan, storage_data=_StoragePrefix(f'__{i}_{nonce}_'))
+            for i, plan in enumerate(plans)]
+
+
+def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results: queue.Queue) -> None:
+    """Write this rank's shard files into ``writer.path`` as torch's ``FileSystemWriter.write_data`` does
+    (its file writer, ``writer.thread_count`` threads), split in ``max(files_per_rank, thread_count)`` files
+    balanced by size. torch's writer puts each file's write results in ``results`` once the file is closed.
+
+    ``writer`` is a torch ``FileSystemWriter`` with ``files_per_rank``. Raises what a writer thread raised.
+    """
+    prefix: _StoragePrefix = plan.storage_data
+    files: queue.Queue = queue.Queue()
+    buckets = [bucket for bucket in _split_by_size_and_type(max(writer.files_per_rank, writer.thread_count),
+                                                              plan.items) if bucket]
+    for n, bucket in enumerate(buckets):
+        name = f'{prefix.prefix}{n}{DEFAULT_SUFFIX}'
+        files.put((writer.fs.concat_path(writer.path, name), name, bucket))
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            _write_files_from_queue(writer.fs.create_stream, files, results, planner, writer.transforms,
+                                    writer.per_thread_copy_ahead, writer.sync_files, writer.thread_count,
+                                    writer.serialization_format)
+        except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, name=f'dist_logging-ckpt-write-{i}', daemon=True)
+               for i in range(1, min(writer.thread_count, len(buckets)))]
+    for thread in threads:
+        thread.start()
+    write()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def seal_metadata(metadata: Metadata, results: list[list[WriteResult]],
+                  storage_meta: Optional[StorageMeta]) -> dict[str, int]:
+    """Fill ``metadata`` as torch's ``FileSystemWriter.finish`` does (version, storage data of every rank's
+    results, ``storage_meta``); return every shard file's relative name -> size."""
+    metadata.version = CURRENT_DCP_VERSION
+    storage = {}
+    for rank_results in results:
+        storage.update({result.index: result.storage_data for result in rank_results})
+    metadata.storage_data = storage
+    metadata.storage_meta = storage_meta
+    return file_sizes([result for rank_results in results for result in rank_results])
+
+
+def file_sizes(results: list[WriteResult]) -> dict[str, int]:
+    """Relative file name -> size, from write results (each item's offset + length; torch writes them back to back)."""
+    sizes: dict[str, int] = {}
+    for result in results:
+        info = result.storage_data
+        end = info.offset + info.length
+        if end > sizes.get(info.relative_path, -1):
+            sizes[info.relative_path] = end
+    return sizes
+
+
+def publish(path: str, data: bytes, fsync: bool) -> None:
+    """Write ``path`` atomically (temp file, then ``os.replace``); fsync the file and its folder with ``fsync``."""
+    tmp = f'{path}.{os.getpid()}.tmp'
+    with open(tmp, 'wb') as handle:
+        handle.write(data)
+        if fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fd = os.open(os.path.dirname(path) or '.', os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
