@@ -29,11 +29,13 @@ Modes (interleaved: segments of ``--saves`` saves per mode, the order rotating e
 * not by default: ``ours_save_fsync`` / ``ours_async_fsync``: ours with ``sync_files=True`` (every
   shard fsynced before its hand-over, as ``FileSystemWriter`` does by default: the other local-disk
   modes fsync); ``ours_save_4files`` / ``ours_async_4files``: ours with ``files_per_rank=4`` (each
-  file queued as soon as written: the upload of the first files overlaps the write of the next).
+  file queued as soon as written: the upload of the first files overlaps the write of the next);
+  ``ours_async_process``: ours with ``dcp.async_save(async_checkpointer_type=PROCESS)`` (the write
+  runs in torch's checkpoint process, the hand-over, upload and commit in the trainer's writer).
 
 Every async mode uses a separate gloo process group for the checkpoint's collectives (the
 background thread must not share the training group's collectives), waits for the previous
-save's future before the next save (as torchtitan does), and thread checkpointers.
+save's future before the next save (as torchtitan does), and thread checkpointers unless named otherwise.
 
 Per save:
 
@@ -95,7 +97,7 @@ NAME = 'checkpoint_stall'
 ALL_MODES = ('none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', 'fsspec_async', 's3tc_save',
              's3tc_async')
 # Not by default: ours with sync_files=True, and ours with 4 shard files per rank (upload overlapping the write).
-EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files')
+EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files', 'ours_async_process')
 POLL_S = 0.05
 
 
@@ -329,6 +331,7 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
     if any(m.startswith('ours') for m in wanted):
         try:
             from dist_logging.checkpoint import CheckpointWriter
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
         except ImportError as exc:
             for m in wanted:
                 if m.startswith('ours'):
@@ -362,9 +365,12 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                         dcp.save(sd, checkpoint_id=cid, storage_writer=writer, process_group=ckpt_group)
                         return None, {}
                 else:
-                    def save(sd: dict, cid: str, writer: Any = writer) -> tuple[Optional[Future], dict]:
+                    # ours_async_process: torch's PROCESS checkpointer (the write in its checkpoint process)
+                    kind = {'async_checkpointer_type': AsyncCheckpointerType.PROCESS} if mode.endswith('_process') else {}
+
+                    def save(sd: dict, cid: str, writer: Any = writer, kind: dict = kind) -> tuple[Optional[Future], dict]:
                         fut = _future_of(dcp.async_save(sd, checkpoint_id=cid, storage_writer=writer,
-                                                        process_group=ckpt_group))
+                                                        process_group=ckpt_group, **kind))
                         return fut, {}
                 setups[mode] = Mode(save, committed=ours_committed if d.is_zero else (lambda cid, t0: t0),
                                     cleanup=ours_cleanup)
