@@ -26,10 +26,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from dist_logging.checkpoint._intents import write_intent
 from dist_logging.checkpoint._process_side import (COMMIT, COMMIT_METADATA, MANIFEST, STARTED, ProcessSideWriter,
                                                    read_json)
-from dist_logging.checkpoint._shards import publish
+from dist_logging.checkpoint._intents import publish, write_intent
+from dist_logging.dist import _process_alive
 
 if TYPE_CHECKING:
     from dist_logging.checkpoint.writer import CheckpointWriter
@@ -270,7 +270,7 @@ def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]
         return
     for entry in entries:
         owner = entry.split('-', 1)[0]
-        if not owner.isdigit() or int(owner) == os.getpid() or _alive(int(owner)):
+        if not owner.isdigit() or int(owner) == os.getpid() or _process_alive(int(owner)):
             continue
         folder = os.path.join(rank_folder, entry)
         info = read_json(os.path.join(folder, WRITER_INFO)) or {}
@@ -280,7 +280,7 @@ def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]
             if not os.path.isdir(path):
                 continue
             started = read_json(os.path.join(path, STARTED)) or {}
-            if isinstance(started.get('pid'), int) and _alive(started['pid']):
+            if isinstance(started.get('pid'), int) and _process_alive(started['pid']):
                 kept = True
                 continue
             manifest = read_json(os.path.join(path, MANIFEST))
@@ -306,13 +306,3 @@ def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]
             shutil.rmtree(path, ignore_errors=True)
         if not kept:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

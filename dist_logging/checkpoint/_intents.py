@@ -64,15 +64,16 @@ def write_intent(folder: str, checkpoint_id: str, files: dict, time_ns: int, *, 
     metadata_file = None
     if metadata is not None:
         metadata_file = base + '.metadata'
-        _publish(metadata_file, metadata, fsync)
+        publish(metadata_file, metadata, fsync)
     record = {'checkpoint_id': checkpoint_id, 'files': files, 'metadata_file': metadata_file, 'time_ns': time_ns,
               'bucket_uri': bucket_uri, 'backend_kwargs': dict(backend_kwargs or {}), 'keep_last': keep_last,
               'kind': kind, 'extra': dict(extra or {})}
-    _publish(base + '.json', json.dumps(record, sort_keys=True).encode(), fsync)
+    publish(base + '.json', json.dumps(record, sort_keys=True).encode(), fsync)
     return _from_record(base + '.json', record)
 
 
-def _publish(path: str, data: bytes, fsync: bool) -> None:
+def publish(path: str, data: bytes, fsync: bool) -> None:
+    """Write ``path`` atomically (temp file, then ``os.replace``); fsync the file and its folder with ``fsync``."""
     tmp = f'{path}.{os.getpid()}.tmp'
     with open(tmp, 'wb') as handle:
         handle.write(data)
@@ -80,6 +81,12 @@ def _publish(path: str, data: bytes, fsync: bool) -> None:
             handle.flush()
             os.fsync(handle.fileno())
     os.replace(tmp, path)
+    if fsync:
+        fd = os.open(os.path.dirname(path) or '.', os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _from_record(path: str, record: dict[str, Any]) -> CommitIntent:

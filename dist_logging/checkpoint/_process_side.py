@@ -32,7 +32,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
-from dist_logging.checkpoint._shards import file_sizes, name_rank_files, publish, seal_metadata, write_rank_files
+from dist_logging.checkpoint._intents import publish
+from dist_logging.checkpoint._shards import file_sizes, name_rank_files, seal_metadata, write_rank_files
 
 __all__ = ['ProcessSideWriter', 'STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'read_json']
 

@@ -1,11 +1,10 @@
 """What both DCP writers (``CheckpointWriter`` in the trainer, the process-side writer in torch's
 checkpoint process) do alike: name the shard files, write them with torch's file writer, build the
-``.metadata``, and publish small files atomically."""
+``.metadata``."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import re
 import threading
@@ -18,7 +17,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
-__all__ = ['SHARD_NAME', 'name_rank_files', 'write_rank_files', 'seal_metadata', 'file_sizes', 'publish']
+__all__ = ['SHARD_NAME', 'name_rank_files', 'write_rank_files', 'seal_metadata', 'file_sizes']
 
 SHARD_NAME = re.compile(r'/__\d+_[0-9a-f]{8}_\d+\.distcp$')  # name_rank_files' names
 
@@ -87,20 +86,3 @@ def file_sizes(results: list[WriteResult]) -> dict[str, int]:
         if end > sizes.get(info.relative_path, -1):
             sizes[info.relative_path] = end
     return sizes
-
-
-def publish(path: str, data: bytes, fsync: bool) -> None:
-    """Write ``path`` atomically (temp file, then ``os.replace``); fsync the file and its folder with ``fsync``."""
-    tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'wb') as handle:
-        handle.write(data)
-        if fsync:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fd = os.open(os.path.dirname(path) or '.', os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
