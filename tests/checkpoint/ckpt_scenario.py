@@ -24,14 +24,12 @@ import os
 import signal
 import time
 
-import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
 
 from torchrun_helper import dump_rank_output
-from _states import full_state
+from _states import blank_sharded_state, same_sharded_state, sharded_state
 
 plan = json.loads(os.environ['CKPT_PLAN'])
 tdist.init_process_group('gloo')
@@ -41,23 +39,15 @@ PREFIX = 'run/ckpt'
 
 
 def state(step):
-    # Different on every step and rank; a sharded tensor (one shard per rank) and per-rank state.
-    full = full_state(world, step)
-    return {'w': distribute_tensor(full['w'], mesh, [Shard(0)]), f'opt_rank{rank}': full[f'opt_rank{rank}'],
-            'step': full['step']}
+    return sharded_state(mesh, rank, step)
 
 
 def blank():
-    zero = torch.zeros(world * 64, 3, dtype=torch.float64)
-    return {'w': distribute_tensor(zero, mesh, [Shard(0)]), f'opt_rank{rank}': torch.zeros(100),
-            'step': torch.tensor(-1)}
+    return blank_sharded_state(mesh, rank)
 
 
 def exact(a, b):
-    la = a['w'].to_local() if hasattr(a['w'], 'to_local') else a['w']
-    lb = b['w'].to_local() if hasattr(b['w'], 'to_local') else b['w']
-    return (torch.equal(la, lb) and torch.equal(a[f'opt_rank{rank}'], b[f'opt_rank{rank}'])
-            and int(a['step']) == int(b['step']))
+    return same_sharded_state(a, b, rank)
 
 
 from dist_logging.checkpoint import CheckpointReader, CheckpointWriter, latest_checkpoint  # noqa: E402

@@ -26,14 +26,12 @@ if __name__ == '__mp_main__':
 
 
 def main():
-    import torch
     import torch.distributed as tdist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
 
-    from _states import full_state
+    from _states import blank_sharded_state, same_sharded_state, sharded_state
     from dist_logging import Logger
     from dist_logging.checkpoint import CheckpointReader, CheckpointWriter, latest_checkpoint, list_checkpoints
     from dist_logging.destinations import InMemoryLogger
@@ -45,18 +43,13 @@ def main():
     mesh = init_device_mesh('cpu', (world,))
 
     def state(step):
-        full = full_state(world, step)
-        return {'w': distribute_tensor(full['w'], mesh, [Shard(0)]), f'opt_rank{rank}': full[f'opt_rank{rank}'],
-                'step': full['step']}
+        return sharded_state(mesh, rank, step)
 
     def blank():
-        zero = torch.zeros(world * 64, 3, dtype=torch.float64)
-        return {'w': distribute_tensor(zero, mesh, [Shard(0)]), f'opt_rank{rank}': torch.zeros(100),
-                'step': torch.tensor(-1)}
+        return blank_sharded_state(mesh, rank)
 
     def exact(a, b):
-        return (torch.equal(a['w'].to_local(), b['w'].to_local())
-                and torch.equal(a[f'opt_rank{rank}'], b[f'opt_rank{rank}']) and int(a['step']) == int(b['step']))
+        return same_sharded_state(a, b, rank)
 
     memory = InMemoryLogger(ranks='all')
     logger = Logger(memory)
