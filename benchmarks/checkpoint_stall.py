@@ -25,11 +25,13 @@ Modes (interleaved: segments of ``--saves`` saves per mode, the order rotating e
 * ``fsspec_async``: ``dcp.async_save`` with DCP's ``FsspecWriter`` to ``s3://`` (s3fs);
 * ``s3tc_save`` / ``s3tc_async``: ``s3torchconnector``'s ``S3StorageWriter`` (AWS CRT client), with
   ``dcp.save`` / ``dcp.async_save``;
-  (its defaults: no fsync, one shard file per rank, queued for upload as soon as written);
+  (its defaults: no fsync, one shard file per rank for ``dcp.save`` and four for ``dcp.async_save``,
+  each queued for upload as soon as written);
 * not by default: ``ours_save_fsync`` / ``ours_async_fsync``: ours with ``sync_files=True`` (every
   shard fsynced before its hand-over, as ``FileSystemWriter`` does by default: the other local-disk
   modes fsync); ``ours_save_4files`` / ``ours_async_4files``: ours with ``files_per_rank=4`` (each
   file queued as soon as written: the upload of the first files overlaps the write of the next);
+  ``ours_async_1file``: ours' ``dcp.async_save`` with one file per rank (its default there is 4);
   ``ours_async_process``: ours with ``dcp.async_save(async_checkpointer_type=PROCESS)`` (the write
   runs in torch's checkpoint process, the hand-over, upload and commit in the trainer's writer).
 
@@ -97,7 +99,7 @@ NAME = 'checkpoint_stall'
 ALL_MODES = ('none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', 'fsspec_async', 's3tc_save',
              's3tc_async')
 # Not by default: ours with sync_files=True, and ours with 4 shard files per rank (upload overlapping the write).
-EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files', 'ours_async_process')
+EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files', 'ours_async_1file', 'ours_async_process')
 POLL_S = 0.05
 
 
@@ -344,7 +346,7 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                                           upload_staging_folder=str(work / f'staging-{mode}'),
                                           run_name=f'bench-{mode}', num_concurrent_uploads=args.workers,
                                           sync_files=mode.endswith('_fsync'),
-                                          files_per_rank=4 if mode.endswith('_4files') else 1)
+                                          files_per_rank=4 if mode.endswith('_4files') else 1 if mode.endswith('_1file') else None)
                 closers.append(writer.close)
 
                 def ours_committed(cid: str, t0: float, writer: Any = writer) -> Optional[float]:

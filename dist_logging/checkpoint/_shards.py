@@ -29,25 +29,28 @@ def name_rank_files(plans: list[SavePlan]) -> list[SavePlan]:
             for i, plan in enumerate(plans)]
 
 
-def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results: queue.Queue) -> None:
+def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results: queue.Queue,
+                     files: Optional[int] = None) -> None:
     """Write this rank's shard files into ``writer.path`` as torch's ``FileSystemWriter.write_data`` does
-    (its file writer, ``writer.thread_count`` threads), split in ``max(files_per_rank, thread_count)`` files
+    (its file writer, ``writer.thread_count`` threads), split in ``max(files, thread_count)`` files
     balanced by size. torch's writer puts each file's write results in ``results`` once the file is closed.
 
-    ``writer`` is a torch ``FileSystemWriter`` with ``files_per_rank``. Raises what a writer thread raised.
+    ``writer`` is a torch ``FileSystemWriter`` with ``files_per_rank`` (None: one file), used when
+    ``files`` is not given. Raises what a writer thread raised.
     """
+    if files is None:
+        files = writer.files_per_rank or 1
     prefix: _StoragePrefix = plan.storage_data
-    files: queue.Queue = queue.Queue()
-    buckets = [bucket for bucket in _split_by_size_and_type(max(writer.files_per_rank, writer.thread_count),
-                                                              plan.items) if bucket]
+    queued: queue.Queue = queue.Queue()
+    buckets = [bucket for bucket in _split_by_size_and_type(max(files, writer.thread_count), plan.items) if bucket]
     for n, bucket in enumerate(buckets):
         name = f'{prefix.prefix}{n}{DEFAULT_SUFFIX}'
-        files.put((writer.fs.concat_path(writer.path, name), name, bucket))
+        queued.put((writer.fs.concat_path(writer.path, name), name, bucket))
     errors: list[BaseException] = []
 
     def write() -> None:
         try:
-            _write_files_from_queue(writer.fs.create_stream, files, results, planner, writer.transforms,
+            _write_files_from_queue(writer.fs.create_stream, queued, results, planner, writer.transforms,
                                     writer.per_thread_copy_ahead, writer.sync_files, writer.thread_count,
                                     writer.serialization_format)
         except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread

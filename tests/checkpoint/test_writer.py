@@ -63,6 +63,11 @@ def test_save_returns_before_the_upload_and_commits_in_the_background(tmp_path):
     fut = dcp.async_save(state(2), checkpoint_id='run/ck/step2', storage_writer=writer)
     fut.result(30)
     writer.close()
+    shards = {ck: len({o[1] for o in store.ops if o[0] == 'upload' and o[1].endswith('.distcp') and f'/{ck}/' in o[1]})
+              for ck in ('step1', 'step2')}
+    # files_per_rank=None: one file for dcp.save (the training thread waits for the write), several for
+    # async_save (up to 4, as torch's size-and-type split allows), each queued as soon as it is written
+    assert shards['step1'] == 1 and shards['step2'] > 1, shards
     assert [t.checkpoint_id for t in writer.timings] == ['run/ck/step1', 'run/ck/step2']
     assert all(t.commit_s is not None and t.commit_s >= t.local_s for t in writer.timings)
     assert len(in_memory.data['checkpoint/local_s']) == 2 and len(in_memory.data['checkpoint/commit_s']) == 2
