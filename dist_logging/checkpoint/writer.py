@@ -126,7 +126,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             there the overlap made the call block longer on a 2-core VM, the upload's CPU
             competing with the write) and ``ASYNC_FILES_PER_RANK`` (4) for one that runs on
             another thread (``dcp.async_save``: nothing waits for the write, and the overlap
-            brought the commit 8–13 % sooner; benchmarks/README.md). The process checkpointer
+            brought the commit 8–13 % sooner at 1 GiB, no change at 256 MiB; benchmarks/README.md). The process checkpointer
             hands a save's files over together, so there it is one file unless set.
         num_concurrent_uploads: with a URI: upload workers per rank.
         use_procs: with a URI: upload workers as processes.
