@@ -29,6 +29,9 @@ def _metric_lines(path: pathlib.Path) -> list[str]:
 
 def test_restart_keeps_both_attempts_marks_them_and_names_the_rank_that_left(tmp_path):
     cmd = torchrun_command(SCENARIO, 2, [str(tmp_path), 'restart'], max_restarts=1)
+    # torchrun stops the survivors as soon as it sees rank 1 gone (every 0.1 s by default): under load
+    # that came before rank 0 had written what its flush raised. Give the survivor 3 s to say it.
+    cmd.insert(cmd.index('--max_restarts=1'), '--monitor-interval=3')
     _run(cmd, base_env(tmp_path), 180, True, tmp_path)
     done = [json.loads((tmp_path / f'done-attempt1-rank{r}.json').read_text()) for r in (0, 1)]
     run_name = done[0]['run_name']
