@@ -419,10 +419,8 @@ class Logger:
             raise FileNotFoundError(f'upload_file: {local!r} does not exist') from None
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(f'upload_file: {local!r} is a directory; upload its files one by one')
-        if not self._has_uploader_anywhere and not self._warned_no_upload:
-            self._warned_no_upload = True
-            warnings.warn(f'upload_file({remote!r}): the Logger has no upload-capable destination; '
-                          'files are not uploaded', RuntimeWarning, stacklevel=2)
+        if not self._has_uploader_anywhere:
+            self._warn_no_uploader(f'upload_file({remote!r})')
         earlier_failures: Optional[UploadError] = None
         for destination in self._uploaders:
             try:
@@ -433,6 +431,12 @@ class Logger:
                 earlier_failures = _with_failure(earlier_failures, exc)
         if earlier_failures is not None:
             raise earlier_failures
+
+    def _warn_no_uploader(self, call: str) -> None:
+        if not self._warned_no_upload:  # once per Logger
+            self._warned_no_upload = True
+            warnings.warn(f'{call}: the Logger has no upload-capable destination; files are not uploaded',
+                          RuntimeWarning, stacklevel=3)
 
     def _hand_file(self, destination: LoggerDestination, remote: str, local: str, overwrite: bool,
                    copy: bool) -> None:
@@ -472,10 +476,8 @@ class Logger:
         local = format_name_with_dist_and_time(os.fspath(local_dir), self.run_name, timestamp)
         if not os.path.isdir(local):
             raise NotADirectoryError(f'upload_folder: {local!r} is not a folder')
-        if not self._has_uploader_anywhere and not self._warned_no_upload:
-            self._warned_no_upload = True
-            warnings.warn(f'upload_folder({remote!r}): the Logger has no upload-capable destination; '
-                          'files are not uploaded', RuntimeWarning, stacklevel=2)
+        if not self._has_uploader_anywhere:
+            self._warn_no_uploader(f'upload_folder({remote!r})')
         earlier_failures: Optional[UploadError] = None
         for destination in self._uploaders:
             try:

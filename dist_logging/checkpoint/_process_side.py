@@ -33,7 +33,8 @@ from torch.futures import Future
 
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._intents import publish
-from dist_logging.checkpoint._shards import file_sizes, name_rank_files, seal_metadata, write_rank_files
+from dist_logging.checkpoint._shards import (check_file_size, check_role, file_sizes, name_rank_files,
+                                             no_checkpoint_id, seal_metadata, write_rank_files)
 
 __all__ = ['ProcessSideWriter', 'STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'read_json']
 
@@ -72,8 +73,7 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
             ValueError: no ``checkpoint_id``, or a bad one.
         """
         if checkpoint_id is None:
-            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
-                             'dcp.async_save')
+            raise no_checkpoint_id()
         cid = check_checkpoint_id(checkpoint_id)
         super().reset(None)
         self._cid = cid
@@ -84,12 +84,7 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record the role. Raises ValueError without a ``checkpoint_id`` or for ``use_collectives=False``."""
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
-        if self._cid is None:  # torch calls reset() only when a checkpoint_id is given
-            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
-                             'dcp.async_save')
-        if not self.use_collectives:
-            raise ValueError('CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
-                             'from every rank\'s write results')
+        check_role(self, self._cid is not None)
         self._is_coordinator = bool(is_coordinator)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -109,10 +104,7 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
                 collected.extend(results.get_nowait())
             files = file_sizes(collected)
             for relative, size in files.items():
-                actual = os.path.getsize(os.path.join(self.folder, relative))
-                if actual != size:
-                    raise RuntimeError(f'CheckpointWriter: {relative} has {actual} bytes but its write results end at '
-                                       f'{size}; this torch writes a file layout the commit check does not understand')
+                check_file_size(os.path.join(self.folder, relative), size)
         except BaseException as exc:
             record = {'checkpoint_id': self._cid, 'ok': False, 'error': f'{type(exc).__name__}: {exc}'}
             try:

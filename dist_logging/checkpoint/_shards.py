@@ -5,6 +5,7 @@ checkpoint process) do alike: name the shard files, write them with torch's file
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import re
 import threading
@@ -17,7 +18,8 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
-__all__ = ['SHARD_NAME', 'name_rank_files', 'write_rank_files', 'seal_metadata', 'file_sizes']
+__all__ = ['SHARD_NAME', 'name_rank_files', 'write_rank_files', 'seal_metadata', 'file_sizes', 'no_checkpoint_id',
+           'check_role', 'check_file_size']
 
 SHARD_NAME = re.compile(r'/__\d+_[0-9a-f]{8}_\d+\.distcp$')  # name_rank_files' names
 
@@ -89,3 +91,28 @@ def file_sizes(results: list[WriteResult]) -> dict[str, int]:
         if end > sizes.get(info.relative_path, -1):
             sizes[info.relative_path] = end
     return sizes
+
+
+def no_checkpoint_id() -> ValueError:
+    """The error for a save without ``checkpoint_id=`` (torch calls ``reset`` only when one is given)."""
+    return ValueError("CheckpointWriter: pass checkpoint_id= (the checkpoint's folder in the bucket) to "
+                      'dcp.save / dcp.async_save')
+
+
+def check_role(writer: Any, armed: bool) -> None:
+    """What ``set_up_storage_writer`` checks on both writers: a ``reset`` with an id came first
+    (``armed``), and collectives are on. Raises ValueError otherwise."""
+    if not armed:
+        raise no_checkpoint_id()
+    if not writer.use_collectives:
+        raise ValueError('CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
+                         "from every rank's write results")
+
+
+def check_file_size(path: str, size: int) -> None:
+    """Raise RuntimeError unless the closed shard file ``path`` holds exactly ``size`` bytes (where its
+    write results end)."""
+    actual = os.path.getsize(path)
+    if actual != size:
+        raise RuntimeError(f'CheckpointWriter: {path} has {actual} bytes but its write results end at {size}; '
+                           'this torch writes a file layout the commit check does not understand')

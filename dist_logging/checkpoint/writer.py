@@ -28,7 +28,8 @@ from dist_logging.checkpoint._handoff import PROCESS_FOLDER, HandOff
 from dist_logging.checkpoint._intents import INTENTS_FOLDER, CommitIntent, read_intents, write_intent
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._paths import scratch_folder
-from dist_logging.checkpoint._shards import SHARD_NAME, file_sizes, name_rank_files, seal_metadata, write_rank_files
+from dist_logging.checkpoint._shards import (SHARD_NAME, check_file_size, check_role, file_sizes, name_rank_files,
+                                             no_checkpoint_id, seal_metadata, write_rank_files)
 from dist_logging.destinations.remote import RemoteUploaderDownloader
 from dist_logging.errors import UploadError
 from dist_logging.object_store import persistable_kwargs, persistable_uri
@@ -289,8 +290,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def reset(self, checkpoint_id: Union[str, 'os.PathLike[str]', None] = None) -> None:
         """Start a save (all ranks). Raises ValueError without a ``checkpoint_id``, RuntimeError when closed."""
         if checkpoint_id is None:
-            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
-                             'dcp.save / dcp.async_save')
+            raise no_checkpoint_id()
         cid = check_checkpoint_id(checkpoint_id)
         self._start()
         self._emit_metrics()
@@ -311,13 +311,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record the role (all ranks). Raises ValueError for ``use_collectives=False`` (no coordinator to commit)."""
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
-        if not self._armed:  # torch calls reset() only when a checkpoint_id is given
-            raise ValueError('CheckpointWriter: pass checkpoint_id= (the checkpoint\'s folder in the bucket) to '
-                             'dcp.save / dcp.async_save')
-        self._armed = False
-        if not self.use_collectives:
-            raise ValueError('CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
-                             'from every rank\'s write results')
+        armed, self._armed = self._armed, False
+        check_role(self, armed)
         self._is_coordinator = bool(is_coordinator)
         if self._is_coordinator:
             self._start_committer()
@@ -363,10 +358,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             path = os.path.join(local, relative)
             if skip_missing and not os.path.exists(path):
                 continue
-            actual = os.path.getsize(path)
-            if actual != size:
-                raise RuntimeError(f'CheckpointWriter: {path} has {actual} bytes but its write results end at {size}; '
-                                   'this torch writes a file layout the commit check does not understand')
+            check_file_size(path, size)
             name = f'{cid}/{relative}'
             try:
                 # A hard link into staging (copy=False), or, where links do not work, a kernel copy:
