@@ -71,13 +71,15 @@ def finish_commits(staging_folder: str, *, object_store: Any = None) -> CommitRe
 
     try:
         _take_process_saves(folder, store_for, object_store, report)
-    except BaseException:
+        intents = read_intents(os.path.join(folder, INTENTS_FOLDER))
+        if intents:
+            _commit_intents(intents, folder, store_for, object_store, report)
+    finally:
         _close_stores(stores)
-        raise
-    intents = read_intents(os.path.join(folder, INTENTS_FOLDER))
-    if not intents:
-        _close_stores(stores)
-        return report
+    return report
+
+
+def _commit_intents(intents: list, folder: str, store_for: Any, object_store: Any, report: CommitReport) -> None:
     scratch = scratch_folder(folder)
     try:
         for intent in intents:
@@ -100,8 +102,6 @@ def finish_commits(staging_folder: str, *, object_store: Any = None) -> CommitRe
                 report.not_ready[intent.checkpoint_id] = exc
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        _close_stores(stores)
-    return report
 
 
 def _close_stores(stores: dict[str, Any]) -> None:
