@@ -55,11 +55,12 @@ def _operations(sent, name):
     return [(headers, body) for operation, headers, body in sent if operation == name]
 
 
-def test_a_part_carries_the_crc32_of_its_bytes(recorded, tmp_path):
+@pytest.mark.parametrize('overwrite', [False, True])
+def test_a_part_carries_the_crc32_of_its_bytes(recorded, tmp_path, overwrite):
     store, sent = recorded
     data = os.urandom(12 * MiB + 3)
     (tmp_path / 'f').write_bytes(data)
-    store.upload_object('big', tmp_path / 'f', overwrite=False)
+    store.upload_object('big', tmp_path / 'f', overwrite=overwrite)
     [(create, _)] = _operations(sent, 'CreateMultipartUpload')
     assert create['x-amz-checksum-algorithm'] == 'CRC32'
     parts = _operations(sent, 'UploadPart')
@@ -67,7 +68,8 @@ def test_a_part_carries_the_crc32_of_its_bytes(recorded, tmp_path):
     for headers, body in parts:
         assert headers['x-amz-checksum-crc32'] == _crc32(body)
         assert 'content-encoding' not in headers  # a plain body: nothing re-chunked in Python
-    [(_, complete)] = _operations(sent, 'CompleteMultipartUpload')
+    [(complete_headers, complete)] = _operations(sent, 'CompleteMultipartUpload')
+    assert ('if-none-match' in complete_headers) == (not overwrite)
     for _, body in parts:
         assert f'<ChecksumCRC32>{_crc32(body)}</ChecksumCRC32>'.encode() in complete
     assert store.get_object_size('big') == len(data)
@@ -105,3 +107,36 @@ def test_payloads_go_unsigned_only_over_https(monkeypatch, endpoint, given, expe
     store = S3ObjectStore('bucket', endpoint_url=endpoint, region_name='us-east-1', client_config=config,
                           aws_access_key_id='a', aws_secret_access_key='b')
     assert store.client.meta.config.s3.get('payload_signing_enabled') == expected
+
+
+def test_reused_part_buffers_carry_each_upload_s_own_bytes(s3_bucket, tmp_path):
+    endpoint, bucket = s3_bucket
+    store = S3ObjectStore(bucket, endpoint_url=endpoint, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
+                          max_concurrency=2)
+    first, second = os.urandom(15 * MiB + 1), os.urandom(10 * MiB + 9)
+    for name, data in (('first', first), ('second', second)):
+        (tmp_path / name).write_bytes(data)
+        store.upload_object(name, tmp_path / name)
+    assert len(store._buffers._idle) <= 2  # at most max_concurrency idle buffers are kept
+    for name, data in (('first', first), ('second', second)):
+        store.download_object(name, tmp_path / f'{name}.out')
+        assert (tmp_path / f'{name}.out').read_bytes() == data
+    store.close()
+
+
+def test_a_transfer_setting_only_boto3_honours_uses_its_transfer_manager(s3_bucket, tmp_path, monkeypatch):
+    endpoint, bucket = s3_bucket
+    store = S3ObjectStore(bucket, endpoint_url=endpoint, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
+                          transfer_config={'max_bandwidth': 1 << 30})
+    used = []
+    original = type(store.client).upload_file if hasattr(type(store.client), 'upload_file') else None
+    monkeypatch.setattr(store.client, 'upload_file',
+                        lambda **kw: used.append(kw['Config'].max_bandwidth) or original(store.client, **kw))
+    (tmp_path / 'f').write_bytes(os.urandom(6 * MiB))
+    store.upload_object('throttled', tmp_path / 'f')
+    assert used == [1 << 30]
+    assert store.get_object_size('throttled') == 6 * MiB
+    with pytest.raises(FileExistsError):  # overwrite=False keeps its own conditional upload
+        store.upload_object('throttled', tmp_path / 'f', overwrite=False)
+    assert used == [1 << 30]
+    store.close()
