@@ -10,7 +10,7 @@ import queue
 import re
 import threading
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from torch.distributed.checkpoint.filesystem import (CURRENT_DCP_VERSION, DEFAULT_SUFFIX, _split_by_size_and_type,
                                                      _StoragePrefix, _write_files_from_queue)
@@ -32,13 +32,14 @@ def name_rank_files(plans: list[SavePlan]) -> list[SavePlan]:
 
 
 def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results: queue.Queue,
-                     files: Optional[int] = None) -> None:
+                     files: Optional[int] = None, create_stream: Optional[Callable] = None) -> None:
     """Write this rank's shard files into ``writer.path`` as torch's ``FileSystemWriter.write_data`` does
     (its file writer, ``writer.thread_count`` threads), split in ``max(files, thread_count)`` files
     balanced by size. torch's writer puts each file's write results in ``results`` once the file is closed.
 
     ``writer`` is a torch ``FileSystemWriter`` with ``files_per_rank`` (None: one file), used when
-    ``files`` is not given. Raises what a writer thread raised.
+    ``files`` is not given. ``create_stream(path, mode)`` opens each file (default: ``writer.fs``'s).
+    Raises what a writer thread raised.
     """
     if files is None:
         files = writer.files_per_rank or 1
@@ -52,7 +53,7 @@ def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results:
 
     def write() -> None:
         try:
-            _write_files_from_queue(writer.fs.create_stream, queued, results, planner, writer.transforms,
+            _write_files_from_queue(create_stream or writer.fs.create_stream, queued, results, planner, writer.transforms,
                                     writer.per_thread_copy_ahead, writer.sync_files, writer.thread_count,
                                     writer.serialization_format)
         except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread

@@ -14,6 +14,7 @@ from dist_logging.checkpoint._handoff import PROCESS_FOLDER, LeftSave, take_left
 from dist_logging.checkpoint._intents import INTENTS_FOLDER, read_intents
 from dist_logging.checkpoint._paths import scratch_folder
 from dist_logging.checkpoint.commit import NotLanded
+from dist_logging.checkpoint.writer import remove_dead_writes
 
 __all__ = ['CommitReport', 'finish_commits']
 
@@ -50,7 +51,8 @@ def finish_commits(staging_folder: str, *, object_store: Any = None) -> CommitRe
     First, the saves that killed trainers left in ``<staging>/checkpoint-process/`` (written by
     torch's checkpoint process, not yet handed to the uploader) are taken over: complete ones are
     uploaded and, from the coordinator's folder, their commit intents recorded; unfinished ones are
-    deleted (see ``docs/checkpoints.md``).
+    deleted (see ``docs/checkpoints.md``). The local-write folders of writers whose process is gone
+    (a save killed before its hand-over, spare files) are deleted.
 
     Raises:
         FileNotFoundError: ``staging_folder`` does not exist.
@@ -69,6 +71,7 @@ def finish_commits(staging_folder: str, *, object_store: Any = None) -> CommitRe
             stores[key] = store_from_uri(uri, kwargs)
         return stores[key]
 
+    remove_dead_writes(folder)
     try:
         _take_process_saves(folder, store_for, object_store, report)
         intents = read_intents(os.path.join(folder, INTENTS_FOLDER))

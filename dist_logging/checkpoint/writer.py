@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import io
 import logging
 import os
 import pickle
@@ -15,7 +17,7 @@ import uuid
 import warnings
 from torch.futures import Future
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -131,6 +133,16 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             hands a save's files over together, so there it is one file unless set.
         num_concurrent_uploads: with a URI: upload workers per rank.
         use_procs: with a URI: upload workers as processes.
+        upload_priority: with a URI: the upload workers' CPU and I/O priority (``'idle'``,
+            ``'low'`` or ``'normal'``; see ``RemoteUploaderDownloader``).
+        recycle_files: keep each shard file whose upload landed as a spare (up to one save's bytes
+            per rank, next to staging) and write the next save's shards over the spares instead of
+            into new files, as databases recycle their log segments: writing over pages the page
+            cache already holds skips the page and block allocation of a new file (measured on a
+            2-vCPU VM: 0.14 CPU s per GiB, against 0.24 for a new file and up to 2.4 when the VM
+            had handed the freed memory back to its host). A spare is reused only once no other
+            link to it is left (its upload landed and the uploader let go of it). The spares are
+            deleted at ``close``. Off (or no hard links into staging): every shard is a new file.
 
     Raises:
         ValueError: a bad URI, ``keep_last``/``max_staged_bytes``/``commit_timeout`` out of
@@ -144,7 +156,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                  upload_staging_folder: Optional[str] = None, run_name: Optional[str] = None,
                  max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
                  sync_files: bool = False, thread_count: int = 1, files_per_rank: Optional[int] = None,
-                 num_concurrent_uploads: int = 4, use_procs: bool = False):
+                 num_concurrent_uploads: int = 4, use_procs: bool = False, upload_priority: str = 'idle',
+                 recycle_files: bool = True):
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f'CheckpointWriter: keep_last must be an int >= 1 or None, got {keep_last!r}')
         if max_staged_bytes is not None and (isinstance(max_staged_bytes, bool) or not isinstance(max_staged_bytes, int)
@@ -172,7 +185,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             self.uploader = RemoteUploaderDownloader(os.fspath(bucket), backend_kwargs=backend_kwargs,
                                                      upload_staging_folder=upload_staging_folder,
                                                      num_concurrent_uploads=num_concurrent_uploads,
-                                                     use_procs=use_procs)
+                                                     use_procs=use_procs, upload_priority=upload_priority)
             self._owns_uploader = True
             # The uploader's fsync flag already holds DIST_LOGGING_UPLOAD_FSYNC.
             self.uploader.fsync = sync_files = self.uploader.fsync or bool(sync_files)
@@ -192,6 +205,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self.max_staged_bytes = max_staged_bytes
         self.commit_timeout = float(commit_timeout)
         self.files_per_rank = files_per_rank
+        self.recycle_files = bool(recycle_files)
         self.logger = logger
         self.run_name = run_name
         self._backend_kwargs = persistable_kwargs(backend_kwargs)
@@ -215,6 +229,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self._owner_thread = threading.get_ident()
         self._committer_lock = threading.Lock()
         self._handoff: Optional[HandOff] = None
+        self._spares: list[tuple[str, int]] = []  # (path, size): shard files kept for the next save to write over
+        self._save_bytes = 0  # what this save handed over so far
         self.timings: collections.deque[SaveTiming] = collections.deque(maxlen=_TIMINGS_KEPT)
 
     # ------------------------------------------------------------------ pickling (process checkpointer)
@@ -253,9 +269,10 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             rank_writes = os.path.join(self.staging_root, _WRITES_FOLDER, f'rank{dist.get_global_rank()}')
             self._writes_dir = os.path.join(rank_writes, f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
             self._intents_dir = os.path.join(self.staging_root, INTENTS_FOLDER)
-            _remove_dead_writes(rank_writes)
+            remove_dead_writes(self.staging_root, dist.get_global_rank())
             os.makedirs(self._writes_dir, mode=0o700, exist_ok=True)
             self._links = _links_work(self._writes_dir, self._files_dir)
+            self._spares_dir = os.path.join(self._writes_dir, 'spares')
             if not self._links:
                 log.warning('CheckpointWriter: no hard links from %s to %s: shards are copied into staging (a '
                             'second write of every byte)', self._writes_dir, self._files_dir)
@@ -337,7 +354,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         files = self.files_per_rank
         if files is None:
             files = 1 if threading.get_ident() == self._owner_thread else ASYNC_FILES_PER_RANK
-        write_rank_files(self, plan, planner, handed, files)
+        self._save_bytes = 0
+        write_rank_files(self, plan, planner, handed, files, create_stream=self._create_shard_stream)
         results = handed.results()
         self._finish_hand_over(handed.total)
         future: Future = Future()
@@ -346,12 +364,14 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
     def _hand_over_file(self, results: list[WriteResult]) -> int:
         """Queue one complete, closed shard file for upload (a link and a journal line); its size."""
-        return self._queue_for_upload(str(self.path), self._cid, file_sizes(results))
+        return self._queue_for_upload(str(self.path), self._cid, file_sizes(results), recyclable=True)
 
-    def _queue_for_upload(self, local: str, cid: str, files: dict[str, int], skip_missing: bool = False) -> int:
+    def _queue_for_upload(self, local: str, cid: str, files: dict[str, int], skip_missing: bool = False,
+                          recyclable: bool = False) -> int:
         """Queue complete, closed shard files of ``local`` (relative name -> size) as ``{cid}/{name}``; their bytes.
 
         ``skip_missing``: a file no longer there was queued already (by a writer killed before the end).
+        ``recyclable``: this writer wrote them (not torch's checkpoint process): they may stay as spares.
         """
         total = 0
         for relative, size in files.items():
@@ -374,9 +394,54 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 # it); shard names carry a per-save nonce and never come again: forgetting them keeps
                 # memory flat over any number of saves.
                 self.uploader._queued_names.discard(name)
-            os.unlink(path)
+            if recyclable:
+                self._keep_or_remove(path, size)
+            else:
+                os.unlink(path)
             total += size
         return total
+
+    # ------------------------------------------------------------------ recycled shard files
+    @contextlib.contextmanager
+    def _create_shard_stream(self, path: Union[str, 'os.PathLike[str]'], mode: str) -> Iterator[io.BufferedIOBase]:
+        """torch's file writer opens each shard file here: over a spare when one is free, else a new file."""
+        spare = self._take_spare()
+        if spare is None:
+            stream: io.BufferedIOBase = open(path, mode)
+        else:
+            os.rename(spare, path)
+            stream = _WrittenOver(path, self.sync_files)
+        with stream:
+            yield stream
+
+    def _take_spare(self) -> Optional[str]:
+        """The largest spare no other link points to any more (its upload landed), taken out of the pool."""
+        with self._lock:
+            free = []
+            for index, (path, size) in enumerate(self._spares):
+                try:
+                    if os.stat(path).st_nlink == 1:
+                        free.append((size, index))
+                except FileNotFoundError:
+                    free.append((-1, index))  # gone (removed by hand): dropped below
+            for size, index in sorted(free, reverse=True):
+                path, _ = self._spares.pop(index)
+                if size >= 0:
+                    return path
+            return None
+
+    def _keep_or_remove(self, path: str, size: int) -> None:
+        """After a shard file's hand-over: keep it as a spare while the pool holds less than one save, else delete it."""
+        with self._lock:
+            self._save_bytes += size
+            budget = max(self._last_bytes, self._save_bytes)
+            if (self.recycle_files and self._links and sum(s for _, s in self._spares) + size <= budget):
+                os.makedirs(self._spares_dir, mode=0o700, exist_ok=True)
+                spare = os.path.join(self._spares_dir, uuid.uuid4().hex[:12])
+                os.rename(path, spare)
+                self._spares.append((spare, size))
+                return
+        os.unlink(path)
 
     def _finish_hand_over(self, total: int) -> None:
         shutil.rmtree(str(self.path), ignore_errors=True)
@@ -521,6 +586,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             if started:
                 self._handoff.close(self.commit_timeout)
                 self.uploader.wait_for_uploads()
+                with self._lock:
+                    self._spares.clear()
+                shutil.rmtree(self._spares_dir, ignore_errors=True)  # a spare still staged keeps its staging link
             if started and self._committer is None and dist.get_global_rank() == 0 and read_intents(self._intents_dir):
                 self._start_committer()  # a restarted job that did not save again: finish what it left
             if self._committer is not None:
@@ -592,6 +660,25 @@ class _HandOver(queue.Queue):
             return list(self._collected)
 
 
+class _WrittenOver(io.BufferedWriter):
+    """A spare shard file written over from its start: closing it cuts it where the writing ended
+    (fsynced again when ``sync``), so it ends up exactly as a new file with the same bytes would."""
+
+    def __init__(self, path: Union[str, 'os.PathLike[str]'], sync: bool):
+        super().__init__(io.FileIO(path, 'r+'))
+        self._sync = sync
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.truncate()  # flushes, then cuts at the current position
+            if self._sync:
+                os.fsync(self.fileno())
+        finally:
+            super().close()
+
+
 def _links_work(src_dir: str, dst_dir: str) -> bool:
     """Whether a file in ``src_dir`` can be hard-linked into ``dst_dir`` (same filesystem, links allowed)."""
     probe = os.path.join(src_dir, f'.link-probe-{uuid.uuid4().hex[:8]}')
@@ -609,25 +696,28 @@ def _links_work(src_dir: str, dst_dir: str) -> bool:
         os.unlink(probe)
 
 
-def _remove_dead_writes(folder: str) -> None:
-    """Delete the local-write folders of processes that are gone: files of a save killed before their
-    hand-over (nothing queued refers to them: staging holds its own link or copy of every handed-over file)."""
-    try:
-        entries = os.listdir(folder)
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        pid = entry.split('-', 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
+def remove_dead_writes(staging_root: str, rank: Optional[int] = None) -> None:
+    """Delete the local-write folders (``checkpoint-writes/rank{r}/<pid>-<token>``) of writers whose process
+    is gone, for ``rank`` or every rank: files of a save killed before their hand-over and spare files
+    (nothing queued refers to them: staging holds its own link or copy of every handed-over file)."""
+    writes = os.path.join(staging_root, _WRITES_FOLDER)
+    ranks = [f'rank{rank}'] if rank is not None else (os.listdir(writes) if os.path.isdir(writes) else [])
+    for rank_folder in ranks:
+        folder = os.path.join(writes, rank_folder)
         try:
-            os.kill(int(pid), 0)
-            continue  # alive: another writer of this rank's staging folder
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+            entries = os.listdir(folder)
+        except FileNotFoundError:
             continue
-        shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+        for entry in entries:
+            pid = entry.split('-', 1)[0]
+            if not pid.isdigit() or int(pid) == os.getpid() or dist._process_alive(int(pid)):
+                continue
+            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+        for empty in (folder, writes):
+            try:
+                os.rmdir(empty)
+            except OSError:
+                pass
 
 
 def _protocol_base() -> type:

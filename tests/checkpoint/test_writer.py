@@ -279,3 +279,87 @@ def test_hundreds_of_saves_keep_memory_and_staging_bounded(tmp_path):
     assert len({info.name.split('/')[2] for info in store.list('r/ck/')}) == 2  # retention left no folder behind
     assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / 'staging').rglob('*')
                   if '.dist_logging-' not in str(p)) == []  # .dist_logging-<host>: machine state (commit scratch)
+
+
+def _shard_inodes(writer) -> list[int]:
+    """Wrap ``writer``'s hand-over to record the inode of each shard file it hands to the uploader."""
+    import os
+
+    seen: list[int] = []
+    hand_over = writer._hand_over_file
+
+    def record(results):
+        for relative in {result.storage_data.relative_path for result in results}:
+            seen.append(os.stat(os.path.join(str(writer.path), relative)).st_ino)
+        return hand_over(results)
+
+    writer._hand_over_file = record
+    return seen
+
+
+def _load(store, tmp_path, checkpoint_id, like):
+    got = {k: torch.zeros_like(v) for k, v in like.items()}
+    with CheckpointReader(store, cache_folder=str(tmp_path / f'cache-{checkpoint_id.replace("/", "-")}')) as reader:
+        dcp.load(got, checkpoint_id=checkpoint_id, storage_reader=reader)
+    return got
+
+
+def test_a_landed_shard_file_is_written_over_by_the_next_save_and_cut_to_its_size(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'))
+    writer = writer_for(tmp_path, store)
+    inodes = _shard_inodes(writer)
+    states = {'r/s1': {'w': torch.arange(50_000.0)},
+              'r/s2': {'w': torch.arange(20_000.0) * 3},  # smaller: the spare is cut
+              'r/s3': {'w': torch.arange(90_000.0) * 7}}  # larger: the spare grows
+    for cid, sd in states.items():
+        dcp.save(sd, checkpoint_id=cid, storage_writer=writer)
+        assert writer.wait_for_commits(30)
+        writer.uploader.wait_for_uploads(30)  # the staging link is gone once the upload landed
+    assert len(inodes) == 3 and len(set(inodes)) == 1, inodes  # one file, written over twice
+    spares = tmp_path / 'staging'
+    assert len(writer._spares) == 1 and list(spares.rglob('spares/*'))
+    writer.close()
+    assert not list(spares.rglob('spares'))  # close deletes the spares
+    for cid, sd in states.items():
+        assert torch.equal(_load(store, tmp_path, cid, sd)['w'], sd['w']), cid
+
+
+def test_a_spare_whose_upload_has_not_landed_is_never_written_over(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'), block='/s1/')  # the first save's upload waits
+    writer = writer_for(tmp_path, store)
+    inodes = _shard_inodes(writer)
+    first, second = {'w': torch.arange(30_000.0)}, {'w': -torch.arange(30_000.0)}
+    dcp.save(first, checkpoint_id='r/s1', storage_writer=writer)
+    dcp.save(second, checkpoint_id='r/s2', storage_writer=writer)  # s1's file is still staged: a new file
+    store.gate.set()
+    writer.close()
+    assert len(set(inodes)) == 2
+    assert torch.equal(_load(store, tmp_path, 'r/s1', first)['w'], first['w'])
+    assert torch.equal(_load(store, tmp_path, 'r/s2', second)['w'], second['w'])
+
+
+def test_recycling_off_writes_every_shard_into_a_new_file(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'))
+    writer = writer_for(tmp_path, store, recycle_files=False)
+    for step in (1, 2):
+        dcp.save({'w': torch.arange(10_000.0) * step}, checkpoint_id=f'r/s{step}', storage_writer=writer)
+        assert writer.wait_for_commits(30)
+    assert writer._spares == [] and not list((tmp_path / 'staging').rglob('spares'))
+    writer.close()
+
+
+def test_drain_deletes_the_local_writes_of_dead_writers_only(tmp_path):
+    import os
+    import subprocess
+
+    from dist_logging.checkpoint.drain import finish_commits
+
+    gone = subprocess.Popen(['true'])
+    gone.wait()
+    writes = tmp_path / 'staging' / 'checkpoint-writes' / 'rank3'
+    dead, alive = writes / f'{gone.pid}-0badf00d', writes / f'{os.getpid()}-0000beef'
+    for folder in (dead / 'spares', alive / 'spares'):
+        folder.mkdir(parents=True)
+        (folder / 'a1b2c3d4e5f6').write_bytes(b'x' * 100)
+    finish_commits(str(tmp_path / 'staging'))
+    assert not dead.exists() and (alive / 'spares' / 'a1b2c3d4e5f6').exists()
