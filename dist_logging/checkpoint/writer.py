@@ -40,6 +40,7 @@ __all__ = ['CheckpointWriter', 'SaveTiming']
 
 log = logging.getLogger(__name__)
 _WRITES_FOLDER = 'checkpoint-writes'
+_SPARE_SAVES = 2  # spare files kept: up to this many saves' bytes per rank
 _TIMINGS_KEPT = 100  # SaveTiming records kept (about 250 bytes each)
 ASYNC_FILES_PER_RANK = 4  # files_per_rank=None for a save off the training thread (dcp.async_save)
 
@@ -135,14 +136,15 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         use_procs: with a URI: upload workers as processes.
         upload_priority: with a URI: the upload workers' CPU and I/O priority (``'idle'``,
             ``'low'`` or ``'normal'``; see ``RemoteUploaderDownloader``).
-        recycle_files: keep each shard file whose upload landed as a spare (up to one save's bytes
+        recycle_files: keep each shard file whose upload landed as a spare (up to two saves' bytes
             per rank, next to staging) and write the next save's shards over the spares instead of
             into new files, as databases recycle their log segments: writing over pages the page
             cache already holds skips the page and block allocation of a new file (measured on a
             2-vCPU VM: 0.14 CPU s per GiB, against 0.24 for a new file and up to 2.4 when the VM
             had handed the freed memory back to its host). A spare is reused only once no other
             link to it is left (its upload landed and the uploader let go of it). The spares are
-            deleted at ``close``. Off (or no hard links into staging): every shard is a new file.
+            deleted at ``close``; with ``max_staged_bytes`` they hold at most that many bytes.
+            Off (or without hard links into staging): every shard is a new file.
 
     Raises:
         ValueError: a bad URI, ``keep_last``/``max_staged_bytes``/``commit_timeout`` out of
@@ -431,10 +433,16 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             return None
 
     def _keep_or_remove(self, path: str, size: int) -> None:
-        """After a shard file's hand-over: keep it as a spare while the pool holds less than one save, else delete it."""
+        """After a shard file's hand-over: keep it as a spare while the pool holds less than two saves, else delete it.
+
+        Two: when uploads run a save behind (saves as frequent as the uploads allow), the spares of the save
+        before the previous one are the ones free for the next.
+        """
         with self._lock:
             self._save_bytes += size
-            budget = max(self._last_bytes, self._save_bytes)
+            budget = _SPARE_SAVES * max(self._last_bytes, self._save_bytes)
+            if self.max_staged_bytes is not None:
+                budget = min(budget, self.max_staged_bytes)
             if (self.recycle_files and self._links and sum(s for _, s in self._spares) + size <= budget):
                 os.makedirs(self._spares_dir, mode=0o700, exist_ok=True)
                 spare = os.path.join(self._spares_dir, uuid.uuid4().hex[:12])

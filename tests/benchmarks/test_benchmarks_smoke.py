@@ -126,8 +126,12 @@ def test_checkpoint_stall(tmp_path):
             _finite_summary(mode['commit_s'])  # every save of every uploading mode committed
         io = mode['disk_bytes_per_checkpoint_byte']
         # Byte counts, not timings: the local-disk modes wrote the checkpoint, the S3-direct ones did not.
-        if name in ('ours_save', 'ours_async', 'fs_upload', 'fs_async_local'):
+        if name in ('fs_upload', 'fs_async_local'):
             assert io['write_bytes'] >= 0.9
+        elif name.startswith('ours'):
+            # Shards go to local disk and are read back once for the upload; written over spare files,
+            # whose pages may still be dirty from the save before (counted once by the kernel).
+            assert 0 < io['write_bytes'] <= 1.1 and 0.9 <= io['rchar'] <= 1.1
         else:
             assert io['write_bytes'] < 0.1
     _finite_summary(modes['fs_upload']['save_call_ms'])

@@ -338,9 +338,10 @@ def test_a_spare_whose_upload_has_not_landed_is_never_written_over(tmp_path):
     assert torch.equal(_load(store, tmp_path, 'r/s2', second)['w'], second['w'])
 
 
-def test_recycling_off_writes_every_shard_into_a_new_file(tmp_path):
+@pytest.mark.parametrize('kwargs', [{'recycle_files': False}, {'max_staged_bytes': 1}])  # the bound caps the spares
+def test_recycling_off_writes_every_shard_into_a_new_file(tmp_path, kwargs):
     store = RecordingStore(str(tmp_path / 'bucket'))
-    writer = writer_for(tmp_path, store, recycle_files=False)
+    writer = writer_for(tmp_path, store, **kwargs)
     for step in (1, 2):
         dcp.save({'w': torch.arange(10_000.0) * step}, checkpoint_id=f'r/s{step}', storage_writer=writer)
         assert writer.wait_for_commits(30)
