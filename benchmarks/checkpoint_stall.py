@@ -33,7 +33,10 @@ Modes (interleaved: segments of ``--saves`` saves per mode, the order rotating e
   file queued as soon as written: the upload of the first files overlaps the write of the next);
   ``ours_async_1file``: ours' ``dcp.async_save`` with one file per rank (its default there is 4);
   ``ours_async_process``: ours with ``dcp.async_save(async_checkpointer_type=PROCESS)`` (the write
-  runs in torch's checkpoint process, the hand-over, upload and commit in the trainer's writer).
+  runs in torch's checkpoint process, the hand-over, upload and commit in the trainer's writer);
+  ``ours_async_normal``: ours' ``dcp.async_save`` with ``upload_priority='normal'`` (upload workers
+  at the training thread's priority instead of ``SCHED_IDLE``); ``ours_async_8files``: with
+  ``files_per_rank=8``.
 
 Every async mode uses a separate gloo process group for the checkpoint's collectives (the
 background thread must not share the training group's collectives), waits for the previous
@@ -60,7 +63,8 @@ Per save:
   and for async modes the write).
 * **local disk bytes** per byte of checkpoint, from ``/proc/<pid>/io`` of every rank process and
   its live descendants over the segment: ``write_bytes`` (file pages dirtied: what reaches the
-  local disk; sockets and hard links add nothing) and ``rchar`` (bytes through read()-family
+  local disk; sockets and hard links add nothing; a page written over while still dirty counts
+  once, so ours, writing over its spare files, can show less than 1) and ``rchar`` (bytes through read()-family
   calls on any descriptor: every local file read, plus the few bytes of S3 responses; an upper
   bound on the file bytes read for upload). ``read_bytes`` (misses of the page cache) is reported
   too: a checkpoint read back while still cached costs the disk nothing.
@@ -99,7 +103,8 @@ NAME = 'checkpoint_stall'
 ALL_MODES = ('none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', 'fsspec_async', 's3tc_save',
              's3tc_async')
 # Not by default: ours with sync_files=True, and ours with 4 shard files per rank (upload overlapping the write).
-EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files', 'ours_async_1file', 'ours_async_process')
+EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files', 'ours_async_1file', 'ours_async_process',
+               'ours_async_normal', 'ours_async_8files')
 POLL_S = 0.05
 
 
@@ -346,7 +351,9 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                                           upload_staging_folder=str(work / f'staging-{mode}'),
                                           run_name=f'bench-{mode}', num_concurrent_uploads=args.workers,
                                           sync_files=mode.endswith('_fsync'),
-                                          files_per_rank=4 if mode.endswith('_4files') else 1 if mode.endswith('_1file') else None)
+                                          files_per_rank=(4 if mode.endswith('_4files') else 8 if mode.endswith('_8files')
+                                                          else 1 if mode.endswith('_1file') else None),
+                                          upload_priority='normal' if mode.endswith('_normal') else 'idle')
                 closers.append(writer.close)
 
                 def ours_committed(cid: str, t0: float, writer: Any = writer) -> Optional[float]:

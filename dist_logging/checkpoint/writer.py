@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import io
 import logging
+import math
 import os
 import pickle
 import queue
@@ -42,7 +43,11 @@ log = logging.getLogger(__name__)
 _WRITES_FOLDER = 'checkpoint-writes'
 _SPARE_SAVES = 2  # spare files kept: up to this many saves' bytes per rank
 _TIMINGS_KEPT = 100  # SaveTiming records kept (about 250 bytes each)
-ASYNC_FILES_PER_RANK = 4  # files_per_rank=None for a save off the training thread (dcp.async_save)
+# files_per_rank=None for a save off the training thread (dcp.async_save): one file per ASYNC_FILE_BYTES of the
+# rank's shard bytes, from ASYNC_FILES_PER_RANK up to ASYNC_MAX_FILES_PER_RANK
+ASYNC_FILES_PER_RANK = 4
+ASYNC_MAX_FILES_PER_RANK = 16
+ASYNC_FILE_BYTES = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass
@@ -128,10 +133,12 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             with several files the upload of the first ones overlaps the write of the next.
             None (default): one file for a save that runs on the training thread (``dcp.save``:
             there the overlap made the call block longer on a 2-core VM, the upload's CPU
-            competing with the write) and ``ASYNC_FILES_PER_RANK`` (4) for one that runs on
-            another thread (``dcp.async_save``: nothing waits for the write, and the overlap
-            brought the commit 8–13 % sooner at 1 GiB, no change at 256 MiB; benchmarks/README.md). The process checkpointer
-            hands a save's files over together, so there it is one file unless set.
+            competing with the write) and, for one that runs on another thread
+            (``dcp.async_save``: nothing waits for the write), one file per 64 MiB of the rank's
+            shard bytes, at least 4 and at most 16: the smaller the last file, the sooner its
+            upload ends after the write (on a 2-core VM, 1 GiB over 2 ranks: 8 files committed
+            14 % sooner than 4; benchmarks/README.md). The process checkpointer hands a save's
+            files over together, so there it is one file unless set.
         num_concurrent_uploads: with a URI: upload workers per rank.
         use_procs: with a URI: upload workers as processes.
         upload_priority: with a URI: the upload workers' CPU and I/O priority (``'idle'``,
@@ -349,13 +356,14 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
         The files are written as torch's ``FileSystemWriter.write_data`` writes them (its file writer,
         ``thread_count`` threads), split in ``max(files_per_rank, thread_count)`` files balanced by size
-        (``files_per_rank=None``: 1 on the thread that built the writer, ``ASYNC_FILES_PER_RANK`` elsewhere).
+        (``files_per_rank=None``: 1 on the thread that built the writer, elsewhere one per ``ASYNC_FILE_BYTES`` of
+        the rank's bytes, from ``ASYNC_FILES_PER_RANK`` to ``ASYNC_MAX_FILES_PER_RANK``).
         """
         self._wait_for_room()
         handed = _HandOver(self)
         files = self.files_per_rank
         if files is None:
-            files = 1 if threading.get_ident() == self._owner_thread else ASYNC_FILES_PER_RANK
+            files = 1 if threading.get_ident() == self._owner_thread else _async_files(plan)
         self._save_bytes = 0
         write_rank_files(self, plan, planner, handed, files, create_stream=self._create_shard_stream)
         results = handed.results()
@@ -419,18 +427,19 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def _take_spare(self) -> Optional[str]:
         """The largest spare no other link points to any more (its upload landed), taken out of the pool."""
         with self._lock:
-            free = []
-            for index, (path, size) in enumerate(self._spares):
+            best: Optional[tuple[str, int]] = None
+            for spare in list(self._spares):
                 try:
-                    if os.stat(path).st_nlink == 1:
-                        free.append((size, index))
+                    links = os.stat(spare[0]).st_nlink
                 except FileNotFoundError:
-                    free.append((-1, index))  # gone (removed by hand): dropped below
-            for size, index in sorted(free, reverse=True):
-                path, _ = self._spares.pop(index)
-                if size >= 0:
-                    return path
-            return None
+                    self._spares.remove(spare)  # removed by someone else: forget it
+                    continue
+                if links == 1 and (best is None or spare[1] > best[1]):
+                    best = spare
+            if best is None:
+                return None
+            self._spares.remove(best)
+            return best[0]
 
     def _keep_or_remove(self, path: str, size: int) -> None:
         """After a shard file's hand-over: keep it as a spare while the pool holds less than two saves, else delete it.
@@ -685,6 +694,13 @@ class _WrittenOver(io.BufferedWriter):
                 os.fsync(self.fileno())
         finally:
             super().close()
+
+
+def _async_files(plan: SavePlan) -> int:
+    """Shard files for a save off the training thread: one per ``ASYNC_FILE_BYTES`` of the plan, within bounds."""
+    planned = sum(math.prod(item.tensor_data.size) * item.tensor_data.properties.dtype.itemsize
+                  for item in plan.items if item.tensor_data is not None)  # tensors; byte items are small
+    return min(ASYNC_MAX_FILES_PER_RANK, max(ASYNC_FILES_PER_RANK, -(-planned // ASYNC_FILE_BYTES)))
 
 
 def _links_work(src_dir: str, dst_dir: str) -> bool:

@@ -383,7 +383,8 @@ class S3ObjectStore(ObjectStore):
             count = (size + chunk - 1) // chunk
             fd = os.open(filename, os.O_RDONLY)
             try:
-                with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix='s3-part') as pool:
+                threads = self.max_concurrency if self.transfer_config.get('use_threads', True) else 1
+                with ThreadPoolExecutor(threads, thread_name_prefix='s3-part') as pool:
                     parts = list(pool.map(send, range(1, count + 1), [fd] * count))
             finally:
                 os.close(fd)

@@ -364,3 +364,22 @@ def test_drain_deletes_the_local_writes_of_dead_writers_only(tmp_path):
         (folder / 'a1b2c3d4e5f6').write_bytes(b'x' * 100)
     finish_commits(str(tmp_path / 'staging'))
     assert not dead.exists() and (alive / 'spares' / 'a1b2c3d4e5f6').exists()
+
+
+@pytest.mark.parametrize('mib_per_rank,files', [(1, 4), (256, 4), (512, 8), (520, 9), (4096, 16)])
+def test_async_saves_write_one_file_per_64_mib_from_4_to_16(mib_per_rank, files):
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties)
+    from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+
+    from dist_logging.checkpoint.writer import _async_files
+
+    def tensor(name, numel):
+        size = torch.Size([numel])
+        return WriteItem(index=MetadataIndex(name), type=WriteItemType.TENSOR,
+                         tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(torch.Size([0]), size),
+                                                     properties=TensorProperties(dtype=torch.float32), size=size))
+
+    quarter = mib_per_rank * 1024 * 1024 // 4 // 4  # float32 elements of a quarter of the bytes
+    items = [tensor(f't{i}', quarter) for i in range(4)]
+    items.append(WriteItem(index=MetadataIndex('step'), type=WriteItemType.BYTE_IO))  # no tensor data: not counted
+    assert _async_files(SavePlan(items)) == files
