@@ -180,7 +180,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             raise ValueError(f'CheckpointWriter: commit_timeout must be a positive number, got {commit_timeout!r}')
         if isinstance(bucket, RemoteUploaderDownloader):
             given = {k: v for k, v in (('backend_kwargs', backend_kwargs), ('upload_staging_folder',
-                     upload_staging_folder), ('use_procs', use_procs or None)) if v}
+                     upload_staging_folder), ('use_procs', use_procs or None),
+                     ('upload_priority', None if upload_priority == 'idle' else upload_priority)) if v}
             if given or num_concurrent_uploads != 4:
                 raise ValueError(f'CheckpointWriter: {sorted(given) or ["num_concurrent_uploads"]} only apply to a '
                                  'bucket URI; configure the RemoteUploaderDownloader instead')

@@ -172,6 +172,10 @@ def test_copies_and_bad_arguments_are_refused_clearly(tmp_path):
         CheckpointWriter(templated)
     with pytest.raises(ValueError, match='only apply to a bucket URI'):
         CheckpointWriter(RemoteUploaderDownloader(str(tmp_path / 'b')), backend_kwargs={'x': 1})
+    with pytest.raises(ValueError, match='upload_priority.*only apply to a bucket URI'):
+        CheckpointWriter(RemoteUploaderDownloader(str(tmp_path / 'b')), upload_priority='normal')
+    with pytest.raises(ValueError, match="'loud'"):  # the uploader's own check names the bad value
+        CheckpointWriter(str(tmp_path / 'b'), upload_priority='loud')
 
 
 def test_format_checkpoint_id():
