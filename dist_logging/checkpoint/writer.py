@@ -280,7 +280,13 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             self._writes_dir = os.path.join(rank_writes, f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
             self._intents_dir = os.path.join(self.staging_root, INTENTS_FOLDER)
             remove_dead_writes(self.staging_root, dist.get_global_rank())
-            os.makedirs(self._writes_dir, mode=0o700, exist_ok=True)
+            for attempt in range(3):
+                try:
+                    os.makedirs(self._writes_dir, mode=0o700, exist_ok=True)
+                    break
+                except FileNotFoundError:  # another rank's closing writer removed the empty parent meanwhile
+                    if attempt == 2:
+                        raise
             self._links = _links_work(self._writes_dir, self._files_dir)
             self._spares_dir = os.path.join(self._writes_dir, 'spares')
             if not self._links:
@@ -738,11 +744,6 @@ def remove_dead_writes(staging_root: str, rank: Optional[int] = None) -> None:
             if not pid.isdigit() or int(pid) == os.getpid() or dist._process_alive(int(pid)):
                 continue
             shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
-        for empty in (folder, writes):
-            try:
-                os.rmdir(empty)
-            except OSError:
-                pass
 
 
 def _protocol_base() -> type:
