@@ -43,9 +43,11 @@ def _encode_crc32(crc: int) -> str:
 def _read_whole(filename: str, size: int) -> bytearray:
     """The ``size`` bytes of ``filename``; raises RuntimeError if it holds fewer."""
     body = bytearray(size)
-    with open(filename, 'rb') as handle:
-        if handle.readinto(body) != size:
-            raise RuntimeError(f'{filename} shrank while it was uploaded (expected {size} bytes)')
+    fd = os.open(filename, os.O_RDONLY)
+    try:
+        _pread_into(fd, body, 0, filename)
+    finally:
+        os.close(fd)
     return body
 
 
