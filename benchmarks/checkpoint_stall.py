@@ -8,7 +8,10 @@ Launch::
 The job: an MLP (``--width`` x ``--depth``, GELU) sharded with FSDP2's ``fully_shard`` (gloo, CPU),
 AdamW, random batches. The checkpointed state is the model's and the optimizer's sharded state
 dict (``get_state_dict``) plus a ``uint8`` DTensor sharded over the ranks (``Shard(0)``) that
-brings the total to each ``--sizes`` entry: every rank holds and writes 1/N of it. A save every
+brings the total to each ``--sizes`` entry: every rank holds and writes 1/N of it. The filler is a
+table of ``--filler-cols`` columns, like an embedding (0: one flat 1-D tensor, the layout of runs
+before 2026-11-26 05:30; torch 2.13's DTensor save planning materializes an int64 ``arange`` over
+a shard's dim 0, so a flat filler costs every mode 8 bytes of fresh memory per checkpoint byte). A save every
 ``--every`` steps; ``--device-ms N`` makes each step also wait N ms, the cores idle meanwhile, as a
 host waits on its GPU (0: the CPU computes the whole step, the worst case for background work).
 
@@ -36,7 +39,8 @@ Modes (interleaved: segments of ``--saves`` saves per mode, the order rotating e
   runs in torch's checkpoint process, the hand-over, upload and commit in the trainer's writer);
   ``ours_async_normal``: ours' ``dcp.async_save`` with ``upload_priority='normal'`` (upload workers
   at the training thread's priority instead of ``SCHED_IDLE``); ``ours_async_8files``: with
-  ``files_per_rank=8``.
+  ``files_per_rank=8``; ``ours_async_fresh``: with ``cache_staged_state_dict=False`` (a new staged copy
+  every save, as torch's writers stage).
 
 Every async mode uses a separate gloo process group for the checkpoint's collectives (the
 background thread must not share the training group's collectives), waits for the previous
@@ -104,7 +108,7 @@ ALL_MODES = ('none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', '
              's3tc_async')
 # Not by default: ours with sync_files=True, and ours with 4 shard files per rank (upload overlapping the write).
 EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files', 'ours_async_1file', 'ours_async_process',
-               'ours_async_normal', 'ours_async_8files')
+               'ours_async_normal', 'ours_async_8files', 'ours_async_fresh')
 POLL_S = 0.05
 
 
@@ -191,6 +195,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--every', type=int, default=10, help='a save every this many steps')
     parser.add_argument('--saves', type=int, default=2, help='saves per timed segment')
     parser.add_argument('--rounds', type=int, default=2, help='timed segments per mode (plus one warm-up round)')
+    parser.add_argument('--filler-cols', type=int, default=4096,
+                        help="columns of the uint8 filler table (0: a flat 1-D filler, the old layout)")
     parser.add_argument('--width', type=int, default=1024)
     parser.add_argument('--depth', type=int, default=4)
     parser.add_argument('--batch', type=int, default=128)
@@ -212,6 +218,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.memory_saves = min(args.memory_saves, 24)
     if args.memory_saves < 0:
         parser.error(f'--memory-saves must be >= 0, got {args.memory_saves}')
+    if args.filler_cols < 0:
+        parser.error(f'--filler-cols must be >= 0, got {args.filler_cols}')
     sizes = C.parse_sizes(args.sizes)
     device_ms = [float(v) for v in args.device_ms.split(',') if v.strip()]
     if any(v < 0 for v in device_ms):
@@ -278,6 +286,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         's3_scheme': args.s3_scheme,
         's3_server_priority': args.s3_server_priority,
         'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'sharding': 'FSDP2 fully_shard'},
+        'filler_cols': args.filler_cols,
         'skipped': skipped,
         'experiments': experiments,
         'targets': {label: _targets(exp) for label, exp in experiments.items()},
@@ -353,7 +362,8 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                                           sync_files=mode.endswith('_fsync'),
                                           files_per_rank=(4 if mode.endswith('_4files') else 8 if mode.endswith('_8files')
                                                           else 1 if mode.endswith('_1file') else None),
-                                          upload_priority='normal' if mode.endswith('_normal') else 'idle')
+                                          upload_priority='normal' if mode.endswith('_normal') else 'idle',
+                                          cache_staged_state_dict=not mode.endswith('_fresh'))
                 closers.append(writer.close)
 
                 def ours_committed(cid: str, t0: float, writer: Any = writer) -> Optional[float]:
@@ -521,9 +531,16 @@ def _experiment(args: Any, d: C.Dist, total: int, device_ms: float, modes: list[
     state_total = sum(d.all_gather_object(local_bytes({'m': msd, 'o': osd})))
     per_rank = max((total - state_total) // d.world_size, 1)
     mesh = init_device_mesh('cpu', (d.world_size,))
-    local = torch.randint(0, 256, (per_rank,), dtype=torch.uint8, generator=gen)
-    filler = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
-                                shape=torch.Size([per_rank * d.world_size]), stride=(1,))
+    cols = args.filler_cols
+    if cols:
+        rows = -(-per_rank // cols)  # rounded up: the checkpoint is at least the size asked for
+        local = torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=gen)
+        filler = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                    shape=torch.Size([rows * d.world_size, cols]), stride=(cols, 1))
+    else:
+        local = torch.randint(0, 256, (per_rank,), dtype=torch.uint8, generator=gen)
+        filler = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                    shape=torch.Size([per_rank * d.world_size]), stride=(1,))
     ckpt_bytes = sum(d.all_gather_object(local_bytes({'m': msd, 'o': osd, 'f': filler})))
     C.touch_memory(3 * per_rank)
 

@@ -31,6 +31,7 @@ from dist_logging.checkpoint._handoff import PROCESS_FOLDER, HandOff
 from dist_logging.checkpoint._intents import INTENTS_FOLDER, CommitIntent, read_intents, write_intent
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._paths import scratch_folder
+from dist_logging.checkpoint._staging import StagingBuffers
 from dist_logging.checkpoint._shards import (SHARD_NAME, check_file_size, check_role, file_sizes, name_rank_files,
                                              no_checkpoint_id, seal_metadata, write_rank_files)
 from dist_logging.destinations.remote import RemoteUploaderDownloader
@@ -152,6 +153,15 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             link to it is left (its upload landed and the uploader let go of it). The spares are
             deleted at ``close``; with ``max_staged_bytes`` they hold at most that many bytes.
             Off (or without hard links into staging): every shard is a new file.
+        cache_staged_state_dict: keep the CPU copy that ``dcp.async_save`` stages the state into
+            (before it returns) for the next save, pinned where an accelerator is available, instead
+            of allocating a new copy every save: the next ``async_save`` copies into memory already
+            allocated and touched (2-vCPU VM, 1 GiB over 2 ranks: 75 ms against 746 ms). The copy
+            stays allocated between saves (the memory each save takes anyway, kept instead of freed
+            and taken again) until ``close``. It is reused only while the state keeps its structure,
+            shapes and dtypes (otherwise replaced), and only once the previous save is over (if it
+            is not, this save is staged into fresh memory, warned once). Off: torch's staging, a
+            new copy per save.
 
     Raises:
         ValueError: a bad URI, ``keep_last``/``max_staged_bytes``/``commit_timeout`` out of
@@ -166,7 +176,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                  max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
                  sync_files: bool = False, thread_count: int = 1, files_per_rank: Optional[int] = None,
                  num_concurrent_uploads: int = 4, use_procs: bool = False, upload_priority: str = 'idle',
-                 recycle_files: bool = True):
+                 recycle_files: bool = True, cache_staged_state_dict: bool = True):
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f'CheckpointWriter: keep_last must be an int >= 1 or None, got {keep_last!r}')
         if max_staged_bytes is not None and (isinstance(max_staged_bytes, bool) or not isinstance(max_staged_bytes, int)
@@ -216,6 +226,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self.commit_timeout = float(commit_timeout)
         self.files_per_rank = files_per_rank
         self.recycle_files = bool(recycle_files)
+        # torch's stage() (which pins its cache, failing without an accelerator) is used only with this off.
+        self.cache_staged_state_dict = bool(cache_staged_state_dict)
+        self._staging_buffers = StagingBuffers()
         self.logger = logger
         self.run_name = run_name
         self._backend_kwargs = persistable_kwargs(backend_kwargs)
@@ -257,6 +270,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             RuntimeError: the writer is closed.
         """
         self._start()
+        self._staging_buffers.claim()  # torch's thread that sends the save waits for the process to finish it
         return self._handoff.send().__reduce__()
 
     def __copy__(self) -> Any:
@@ -326,6 +340,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             raise no_checkpoint_id()
         cid = check_checkpoint_id(checkpoint_id)
         self._start()
+        self._staging_buffers.claim()  # a thread save runs on this thread: the staged copy is read until it ends
         self._emit_metrics()
         super().reset(None)
         self._cid = cid
@@ -337,9 +352,15 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self.path = Path(local)
 
     def stage(self, state_dict: Any) -> Any:
-        """``dcp.async_save``'s copy of the state to CPU memory, on the caller's thread (torch's own staging)."""
+        """``dcp.async_save``'s copy of the state to CPU memory, on the caller's thread.
+
+        With ``cache_staged_state_dict`` (default) into the buffers kept from the previous save when the
+        state has the same layout and that save is over; otherwise into fresh memory (torch's own staging).
+        """
         self._emit_metrics()
-        return super().stage(state_dict)
+        if not self.cache_staged_state_dict:
+            return super().stage(state_dict)
+        return self._staging_buffers.stage(state_dict)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record the role (all ranks). Raises ValueError for ``use_collectives=False`` (no coordinator to commit)."""
@@ -605,6 +626,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 return
             self._closed = True
             started = self._started
+        self._staging_buffers.release()  # a save still running keeps what it reads alive itself
         failures: dict[str, BaseException] = {}
         try:
             if started:

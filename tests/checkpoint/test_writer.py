@@ -387,3 +387,58 @@ def test_async_saves_write_one_file_per_64_mib_from_4_to_16(mib_per_rank, files)
     items = [tensor(f't{i}', quarter) for i in range(4)]
     items.append(WriteItem(index=MetadataIndex('step'), type=WriteItemType.BYTE_IO))  # no tensor data: not counted
     assert _async_files(SavePlan(items)) == files
+
+
+def test_async_saves_stage_into_the_buffers_kept_from_the_previous_save(tmp_path):
+    store = RecordingStore(str(tmp_path / 'bucket'))
+    writer = writer_for(tmp_path, store)
+    staged = []
+    stage = writer.stage
+    writer.stage = lambda sd: staged.append(stage(sd)) or staged[-1]
+    saves = {'r/s1': state(1), 'r/s2': state(2),
+             'r/s3': {'model': {'w': torch.arange(1200.0), 'b': torch.full((7, 3), 3.0)}, 'step': 3}}  # new shape
+    for cid, sd in saves.items():
+        dcp.async_save(sd, checkpoint_id=cid, storage_writer=writer).result(30)
+    first, second, third = (s['model']['w'] for s in staged)
+    assert second is first and third is not first  # the same buffers, until the layout changed
+    assert [s['step'] for s in staged] == [1, 2, 3]  # plain values are the state's own, not the first save's
+    writer.close()
+    for cid, sd in saves.items():
+        got = {'model': {'w': torch.zeros_like(sd['model']['w']), 'b': torch.zeros(7, 3)}, 'step': -1}
+        with CheckpointReader(store, cache_folder=str(tmp_path / f'cache-{cid[2:]}')) as reader:
+            dcp.load(got, checkpoint_id=cid, storage_reader=reader)
+        assert same(got, sd), cid
+
+
+def test_staging_buffers_are_not_handed_out_while_the_previous_save_may_read_them(tmp_path):
+    writer = writer_for(tmp_path, RecordingStore(str(tmp_path / 'bucket')))
+    first = writer.stage(state(1))
+    with pytest.warns(RuntimeWarning, match='still be reading its staged copy'):
+        second = writer.stage(state(2))  # no save claimed the first copy yet: it may be about to run
+    assert second['model']['w'] is not first['model']['w']
+    saving, done = threading.Event(), threading.Event()
+
+    def save_thread() -> None:  # what torch's executor thread does: reset claims the copy, then the write reads it
+        writer._staging_buffers.claim()
+        saving.set()
+        done.wait(30)
+
+    thread = threading.Thread(target=save_thread)
+    thread.start()
+    saving.wait(30)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', RuntimeWarning)
+        during = writer.stage(state(3))
+    assert during['model']['w'] is not first['model']['w'] and torch.equal(first['model']['w'], state(1)['model']['w'])
+    done.set()
+    thread.join(30)
+    after = writer.stage(state(4))  # the save's thread ended: the buffers are free again
+    assert after['model']['w'] is first['model']['w'] and torch.equal(after['model']['w'], state(4)['model']['w'])
+    writer.close()
+
+
+def test_cache_staged_state_dict_false_stages_a_new_copy_every_save(tmp_path):
+    writer = writer_for(tmp_path, RecordingStore(str(tmp_path / 'bucket')), cache_staged_state_dict=False)
+    copies = [writer.stage(state(n)) for n in range(2)]
+    assert copies[0]['model']['w'] is not copies[1]['model']['w']
+    writer.close()
