@@ -10,8 +10,8 @@ AdamW, random batches. The checkpointed state is the model's and the optimizer's
 dict (``get_state_dict``) plus a ``uint8`` DTensor sharded over the ranks (``Shard(0)``) that
 brings the total to each ``--sizes`` entry: every rank holds and writes 1/N of it. The filler is a
 table of ``--filler-cols`` columns, like an embedding (0: one flat 1-D tensor, the layout of runs
-before 2026-11-26 05:30; torch 2.13's DTensor save planning materializes an int64 ``arange`` over
-a shard's dim 0, so a flat filler costs every mode 8 bytes of fresh memory per checkpoint byte). A save every
+before 2026-11-26 05:00; torch 2.13's DTensor save planning materializes an int64 ``arange`` over
+a shard's dim 0, so a flat filler costs every mode 8 bytes of fresh memory per filler byte and save). A save every
 ``--every`` steps; ``--device-ms N`` makes each step also wait N ms, the cores idle meanwhile, as a
 host waits on its GPU (0: the CPU computes the whole step, the worst case for background work).
 
