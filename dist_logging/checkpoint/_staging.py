@@ -58,7 +58,7 @@ class StagingBuffers:
                 return _copy_state_dict(state_dict, fresh, type_check=False)
             if self._buffers is None or layout != self._layout:
                 self._buffers = None  # free the old copy before allocating the new one
-                self._buffers = _create_cpu_state_dict(state_dict, pin_memory=_accelerator_available())
+                self._buffers = _allocate(state_dict)
                 self._layout = layout
             staged = _copy_state_dict(state_dict, self._buffers, type_check=False)
             self._pending, self._reader = True, None
@@ -82,6 +82,20 @@ class StagingBuffers:
             return False
         reader.join(_PREVIOUS_SAVE_JOIN_S)
         return reader.is_alive()
+
+
+def _allocate(state_dict: dict) -> dict:
+    """CPU buffers shaped like ``state_dict``: pinned where an accelerator is available and pinning
+    succeeds (page-locked memory can run out where pageable memory does not), pageable otherwise."""
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+    if _accelerator_available():
+        try:
+            return _create_cpu_state_dict(state_dict, pin_memory=True)
+        except RuntimeError as exc:
+            warnings.warn(f'CheckpointWriter: could not pin the staging buffers ({exc}); using pageable memory',
+                          RuntimeWarning, stacklevel=5)
+    return _create_cpu_state_dict(state_dict)
 
 
 def _accelerator_available() -> bool:

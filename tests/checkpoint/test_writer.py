@@ -442,3 +442,15 @@ def test_cache_staged_state_dict_false_stages_a_new_copy_every_save(tmp_path):
     copies = [writer.stage(state(n)) for n in range(2)]
     assert copies[0]['model']['w'] is not copies[1]['model']['w']
     writer.close()
+
+
+def test_staging_buffers_fall_back_to_pageable_memory_when_pinning_fails(tmp_path, monkeypatch):
+    from dist_logging.checkpoint import _staging
+    monkeypatch.setattr(_staging, '_accelerator_available', lambda: True)  # here pin_memory() raises: no device
+    writer = writer_for(tmp_path, RecordingStore(str(tmp_path / 'bucket')))
+    with pytest.warns(RuntimeWarning, match='could not pin the staging buffers'):
+        first = writer.stage(state(1))
+    writer._staging_buffers.claim()  # the save of that copy ran on this thread and is over
+    second = writer.stage(state(2))
+    assert second['model']['w'] is first['model']['w'] and torch.equal(second['model']['w'], state(2)['model']['w'])
+    writer.close()
