@@ -183,6 +183,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 pending = getattr(response, 'upload_completion', response)
             if args.die_at_step is not None and attempt == 0 and done >= args.die_at_step and _committed(writer):
                 _write_report(args.out, report)
+                # Every rank's report is on disk before any rank dies: torchrun kills the other ranks
+                # as soon as it sees one gone.
+                dist.barrier()
                 if rank == 0:
                     print(f'[attempt {attempt}] SIGKILL at step {done}', flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
