@@ -532,15 +532,11 @@ def _experiment(args: Any, d: C.Dist, total: int, device_ms: float, modes: list[
     per_rank = max((total - state_total) // d.world_size, 1)
     mesh = init_device_mesh('cpu', (d.world_size,))
     cols = args.filler_cols
-    if cols:
-        rows = -(-per_rank // cols)  # rounded up: the checkpoint is at least the size asked for
-        local = torch.randint(0, 256, (rows, cols), dtype=torch.uint8, generator=gen)
-        filler = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
-                                    shape=torch.Size([rows * d.world_size, cols]), stride=(cols, 1))
-    else:
-        local = torch.randint(0, 256, (per_rank,), dtype=torch.uint8, generator=gen)
-        filler = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
-                                    shape=torch.Size([per_rank * d.world_size]), stride=(1,))
+    # rows rounded up: the checkpoint is at least the size asked for
+    shape = (-(-per_rank // cols), cols) if cols else (per_rank,)
+    local = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
+    filler = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                shape=torch.Size([shape[0] * d.world_size, *shape[1:]]), stride=local.stride())
     ckpt_bytes = sum(d.all_gather_object(local_bytes({'m': msd, 'o': osd, 'f': filler})))
     C.touch_memory(3 * per_rank)
 

@@ -32,7 +32,8 @@ class StagingBuffers:
     future before the next save).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse  # False: a fresh copy every save (torch's staging without a cache)
         self._lock = threading.Lock()
         self._buffers: Optional[dict] = None
         self._layout: Any = None
@@ -44,6 +45,8 @@ class StagingBuffers:
         """A CPU copy of ``state_dict`` (tensors copied, other values by reference)."""
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
+        if not self.reuse:
+            return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict), type_check=False)
         layout = _layout_of(state_dict)
         busy = self._previous_save_running()
         with self._lock:
@@ -54,8 +57,7 @@ class StagingBuffers:
                               'staged copy; this one is staged into fresh memory. Wait for each async_save future '
                               'before the next save', RuntimeWarning, stacklevel=4)
             if busy or layout is None:
-                fresh = _create_cpu_state_dict(state_dict)
-                return _copy_state_dict(state_dict, fresh, type_check=False)
+                return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict), type_check=False)
             if self._buffers is None or layout != self._layout:
                 self._buffers = None  # free the old copy before allocating the new one
                 self._buffers = _allocate(state_dict)

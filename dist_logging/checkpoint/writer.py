@@ -226,9 +226,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self.commit_timeout = float(commit_timeout)
         self.files_per_rank = files_per_rank
         self.recycle_files = bool(recycle_files)
-        # torch's stage() (which pins its cache, failing without an accelerator) is used only with this off.
+        # Our stage() replaces torch's (whose cache pins memory, failing without an accelerator) either way.
         self.cache_staged_state_dict = bool(cache_staged_state_dict)
-        self._staging_buffers = StagingBuffers()
+        self._staging_buffers = StagingBuffers(reuse=self.cache_staged_state_dict)
         self.logger = logger
         self.run_name = run_name
         self._backend_kwargs = persistable_kwargs(backend_kwargs)
@@ -355,11 +355,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         """``dcp.async_save``'s copy of the state to CPU memory, on the caller's thread.
 
         With ``cache_staged_state_dict`` (default) into the buffers kept from the previous save when the
-        state has the same layout and that save is over; otherwise into fresh memory (torch's own staging).
+        state has the same layout and that save is over; otherwise into fresh memory (as torch stages).
         """
         self._emit_metrics()
-        if not self.cache_staged_state_dict:
-            return super().stage(state_dict)
         return self._staging_buffers.stage(state_dict)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
