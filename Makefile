@@ -34,7 +34,7 @@ demo: install
 # Two tiers: everything else in parallel, then the tests that launch a framework's real
 # multi-process job (Lightning, HF Trainer, Accelerate), one at a time with one thread each.
 test: install
-	$(PY) -m pytest -n auto -q -m "not serial"
+	$(PY) -m pytest -n auto -q -m "not serial" --durations=15
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q -m serial || test $$? -eq 5  # 5: no serial test selected
 
 bench: install

@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 import torch.distributed as torch_dist
 
+from dist_logging import _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's worker threads
 from dist_logging._launchers import ENVIRONMENT_VARIABLES, LaunchFacts, expand_hostlist
 from dist_logging._launchers import launch_facts as _launch_facts
 from dist_logging.errors import DistributedLoggingError
