@@ -11,8 +11,9 @@ process aborts ("terminate called without an active exception", SIGABRT) after t
 itself succeeded -- torchrun then reports the whole job as failed. ``destroy_process_group()``
 does not prevent it: DDP keeps the group (and its threads) alive until exit.
 
-The wait is bounded, costs a few reads of ``/proc`` when gloo threads exist and nothing
-otherwise, and only runs on Linux (where the thread names and states are readable).
+The wait is bounded (2 s), costs a few reads of ``/proc`` 10 ms apart when gloo threads exist
+and nothing otherwise, and only runs on Linux (where thread names, states and CPU times are
+readable).
 """
 
 from __future__ import annotations
@@ -25,37 +26,51 @@ __all__ = ['wait_for_idle_gloo_workers']
 
 _GLOO_WORKER_NAME = 'pt_gloo_runloop'
 _TASKS = '/proc/self/task'
-_IDLE_POLLS = 3  # consecutive polls with every worker asleep; the sleeps between them release the GIL
-_POLL_SECONDS = 0.01
+_IDLE_POLLS = 3  # consecutive polls with every worker asleep and not run since the previous poll
+_POLL_SECONDS = 0.01  # the sleep between polls releases the GIL, so a worker waiting for it can run
 
 
-def _gloo_worker_states() -> list[str]:
-    """The scheduler state letter ('R' running or runnable, 'S' asleep, ...) of each gloo worker thread."""
-    states = []
+def _read(path: str) -> bytes:
+    with open(path, 'rb') as handle:
+        return handle.read()
+
+
+def _gloo_workers() -> dict[str, tuple[str, int]]:
+    """Each gloo worker thread: tid -> (scheduler state letter, CPU time used so far).
+
+    The state alone cannot tell an idle worker from one waiting for the GIL (both 'S'), so the
+    CPU time is compared between polls: nanoseconds from ``schedstat``, else clock ticks from ``stat``.
+    """
+    workers: dict[str, tuple[str, int]] = {}
     try:
         tids = os.listdir(_TASKS)
     except OSError:
-        return states
+        return workers
     for tid in tids:
         try:
-            with open(f'{_TASKS}/{tid}/stat', 'rb') as handle:
-                stat = handle.read()
+            stat = _read(f'{_TASKS}/{tid}/stat')
         except OSError:  # the thread ended between the listing and the read
             continue
         # "tid (comm) state ...": comm may hold spaces or parentheses, so split at the last ')'.
         head, _, rest = stat.rpartition(b')')
-        name = head.partition(b'(')[2].decode(errors='replace')
-        if name == _GLOO_WORKER_NAME and rest.split():
-            states.append(rest.split()[0].decode())
-    return states
+        fields = rest.split()
+        if head.partition(b'(')[2].decode(errors='replace') != _GLOO_WORKER_NAME or not fields:
+            continue
+        try:
+            cpu = int(_read(f'{_TASKS}/{tid}/schedstat').split()[0])
+        except (OSError, IndexError, ValueError):
+            cpu = sum(int(value) for value in fields[11:13]) if len(fields) >= 13 else 0  # utime + stime
+        workers[tid] = (fields[0].decode(), cpu)
+    return workers
 
 
 def wait_for_idle_gloo_workers(timeout: float = 2.0) -> bool:
-    """Wait until every gloo worker thread of this process is asleep (idle); True if they are.
+    """Wait until every gloo worker thread of this process is idle; True if they are.
 
-    Returns at once (True) when the process has no gloo worker threads or ``/proc`` is not
-    readable. Returns False after ``timeout`` seconds if a worker stayed busy (e.g. a
-    collective still in flight at exit); nothing is raised.
+    Idle: asleep, and not run at all, on several polls in a row with the GIL released between
+    them. Returns at once (True) when the process has no gloo worker threads or ``/proc`` is not
+    readable. Returns False after ``timeout`` seconds if a worker stayed busy; nothing is raised.
+    A worker blocked in the network (a collective left in flight) counts as idle.
 
     Raises:
         ValueError: ``timeout`` is negative or not a number.
@@ -63,16 +78,19 @@ def wait_for_idle_gloo_workers(timeout: float = 2.0) -> bool:
     if not timeout >= 0:
         raise ValueError(f'timeout must be a non-negative number of seconds, got {timeout!r}')
     deadline = time.monotonic() + timeout
-    idle_polls = 0
+    idle_polls, previous = 0, None
     while True:
-        states = _gloo_worker_states()
-        if not states:
+        workers = _gloo_workers()
+        if not workers:
             return True
-        idle_polls = idle_polls + 1 if all(state == 'S' for state in states) else 0
+        asleep = all(state == 'S' for state, _ in workers.values())
+        unchanged = previous is not None and {tid: cpu for tid, (_, cpu) in workers.items()} == previous
+        idle_polls = idle_polls + 1 if asleep and unchanged else 0
         if idle_polls >= _IDLE_POLLS:
             return True
         if time.monotonic() >= deadline:
             return False
+        previous = {tid: cpu for tid, (_, cpu) in workers.items()}
         time.sleep(_POLL_SECONDS)
 
 
