@@ -50,10 +50,13 @@ RULES = (
     # Google OAuth access tokens (GitHub secret scanning: google_oauth_access_token): ``ya29.`` + ...
     ('google-oauth-access-token', r'\bya29\.[0-9A-Za-z_\-]{30,}' + _RIGHT, ('ya29.',), 3.0, ()),
     # OpenAI-compatible model APIs (OpenAI legacy and project keys without gitleaks' exact lengths,
-    # DeepSeek, Moonshot, DashScope ...): ``sk-`` + 32 or more letters and digits with a digit, and
+    # DeepSeek, Moonshot, DashScope ...): ``sk-`` + 32 or more letters and digits with a digit; ``sk-``
+    # + 40 or more letters alone with two capitals in a row three times (a random key without a digit,
+    # about one 48-character key in 1,400; camel-case names rarely put two capitals together); and
     # ``sk-proj-``/``sk-svcacct-``/``sk-admin-`` + 40 or more; never ``sk-ant-`` (Anthropic's own
     # rule is exact) and never hyphenated words (``sk-learn-compatible-...``).
     ('openai-compatible-api-key',
-     r'\bsk-(?!ant-)(?:(?=[A-Za-z]*[0-9])[A-Za-z0-9]{32,}|(?:proj|svcacct|admin)-[A-Za-z0-9_\-]{40,})' + _RIGHT,
+     r'\bsk-(?!ant-)(?:(?=[A-Za-z]*[0-9])[A-Za-z0-9]{32,}|(?=(?:[A-Za-z]*?[A-Z]{2}){3})[A-Za-z]{40,}'
+     r'|(?:proj|svcacct|admin)-[A-Za-z0-9_\-]{40,})' + _RIGHT,
      ('sk-',), 3.0, ()),
 )

@@ -83,14 +83,14 @@ def wait_for_idle_gloo_workers(timeout: float = 2.0) -> bool:
         workers = _gloo_workers()
         if not workers:
             return True
+        cpu_times = {tid: cpu for tid, (_, cpu) in workers.items()}
         asleep = all(state == 'S' for state, _ in workers.values())
-        unchanged = previous is not None and {tid: cpu for tid, (_, cpu) in workers.items()} == previous
-        idle_polls = idle_polls + 1 if asleep and unchanged else 0
+        idle_polls = idle_polls + 1 if asleep and cpu_times == previous else 0
         if idle_polls >= _IDLE_POLLS:
             return True
         if time.monotonic() >= deadline:
             return False
-        previous = {tid: cpu for tid, (_, cpu) in workers.items()}
+        previous = cpu_times
         time.sleep(_POLL_SECONDS)
 
 

@@ -157,6 +157,8 @@ REPLACED = [
     ('db:\n  host: h\n  password: "x y"\n  port: 5432\n', 'db:\n  host: h\n  password: "***"\n  port: 5432\n'),
     ('{ db: { host: h, password: x }, lr: 1 }', '{ db: { host: h, password: *** }, lr: 1 }'),
     ('{"api_key": null, "password": 12345}', '{"api_key": null, "password": ***}'),
+    # an OpenAI-style key that drew no digit (one 48-character key in about 1,400; seen in CI)
+    ('as sk-yRXHrWRzNGUdzpBKXKZTFhZHKpFSZbyijTuYUYeYGiwWgBwE', 'as ***'),
 ]
 
 KEPT = [
@@ -166,6 +168,7 @@ KEPT = [
     GIT_SHA, GIT_SHA.upper(), UUID, UUID.replace('-', ''),
     'AKIA' + 'SHORT12', 'AKIA' + 'Q3EXAMPLE7KD2MZP' + 'X', 'aAKIA' + 'Q3EXAMPLE7KD2MZP',  # wrong length / glued
     'hf_transfer', 'hf_' + 'a' * 20, 'sk-' + 'a1B2' * 4, 'sk-learn-compatible-estimator-pipeline',
+    'sk-ThisIsAVeryLongIdentifierNameForTestingPurposes', 'sk-HTTPServerConfigurationForTheLongRunningJobs',
     'risk-' + ALNUM, 'task-' + ALNUM, 'ghp_short', 'xoxb-123', 'xoxz-' + ALNUM,
     '-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA\n-----END PUBLIC KEY-----',
     '-----BEGIN CERTIFICATE-----\nMIIDdzCCAl+gAwIBAgIE\n-----END CERTIFICATE-----',
