@@ -11,6 +11,8 @@ import warnings
 from typing import Any, Optional
 
 import torch
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.tensor import DTensor
 
 __all__ = ['StagingBuffers']
 
@@ -43,10 +45,8 @@ class StagingBuffers:
 
     def stage(self, state_dict: dict) -> dict:
         """A CPU copy of ``state_dict`` (tensors copied, other values by reference)."""
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
         if not self.reuse:
-            return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict), type_check=False)
+            return _fresh_copy(state_dict)
         layout = _layout_of(state_dict)
         busy = self._previous_save_running()
         with self._lock:
@@ -57,7 +57,7 @@ class StagingBuffers:
                               'staged copy; this one is staged into fresh memory. Wait for each async_save future '
                               'before the next save', RuntimeWarning, stacklevel=4)
             if busy or layout is None:
-                return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict), type_check=False)
+                return _fresh_copy(state_dict)
             if self._buffers is None or layout != self._layout:
                 self._buffers = None  # free the old copy before allocating the new one
                 self._buffers = _allocate(state_dict)
@@ -86,11 +86,14 @@ class StagingBuffers:
         return reader.is_alive()
 
 
+def _fresh_copy(state_dict: dict) -> dict:
+    """A CPU copy of ``state_dict`` in newly allocated memory (torch's staging without a cache)."""
+    return _copy_state_dict(state_dict, _create_cpu_state_dict(state_dict), type_check=False)
+
+
 def _allocate(state_dict: dict) -> dict:
     """CPU buffers shaped like ``state_dict``: pinned where an accelerator is available and pinning
     succeeds (page-locked memory can run out where pageable memory does not), pageable otherwise."""
-    from torch.distributed._state_dict_utils import _create_cpu_state_dict
-
     if _accelerator_available():
         try:
             return _create_cpu_state_dict(state_dict, pin_memory=True)
@@ -110,8 +113,6 @@ def _accelerator_available() -> bool:
 def _layout_of(value: Any) -> Any:
     """What the buffers must match to be reused: structure, keys, tensor types, shapes and dtypes (None:
     something the buffers cannot be reused for, e.g. a ``ShardedTensor``)."""
-    from torch.distributed.tensor import DTensor
-
     if isinstance(value, DTensor):
         local = value.to_local()
         return ('dtensor', tuple(value.shape), value.dtype, tuple(local.shape), tuple(value.placements))
