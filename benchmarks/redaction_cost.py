@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 import _redact_v1  # noqa: E402
 
-from dist_logging._redact import redact_text  # noqa: E402
+from dist_logging.redaction import redact_text  # noqa: E402
 
 NAME = 'redaction_cost'
 _LETTERS = 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ'

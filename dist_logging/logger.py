@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging import dist
 from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
-from dist_logging._redact import RedactOption, build_redactor
+from dist_logging.redaction import RedactOption, build_redactor
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, post_close_caller, validate_ranks
 from dist_logging.errors import UploadError

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from dist_logging import dist
 from dist_logging._log_line import format_record
-from dist_logging._redact import redact_text
+from dist_logging.redaction import redact_text
 from dist_logging.destination import LoggerDestination
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
                                  template_placeholders, validate_object_name, validate_template)

@@ -1,9 +1,9 @@
-"""Regenerate ``dist_logging/_gitleaks_formats.py`` (rules kept as data) from a gitleaks release.
+"""Regenerate ``dist_logging/redaction/_gitleaks_formats.py`` (rules kept as data) from a gitleaks release.
 
 Usage::
 
     python benchmarks/tools/import_gitleaks_rules.py path/to/gitleaks/config/gitleaks.toml VERSION COMMIT \
-        > dist_logging/_gitleaks_formats.py
+        > dist_logging/redaction/_gitleaks_formats.py
 
 Takes gitleaks' *format* rules (a credential recognisable by its own shape: a vendor prefix, a
 fixed length, a checksum-like marker) and leaves out its *context* rules (a service word, an

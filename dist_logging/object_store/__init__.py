@@ -409,7 +409,7 @@ def persistable_kwargs(backend_kwargs: Optional[Mapping[str, Any]]) -> dict[str,
     ``endpoint_url``); credentials come from the environment at drain time.
     """
     # Imported here: this package stays free of dist_logging/torch for upload worker processes.
-    from dist_logging._redact import redact_text
+    from dist_logging.redaction import redact_text
 
     kept = {}
     for key, value in (backend_kwargs or {}).items():

@@ -1,6 +1,6 @@
 """Secret formats that gitleaks' default rules lack, as data, each with where its shape is documented.
 
-Same layout as :mod:`dist_logging._gitleaks_formats` (id, Python regex, keywords, minimum entropy,
+Same layout as :mod:`dist_logging.redaction._gitleaks_formats` (id, Python regex, keywords, minimum entropy,
 allow regexes). A regex with a ``secret`` group replaces only that group (the host and path of a
 webhook URL stay readable); otherwise the whole match is the secret.
 """

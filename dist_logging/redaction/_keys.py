@@ -1,0 +1,138 @@
+"""The key-name rule: whether a key (``hf_token``, ``AWS_SECRET_ACCESS_KEY``) names a credential, by its words.
+
+A key is split into words (on ``_ - .``, spaces, camelCase and digit boundaries) and names a
+credential when its words say so; ``token`` as a vocabulary or counted thing (``pad_token``,
+``max_new_tokens``, ``tokenizer``) is not a credential, nor is a key naming where one is kept
+(``secretKeyRef``, ``hf_token_path``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+#: Words (after splitting a key) that name a credential wherever they stand.
+DEFAULT_SECRET_PATTERN = (r'^(?:\w*password\w*|\w*passwd\w*|pwd|passphrase|\w*secrets?\w*|\w*credentials?|creds'
+                          r'|auth|oauth|\w+auth|authorization|authn|authz|cookies?)$')
+_SECRET_WORD = re.compile(DEFAULT_SECRET_PATTERN)
+# ``secret`` as part of a protocol's name (federated learning's secret sharing) names no credential.
+_NOT_SECRET_AFTER = frozenset({'sharing', 'shares', 'share', 'santa'})
+
+# ``<qualifier> key`` (and ``<qualifier>key`` written as one word) is a credential.
+_KEY_QUALIFIERS = frozenset({
+    'api', 'access', 'private', 'session', 'secret', 'client', 'signing', 'encryption', 'master', 'license',
+    'subscription', 'account', 'storage', 'service', 'auth', 'ssh', 'deploy', 'admin', 'app', 'consumer',
+    'application', 'integration', 'developer', 'dev', 'project', 'user', 'upload', 'write', 'read', 'personal',
+})
+_KEY_WORDS = frozenset({'key', 'keys'})
+
+# ``token`` is a credential alone or right after one of these (``hf_token``, ``GITHUB_TOKEN``); never
+# after a vocabulary word (``pad_token``, ``eos_token``, ``image_token``) and never as ``tokens``.
+_TOKEN_SERVICES = frozenset({
+    'access', 'api', 'auth', 'oauth', 'bearer', 'refresh', 'session', 'id', 'security', 'csrf', 'xsrf', 'jwt',
+    'login', 'client', 'app', 'bot', 'service', 'deploy', 'webhook', 'personal', 'private', 'secret', 'master',
+    'admin', 'root', 'read', 'write', 'upload', 'registry', 'hf', 'hub', 'huggingface', 'github', 'gh', 'gitlab',
+    'bitbucket', 'git', 'wandb', 'comet', 'neptune', 'mlflow', 'databricks', 'kaggle', 'replicate', 'modal',
+    'slack', 'discord', 'telegram', 'twilio', 'sentry', 'npm', 'pypi', 'docker', 'aws', 'azure', 'sas', 'gcp',
+    'google', 'openai', 'anthropic', 'cohere', 'vault', 'okta', 'heroku', 'vercel', 'cloudflare', 'dropbox',
+    'notion', 'jira', 'atlassian', 'ngrok',
+})
+# Services and products whose name before a credential word makes it a credential even when the
+# word right before it is not one (``mlflow_tracking_token``, ``kaggle_key``, ``b2_application_key``).
+_SERVICES = _TOKEN_SERVICES | frozenset({
+    'b2', 'backblaze', 'stripe', 'sendgrid', 'mailgun', 'pinecone', 'weaviate', 'qdrant', 'groq', 'mistral',
+    'together', 'fireworks', 'perplexity', 'deepseek', 'langchain', 'langsmith', 'tavily', 'serpapi', 'clearml',
+    'dvc', 'lambda', 'runpod', 'vastai', 'coreweave', 'paperspace', 'sagemaker', 'vertex', 'bedrock', 'minio',
+    'wasabi', 'oci', 'ibm', 'alibaba', 'tencent', 'digitalocean', 'linode', 'supabase', 'firebase', 'redis',
+    'postgres', 'mysql', 'mongo', 'mongodb', 'snowflake', 'bigquery', 'elastic', 'opensearch', 'grafana',
+    'datadog', 'newrelic', 'pagerduty', 'opsgenie', 'teams', 'mattermost', 'zulip', 'smtp', 'email', 'ftp',
+    'sftp', 'ssh', 'gpg', 'pgp', 'nvidia', 'ngc', 'hf', 'xai', 'gemini', 'claude', 'azureml', 'aml', 'lightning',
+})
+# Words before ``token``/``key`` that make it a vocabulary or data key, never a credential, even in
+# an environment-style name (``PAD_TOKEN``, ``SORT_KEY``).
+_NOT_CREDENTIAL_BEFORE = frozenset({
+    'pad', 'bos', 'eos', 'unk', 'sep', 'cls', 'mask', 'image', 'video', 'audio', 'start', 'end', 'begin', 'stop',
+    'special', 'added', 'default', 'think', 'tool', 'placeholder', 'vision', 'boi', 'eoi', 'eot', 'pause', 'fim',
+    'prefix', 'suffix', 'middle', 'system', 'user', 'assistant', 'chat', 'next', 'prev', 'last', 'first', 'max',
+    'min', 'num', 'per', 'new', 'input', 'output', 'text', 'label', 'target', 'primary', 'foreign', 'sort',
+    'partition', 'shard', 'sharding', 'cache', 'dict', 'hash', 'lookup', 'routing', 'group', 'join', 'index',
+    'feature', 'column', 'field', 'metric', 'monitor', 'data', 'dataset', 'model', 'layer', 'state', 'config',
+    'record', 'row', 'dedup', 'query', 'value', 'attention', 'attn', 'kv', 'rng', 'random', 'seed', 'lora',
+    'hot', 'sample', 'batch', 'sequence', 'seq', 'sub', 'word', 'byte', 'char', 'cross', 'self', 'memory',
+    'bucket', 'object', 'blob', 'log', 'event', 'message', 'map', 'item', 'entry', 'node', 'section', 'table',
+    'topic', 'queue', 'stream', 'point', 'box', 'region', 'obj', 'frame', 'patch', 'im', 'img', 'vid', 'speech',
+    'time', 'action', 'reward', 'answer', 'question', 'context', 'doc', 'document', 'page', 'turn', 'role',
+})
+# An earlier word that makes the whole name a vocabulary constant (LLaVA's ``DEFAULT_POINT_TOKEN``).
+_VOCABULARY_CONTEXT = frozenset({'default', 'special', 'vocab', 'tokenizer', 'im', 'ignore'})
+# A key ending in one of these names a reference to a credential (Kubernetes ``secretKeyRef``,
+# ``secretName``, ``password_file``, ``token_path``), whose value is a name or a path.
+_REFERENCE_WORDS = frozenset({'ref', 'refs', 'name', 'names', 'path', 'paths', 'file', 'files', 'arn', 'url', 'uri'})
+# Words allowed after the credential ``token`` (``hf_token_value``, ``token2``).
+_TOKEN_SUFFIXES = frozenset({'value', 'str', 'string', 'raw', 'b64', 'base64'})
+
+_WORD = re.compile(r'[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+')
+
+
+def key_words(key: str) -> tuple[str, ...]:
+    """The lower-case words of a key: split on ``_ - .``, spaces, camelCase and digits.
+
+    ``'AWS_SECRET_ACCESS_KEY'`` -> ``('aws', 'secret', 'access', 'key')``,
+    ``'hfToken2'`` -> ``('hf', 'token', '2')``, ``'APIKey'`` -> ``('api', 'key')``.
+    """
+    return tuple(word.lower() for word in _WORD.findall(key))
+
+
+def _compound_credential(word: str) -> bool:
+    """A credential written as one word: ``apikey``, ``accesskey``, ``authtoken``, ``hftoken``."""
+    if word.endswith('token') and word[:-5] in _TOKEN_SERVICES:
+        return True
+    if word.endswith('keys') and word[:-4] in _KEY_QUALIFIERS:
+        return True
+    return word.endswith('key') and word[:-3] in _KEY_QUALIFIERS
+
+
+def _environment_style(key: str) -> bool:
+    """``KAGGLE_KEY``, ``MLFLOW_TRACKING_TOKEN``: upper case words joined by ``_`` (how credentials are passed)."""
+    return key.isupper() and '_' in key and ' ' not in key
+
+
+@functools.lru_cache(maxsize=16384)
+def is_secret_key(key: str) -> bool:
+    """Whether a key names a credential, by its words (the default rule; cached per key).
+
+    Examples:
+        ``password``, ``db_passwd``, ``client_secret``, ``AWS_SECRET_ACCESS_KEY``, ``api_key``, ``apiKey``,
+        ``private_key``, ``token``, ``hf_token``, ``GITHUB_TOKEN``, ``refresh_token`` are credentials; so is
+        ``token``/``key`` last after a service or product name (``MLFLOW_TRACKING_TOKEN``, ``kaggle_key``)
+        and, in an environment-style name, after any word but a vocabulary or data word
+        (``KAGGLE_KEY``, ``B2_APPLICATION_KEY``, ``ACME_TOKEN``).
+        ``pad_token``, ``bos_token_id``, ``max_new_tokens``, ``tokenizer_name``, ``use_cls_token``,
+        ``suppress_tokens``, ``added_tokens_decoder``, ``key``, ``image_key``, ``key_dim``,
+        ``secret_sharing_rounds``, ``PAD_TOKEN`` are not.
+    """
+    words = key_words(key)
+    if len(words) > 1 and words[-1] in _REFERENCE_WORDS:
+        return False  # where a credential is kept (``secretKeyRef``, ``secret_name``, ``password_file``), not one
+    previous = ''
+    for index, word in enumerate(words):
+        if _SECRET_WORD.match(word):
+            if not (word in ('secret', 'secrets') and index + 1 < len(words) and words[index + 1] in _NOT_SECRET_AFTER):
+                return True
+        elif _compound_credential(word):
+            return True
+        if word in _KEY_WORDS and previous in _KEY_QUALIFIERS:
+            return True
+        if word == 'token' or (word in _KEY_WORDS and index == len(words) - 1):
+            rest = words[index + 1:]
+            if word == 'token' and not all(w.isdigit() or w in _TOKEN_SUFFIXES for w in rest):
+                previous = word
+                continue
+            if word == 'token' and (index == 0 or previous in _TOKEN_SERVICES):
+                return True
+            if (index > 0 and previous not in _NOT_CREDENTIAL_BEFORE
+                    and not any(w in _VOCABULARY_CONTEXT for w in words[:index])
+                    and (_environment_style(key) or any(w in _SERVICES for w in words[:index]))):
+                return True
+        previous = word
+    return False
