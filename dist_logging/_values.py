@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ['format_log_data_value', 'metric_scalar', 'check_metric_key', 'json_safe']
+__all__ = ['format_log_data_value', 'metric_scalar', 'check_metric_key', 'check_table', 'json_safe']
 
 
 def format_log_data_value(value: Any) -> str:
@@ -67,6 +67,26 @@ def check_metric_key(key: Any) -> str:
     if not key:
         raise ValueError('metric names must not be empty')
     return key
+
+
+def check_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], name: Any) -> tuple[list, list]:
+    """The table's columns and rows as lists, checked.
+
+    Raises:
+        TypeError: a name that is not a non-empty string, or columns that are not strings.
+        ValueError: a row whose length differs from the number of columns (names the row).
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f'table name must be a non-empty str, got {name!r}')
+    columns = list(columns)
+    for column in columns:
+        if not isinstance(column, str):
+            raise TypeError(f'table {name!r}: column names must be str, got {column!r}')
+    rows = [list(row) for row in rows]
+    for index, row in enumerate(rows):
+        if len(row) != len(columns):
+            raise ValueError(f'table {name!r}: row {index} has {len(row)} values for {len(columns)} columns')
+    return columns, rows
 
 
 def metric_scalar(key: str, value: Any) -> float | int:

@@ -18,13 +18,16 @@ import pathlib
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 if TYPE_CHECKING:
-    from dist_logging.logger import Logger
     from dist_logging.state import State
 
 __all__ = ['LogLevel', 'Event', 'RANK_POLICIES', 'LoggerDestination', 'validate_ranks', 'ranks_from_rank_zero_only',
            'post_close_caller', 'check_state']
 
 RANK_POLICIES = ('zero', 'local_zero', 'all')
+
+# What the lifecycle hooks get as ``logger``: the :class:`~dist_logging.Logger` calling them. Spelled as
+# ``Any`` because the logger imports this module: the base sits below the Logger in the import graph.
+LoggerLike = Any
 
 
 class LogLevel(enum.IntEnum):
@@ -115,7 +118,7 @@ def ranks_from_rank_zero_only(ranks: Optional[str], rank_zero_only: Optional[boo
     return implied
 
 
-def post_close_caller(destination: 'LoggerDestination') -> Callable[['State', 'Logger'], None]:
+def post_close_caller(destination: 'LoggerDestination') -> Callable[['State', 'LoggerLike'], None]:
     """A function ``(state, logger)`` that calls ``destination.post_close`` in the form it is written in.
 
     Composer's ``post_close`` takes no arguments; the ``(state, logger)`` form is accepted too.
@@ -260,7 +263,7 @@ class LoggerDestination:
         raise NotImplementedError(f'{type(self).__name__} cannot download files')
 
     # ---------------------------------------------------------------- lifecycle
-    def run_event(self, event: Event, state: 'State', logger: 'Logger') -> None:
+    def run_event(self, event: Event, state: 'State', logger: 'LoggerLike') -> None:
         """Dispatch ``event`` to the method of the same name (``post_close`` in the form it is written in)."""
         event = Event(event)
         if event is Event.POST_CLOSE:
@@ -268,28 +271,28 @@ class LoggerDestination:
         else:
             getattr(self, event.value)(state, logger)
 
-    def init(self, state: 'State', logger: 'Logger') -> None:
+    def init(self, state: 'State', logger: 'LoggerLike') -> None:
         """Called once when the Logger is built."""
 
-    def fit_start(self, state: 'State', logger: 'Logger') -> None:
+    def fit_start(self, state: 'State', logger: 'LoggerLike') -> None:
         """Called when training starts."""
 
-    def epoch_start(self, state: 'State', logger: 'Logger') -> None:
+    def epoch_start(self, state: 'State', logger: 'LoggerLike') -> None:
         """Called at the start of every epoch."""
 
-    def batch_start(self, state: 'State', logger: 'Logger') -> None:
+    def batch_start(self, state: 'State', logger: 'LoggerLike') -> None:
         """Called at the start of every batch."""
 
-    def batch_end(self, state: 'State', logger: 'Logger') -> None:
+    def batch_end(self, state: 'State', logger: 'LoggerLike') -> None:
         """Called after every batch (the timestamp already counts it)."""
 
-    def epoch_end(self, state: 'State', logger: 'Logger') -> None:
+    def epoch_end(self, state: 'State', logger: 'LoggerLike') -> None:
         """Called after every epoch (the timestamp already counts it)."""
 
-    def fit_end(self, state: 'State', logger: 'Logger') -> None:
+    def fit_end(self, state: 'State', logger: 'LoggerLike') -> None:
         """Called when training ends."""
 
-    def close(self, state: 'State', logger: 'Logger') -> None:
+    def close(self, state: 'State', logger: 'LoggerLike') -> None:
         """Flush and release resources; the Logger calls it once, at its close."""
 
     def post_close(self) -> None:

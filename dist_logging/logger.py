@@ -9,84 +9,24 @@ and combined across ranks by :meth:`Logger.flush`.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import logging
-import os
 import pathlib
-import stat
-import time
-import uuid
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging import dist
+from dist_logging._config_load import build_logger
 from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
+from dist_logging._handover import file_names, folder_names, hand_file, hand_folder
+from dist_logging._routing import CLOSED_MESSAGE, ClosedRoutes, Router
+from dist_logging._run_name import resolve_run_name
+from dist_logging._values import check_metric_key, check_table, metric_scalar
+from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
 from dist_logging.redaction import RedactOption, build_redactor
-from dist_logging._values import check_metric_key, metric_scalar
-from dist_logging.destination import Event, LoggerDestination, LogLevel, post_close_caller, validate_ranks
-from dist_logging.errors import UploadError
-from dist_logging.naming import format_name_with_dist_and_time, validate_object_name
 from dist_logging.state import State
 
 __all__ = ['Logger']
 
-log = logging.getLogger(__name__)
-
 Data = Union[Mapping[str, Any], Callable[[], Mapping[str, Any]]]
-
-_DATA_HOOKS = ('log_metrics', 'log_traces', 'log_table', 'log_images')
-
-
-def _resolve_run_name(run_name: Optional[str], group: dist.LoggingGroup) -> str:
-    """The run name, identical on every rank: given, from the environment, or agreed on."""
-    if run_name is None:
-        run_name = os.environ.get('DIST_LOGGING_RUN_NAME') or None
-    if run_name is not None:
-        if not isinstance(run_name, str) or not run_name.strip():
-            raise ValueError(f'run_name must be a non-empty string, got {run_name!r}')
-        if any(c in run_name for c in '/\\{}\x00') or run_name in ('.', '..'):
-            raise ValueError(f'run_name {run_name!r} must not contain "/", "\\", braces or NUL, or be "." / ".."')
-        return run_name
-    # The launcher's job id (torchrun's run id, else the SLURM job and step, else MPI's job id) is
-    # the same on every rank of a job and kept by restarts and requeues; MASTER_ADDR:MASTER_PORT
-    # is also the same on every rank of one job.
-    derived = dist.launch_facts().run_name
-    if derived is not None:
-        return derived
-    if 'MASTER_PORT' in os.environ:
-        run_id = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ['MASTER_PORT']}"
-        return 'run-' + hashlib.sha1(run_id.encode()).hexdigest()[:10]
-    generated = time.strftime('run-%Y%m%d-%H%M%S-') + uuid.uuid4().hex[:6]
-    if dist.get_world_size() > 1:
-        # No shared id in the environment: agree on rank zero's name (a collective).
-        generated = group.broadcast_object(generated, 'agreeing on the run name')
-    return generated
-
-
-_CLOSED_MESSAGE = 'this Logger is closed; log calls after close() are not accepted'
-
-
-class _ClosedRoutes:
-    """Stands in for the routing table after close, so the hot path needs no closed check."""
-
-    def __getitem__(self, level: Any) -> tuple:
-        raise RuntimeError(_CLOSED_MESSAGE)
-
-
-def _takes_files(destination: LoggerDestination) -> bool:
-    """Composer's Logger hands files to every destination; the ones that did not override
-    ``upload_file`` would ignore them, so only the others are called."""
-    return type(destination).upload_file is not LoggerDestination.upload_file or bool(destination.can_upload_files())
-
-
-def rank_included(ranks: str) -> bool:
-    """Whether the rank policy ``ranks`` includes this process's rank (the Logger's test, in one place)."""
-    if ranks == 'all':
-        return True
-    if ranks == 'local_zero':
-        return dist.get_local_rank() == 0
-    return dist.get_global_rank() == 0
 
 
 class Logger:
@@ -147,28 +87,20 @@ class Logger:
         self.auto_flush = bool(auto_flush)
         self._schedule = FlushSchedule(flush_every)  # raises ValueError naming a bad flush_every
         self._in_flight_batch = 0  # the batch count at which the asynchronous flush in flight was issued
-        self.state = State(_resolve_run_name(run_name, self._group))
+        self.state = State(resolve_run_name(run_name, self._group))
         self._closed = False
         self._closing = False
-        self._failures: dict[int, tuple[LoggerDestination, BaseException]] = {}
         self._warned_no_upload = False
 
-        # Rank policy, applied once: the destinations active on this rank, and per log level
-        # the ones that take data of that level (indexed by the int value of the level).
-        self._active = tuple(d for d in self.destinations if rank_included(d.ranks))
-        self._is_global_zero = dist.get_global_rank() == 0
-        self._hparam_destinations = self._active if self._is_global_zero else ()
-        self._routes: Any = [()] + [
-            tuple(d for d in self._active if level <= LogLevel.parse(d.log_level)) for level in LogLevel
-        ]
+        # Rank policy, applied once (see _routing). The hot path reads the routing table from
+        # attributes of the Logger itself: per log level, the destinations taking that level.
+        self._router = Router(self.destinations)
+        self._is_global_zero = self._router.is_global_zero
+        self._hparam_destinations = self._router.hparam_destinations
+        self._routes: Any = self._router.routes
         self._batch_routes: Optional[tuple[LoggerDestination, ...]] = self._routes[LogLevel.BATCH]
-        self._uploaders = tuple(d for d in self._active if _takes_files(d))
-        self._has_uploader_anywhere = any(_takes_files(d) for d in self.destinations)
-        self._upload_takes_copy = {
-            id(d): 'copy' in inspect.signature(d.upload_file).parameters for d in self._uploaders
-        }
-        # Composer's post_close() takes no arguments, ours may take (state, logger): read each form once.
-        self._post_close = {id(d): post_close_caller(d) for d in self.destinations}
+        self._dispatch = self._router.dispatch
+        self._record_failure = self._router.record_failure
         self._gatherer = MetricGatherer(self._group)
 
         self.run_event(Event.INIT)
@@ -184,27 +116,11 @@ class Logger:
     @property
     def active_destinations(self) -> tuple[LoggerDestination, ...]:
         """The destinations this rank calls (its policy includes this rank)."""
-        return self._active
+        return self._router.active
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError(_CLOSED_MESSAGE)
-
-    def _dispatch(self, destinations: Sequence[LoggerDestination], hook: str, *args: Any, **kwargs: Any) -> None:
-        for destination in destinations:
-            try:
-                getattr(destination, hook)(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - one destination must not take the others down
-                self._record_failure(destination, hook, exc)
-
-    def _record_failure(self, destination: LoggerDestination, hook: str, exc: BaseException) -> None:
-        if id(destination) in self._failures:
-            return  # reported once, not once per call
-        self._failures[id(destination)] = (destination, exc)
-        note = 'ignored (optional destination)' if destination.optional else 're-raised at close()'
-        message = f'{type(destination).__name__}.{hook} raised {type(exc).__name__}: {exc}; {note}'
-        log.error(message, exc_info=exc)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+            raise RuntimeError(CLOSED_MESSAGE)
 
     @staticmethod
     def _resolve(data: Data, what: str) -> Mapping[str, Any]:
@@ -332,16 +248,7 @@ class Logger:
         """
         self._check_open()
         destinations = self._routes[LogLevel.parse(level)]
-        if not isinstance(name, str) or not name:
-            raise TypeError(f'table name must be a non-empty str, got {name!r}')
-        columns = list(columns)
-        for column in columns:
-            if not isinstance(column, str):
-                raise TypeError(f'table {name!r}: column names must be str, got {column!r}')
-        rows = [list(row) for row in rows]
-        for index, row in enumerate(rows):
-            if len(row) != len(columns):
-                raise ValueError(f'table {name!r}: row {index} has {len(row)} values for {len(columns)} columns')
+        columns, rows = check_table(columns, rows, name)
         if destinations:
             if step is None:
                 step = self.state.timestamp.batch
@@ -373,7 +280,7 @@ class Logger:
     def has_file_upload_destination(self) -> bool:
         """Whether any destination (on any rank's policy) takes files: it says ``can_upload_files()``
         or overrides ``upload_file`` (the destinations :meth:`upload_file` calls)."""
-        return self._has_uploader_anywhere
+        return self._router.has_uploader_anywhere
 
     def upload_file(self, remote_file_name: str, file_path: Union[str, pathlib.Path], *,
                     overwrite: bool = False, copy: bool = True) -> None:
@@ -404,48 +311,16 @@ class Logger:
         """
         if not self._closing:
             self._check_open()
-        timestamp = self.state.timestamp
-        # This call sits on the training loop: names without placeholders skip formatting, and one
-        # stat answers both "exists?" and "directory?".
-        if type(remote_file_name) is not str or '{' in remote_file_name or '}' in remote_file_name:
-            remote_file_name = format_name_with_dist_and_time(remote_file_name, self.run_name, timestamp)
-        remote = validate_object_name(remote_file_name)
-        local = os.fspath(file_path)
-        if type(local) is not str or '{' in local or '}' in local:
-            local = format_name_with_dist_and_time(local, self.run_name, timestamp)
-        try:
-            mode = os.stat(local).st_mode
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f'upload_file: {local!r} does not exist') from None
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(f'upload_file: {local!r} is a directory; upload its files one by one')
-        if not self._has_uploader_anywhere:
+        remote, local = file_names(remote_file_name, file_path, self.state)
+        if not self._router.has_uploader_anywhere:
             self._warn_no_uploader(f'upload_file({remote!r})')
-        earlier_failures: Optional[UploadError] = None
-        for destination in self._uploaders:
-            try:
-                self._hand_file(destination, remote, local, overwrite, copy)
-            except UploadError as exc:
-                # Earlier uploads of that destination failed, but it queued this file: the other
-                # destinations must still get it before the error reaches the caller.
-                earlier_failures = _with_failure(earlier_failures, exc)
-        if earlier_failures is not None:
-            raise earlier_failures
+        hand_file(self._router, self.state, remote, local, overwrite, copy)
 
     def _warn_no_uploader(self, call: str) -> None:
         if not self._warned_no_upload:  # once per Logger
             self._warned_no_upload = True
             warnings.warn(f'{call}: the Logger has no upload-capable destination; files are not uploaded',
                           RuntimeWarning, stacklevel=3)
-
-    def _hand_file(self, destination: LoggerDestination, remote: str, local: str, overwrite: bool,
-                   copy: bool) -> None:
-        if self._upload_takes_copy[id(destination)]:
-            # Destinations that take copy= also take the path as a str (building a pathlib.Path
-            # costs more than the whole hand-over).
-            destination.upload_file(self.state, remote, local, overwrite=overwrite, copy=copy)
-        else:
-            destination.upload_file(self.state, remote, pathlib.Path(local), overwrite=overwrite)
 
     def upload_folder(self, remote_prefix: str, local_dir: Union[str, pathlib.Path], *, commit: bool = True,
                       copy: bool = True) -> None:
@@ -471,32 +346,10 @@ class Logger:
             RuntimeError: the Logger is closed.
         """
         self._check_open()
-        timestamp = self.state.timestamp
-        remote = validate_object_name(format_name_with_dist_and_time(remote_prefix, self.run_name, timestamp).strip('/'))
-        local = format_name_with_dist_and_time(os.fspath(local_dir), self.run_name, timestamp)
-        if not os.path.isdir(local):
-            raise NotADirectoryError(f'upload_folder: {local!r} is not a folder')
-        if not self._has_uploader_anywhere:
+        remote, local = folder_names(remote_prefix, local_dir, self.state)
+        if not self._router.has_uploader_anywhere:
             self._warn_no_uploader(f'upload_folder({remote!r})')
-        earlier_failures: Optional[UploadError] = None
-        for destination in self._uploaders:
-            try:
-                if callable(getattr(destination, 'upload_folder', None)):
-                    destination.upload_folder(self.state, remote, local, commit=commit, copy=copy)
-                    continue
-                warnings.warn(f'upload_folder({remote!r}): {destination!r} has no upload_folder; its files are '
-                              'uploaded one by one, without a commit', RuntimeWarning, stacklevel=2)
-                for folder, subfolders, names in os.walk(local):
-                    subfolders.sort()
-                    for entry in sorted(names):
-                        path = os.path.join(folder, entry)
-                        if os.path.isfile(path):
-                            rel = os.path.relpath(path, local).replace(os.sep, '/')
-                            self._hand_file(destination, f'{remote}/{rel}', path, True, copy)
-            except UploadError as exc:
-                earlier_failures = _with_failure(earlier_failures, exc)
-        if earlier_failures is not None:
-            raise earlier_failures
+        hand_folder(self._router, self.state, remote, local, commit, copy)
 
     # ------------------------------------------------------------------ gathering
     def flush(self) -> None:
@@ -553,20 +406,14 @@ class Logger:
         if event is Event.CLOSE or event is Event.POST_CLOSE:
             # As Composer's engine does: close() and post_close() are called directly, not via
             # run_event (a destination overriding run_event for its events still gets closed).
-            for destination in self._active:
+            for destination in self._router.active:
                 try:
-                    self._close_hook(destination, event)
+                    self._router.close_hook(destination, event, self.state, self)
                 except Exception as exc:  # noqa: BLE001 - one destination must not take the others down
                     self._record_failure(destination, event.value, exc)
             return
         self._check_open()
-        self._dispatch(self._active, 'run_event', event, self.state, self)
-
-    def _close_hook(self, destination: LoggerDestination, event: Event) -> None:
-        if event is Event.CLOSE:
-            destination.close(self.state, self)
-        else:
-            self._post_close[id(destination)](self.state, self)
+        self._dispatch(self._router.active, 'run_event', event, self.state, self)
 
     def add_listener(self, destination: LoggerDestination) -> None:
         """Attach ``destination`` to a Logger that already exists, for lifecycle events only.
@@ -587,12 +434,8 @@ class Logger:
         self._check_open()
         if not isinstance(destination, LoggerDestination):
             raise TypeError(f'add_listener: {type(destination).__name__} is not a LoggerDestination')
-        validate_ranks(getattr(destination, 'ranks', 'zero'), f'add_listener({type(destination).__name__})')
-        if destination in self._active or not rank_included(destination.ranks):
-            return
-        self._post_close[id(destination)] = post_close_caller(destination)
-        self._active = self._active + (destination,)
-        self._dispatch((destination,), 'run_event', Event.INIT, self.state, self)
+        if self._router.add_listener(destination, f'add_listener({type(destination).__name__})'):
+            self._dispatch((destination,), 'run_event', Event.INIT, self.state, self)
 
     def fit_start(self) -> None:
         """Training starts."""
@@ -661,23 +504,15 @@ class Logger:
             warnings.warn(f'Logger.close(): metrics buffered with reduce= were never flushed: {sorted(pending)}; '
                           'call flush() on every rank before close()', RuntimeWarning, stacklevel=2)
         self._closed = True
-        self._routes = _ClosedRoutes()  # type: ignore[assignment]
+        self._routes = ClosedRoutes()  # type: ignore[assignment]
         self._batch_routes = None
-        errors = [exc for destination, exc in self._failures.values() if not destination.optional]
+        errors = [exc for destination, exc in self._router.failures.values() if not destination.optional]
         if gather_error is not None:
             errors.insert(0, gather_error)
         # Destinations upload their last files (final log lines, event files) from their own
-        # close(): close uploaders last, and accept those uploads until every close ran.
-        ordered = [d for d in self._active if d not in self._uploaders] + list(self._uploaders)
+        # close(): accept those uploads until every close ran.
         self._closing = True
-        for event in (Event.CLOSE, Event.POST_CLOSE):
-            for destination in ordered:
-                try:
-                    self._close_hook(destination, event)
-                except Exception as exc:  # noqa: BLE001 - every destination gets closed
-                    log.error('%s.%s raised %s', type(destination).__name__, event.value, exc, exc_info=exc)
-                    if not destination.optional:
-                        errors.append(exc)
+        errors += self._router.close_all(self.state, self)
         self._closing = False
         self._group.destroy()
         if errors:
@@ -722,17 +557,8 @@ class Logger:
             TypeError: an override the Logger does not take, or a value of the wrong type.
             ImportError: a destination's optional package is missing (names the extra to install).
         """
-        from dist_logging.config import logger_from_config
-
-        return logger_from_config(config, **overrides)
+        return build_logger(cls, config, overrides)
 
     def __repr__(self) -> str:
         return f'Logger(run_name={self.run_name!r}, destinations={list(self.destinations)!r})'
 
-
-def _with_failure(earlier: Optional[UploadError], exc: UploadError) -> UploadError:
-    """The first destination's error, with the later ones added as notes."""
-    if earlier is None:
-        return exc
-    earlier.add_note(f'also: {exc}')
-    return earlier
