@@ -166,16 +166,41 @@ def validate_masks(masks: Any, batch: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def snapshot_images(images: Any, channels_last: bool, masks: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """A uint8 NHWC copy of ``images`` and their validated ``masks``, for a background thread to log later.
+def prepare_images(images: Any, channels_last: bool, masks: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``images`` as a uint8 NHWC batch and their validated ``masks``: every destination's ``log_images`` preamble.
 
-    The batch is always a copy, so the caller may reuse its tensor or array at once.
+    The batch may share memory with ``images``; use :func:`snapshot_images` to log it later.
 
     Raises:
         ValueError, TypeError: as :func:`to_image_batch` and :func:`validate_masks`.
     """
-    batch = np.array(to_uint8(to_image_batch(images, channels_last)))
+    batch = to_uint8(to_image_batch(images, channels_last))
     return batch, validate_masks(masks, batch)
+
+
+def snapshot_images(images: Any, channels_last: bool, masks: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """As :func:`prepare_images`, but the batch is always a copy, for a background thread to log later
+    (the caller may reuse its tensor or array at once).
+
+    Raises:
+        ValueError, TypeError: as :func:`to_image_batch` and :func:`validate_masks`.
+    """
+    batch, mask_batches = prepare_images(images, channels_last, masks)
+    return np.array(batch), mask_batches
+
+
+def image_files(batch: np.ndarray, mask_batches: dict[str, np.ndarray], stem: str) -> list[tuple[str, np.ndarray]]:
+    """The files a batch is saved as: per image ``<stem>-<i>.png``, then ``<stem>-<i>.<mask>.png`` per mask
+    (the mask overlaid on the image), with the mask's name made safe for a file name."""
+    from dist_logging._artifacts import safe_artifact_name
+
+    files = []
+    for index in range(batch.shape[0]):
+        files.append((f'{stem}-{index}.png', batch[index]))
+        for mask_name, mask in mask_batches.items():
+            overlaid = overlay_masks(batch[index:index + 1], mask[index:index + 1])[0]
+            files.append((f'{stem}-{index}.{safe_artifact_name(mask_name).replace("/", "_")}.png', overlaid))
+    return files
 
 
 def encode_png(image: np.ndarray) -> bytes:

@@ -436,11 +436,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
     def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
                    mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
-        from dist_logging._images import overlay_masks, to_image_batch, to_uint8, validate_masks, write_png
+        from dist_logging._images import image_files, prepare_images, write_png
 
         self._check_open()
-        batch = to_uint8(to_image_batch(images, channels_last))
-        mask_batches = validate_masks(masks, batch)
+        batch, mask_batches = prepare_images(images, channels_last, masks)
         step_value = self._step(step)
         folder = f'images/{safe_artifact_name(name)}'
         stem = f'{folder}/step{step_value:06d}'
@@ -453,14 +452,9 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self._used_image_names.add(stem)
         os.makedirs(os.path.join(self.artifact_dir, folder), exist_ok=True)
         written = []
-        for index in range(batch.shape[0]):
-            outputs = [(f'{stem}-{index}.png', batch[index])]
-            for mask_name, mask in mask_batches.items():
-                overlaid = overlay_masks(batch[index:index + 1], mask[index:index + 1])[0]
-                outputs.append((f'{stem}-{index}.{safe_artifact_name(mask_name).replace("/", "_")}.png', overlaid))
-            for rel, image in outputs:
-                write_png(os.path.join(self.artifact_dir, rel), image)
-                self._dirty_artifacts[rel] = True
-                written.append(rel)
+        for rel, image in image_files(batch, mask_batches, stem):
+            write_png(os.path.join(self.artifact_dir, rel), image)
+            self._dirty_artifacts[rel] = True
+            written.append(rel)
         self._write('images', f'{len(written)} file(s) in {os.path.join(self.artifact_dir, folder)}', step,
                     name=name, files=[os.path.join(self.artifact_dir, rel) for rel in written])

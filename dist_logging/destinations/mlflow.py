@@ -18,6 +18,9 @@ from dist_logging import _private_dirs
 from dist_logging._artifacts import flatten, jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination, check_state, ranks_from_rank_zero_only
+from dist_logging.destinations._mlflow_runs import (COMPOSER_RUN_NAME_TAG, DEFAULT_EXPERIMENT_NAME,
+                                                   check_file_store_allowed, create_model_version, open_run,
+                                                   system_metrics_monitor)
 from dist_logging.destinations._optional import require_installed
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist, validate_template
@@ -35,34 +38,11 @@ MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE_LENGTH = 6000
 MAX_KEY_LENGTH = 250
-RUN_NAME_TAG = 'dist_logging.run_name'
-COMPOSER_RUN_NAME_TAG = 'run_name'  # the tag Composer's MLFlowLogger sets (and resumes by)
-DEFAULT_EXPERIMENT_NAME = 'dist_logging'
-COMPOSER_DEFAULT_EXPERIMENT_NAME = 'my-mlflow-experiment'  # Composer's default: where its runs are by default
-# A tag value a search filter can hold as one quoted literal: MLflow strips the quotes and unescapes nothing,
-# so a quote or a backslash in a value cannot be written into a filter (see _find_run_tagged).
-_FILTER_SAFE_VALUE = re.compile(r"[^'\"\\]*")
 _BAD_KEY_CHARS = re.compile(r'[^A-Za-z0-9_\-. :/]')
 
 
 def _matches_any(name: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
-
-
-def _check_file_store_allowed(tracking_uri: str) -> None:
-    """A folder (MLflow's file store) is refused by recent MLflow unless opted in: say so at construction."""
-    if tracking_uri == 'databricks' or (re.match(r'^[A-Za-z][A-Za-z0-9+.-]+:', tracking_uri)
-                                        and not tracking_uri.startswith('file:')):
-        return  # sqlite:, http(s):, databricks, ... (a Windows drive letter is one character, never a scheme)
-    try:
-        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
-    except ImportError:  # an MLflow that has no such switch takes folders
-        return
-    if not MLFLOW_ALLOW_FILE_STORE.get():
-        folder = tracking_uri[len('file://'):] if tracking_uri.startswith('file://') else tracking_uri
-        raise ValueError(f'MLFlowLogger: tracking_uri {tracking_uri!r} is a folder (MLflow\'s file store), which '
-                         f'this MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true is set; use a database instead, '
-                         f'e.g. tracking_uri=\'sqlite:///{os.path.join(folder, "mlflow.db")}\'')
 
 
 class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
@@ -162,7 +142,7 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             raise ValueError(f'MLFlowLogger: tracking_uri must be a non-empty string, a path or None, '
                              f'got {tracking_uri!r}')
         if tracking_uri is not None:
-            _check_file_store_allowed(tracking_uri)
+            check_file_store_allowed(tracking_uri)
         # As Composer: when every rank logs, each has its own run, named with a -rank suffix.
         if self.ranks == 'all' and '{rank' not in (run_name or ''):
             run_name = (run_name or '{run_name}') + '-rank{rank}'
@@ -245,7 +225,10 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self.tags[COMPOSER_RUN_NAME_TAG] = os.environ.get('RUN_NAME', state.run_name)
         # Opened only once the run exists: after a failed init, close() has nothing to end (and no
         # second, misleading error to raise).
-        run, created = self._open_run(client, state)
+        run, created = open_run(client, run_id=self.run_id, experiment_name=self.experiment_name,
+                                artifact_location=self.artifact_location, resume=self.resume,
+                                key=self._resume_key(state), run_name=self.run_name, tags=self.tags,
+                                job_run=self.ranks == 'zero', default_experiment=self._default_experiment)
         if not created and self.tags:
             client.log_batch(run.info.run_id, tags=[RunTag(k, v) for k, v in self.tags.items()])
         self.client = client
@@ -253,7 +236,7 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self.experiment_id = run.info.experiment_id
         self._existing_params = dict(run.data.params)
         if self.log_system_metrics:
-            self._system_monitor = _system_metrics_monitor(self.run_id, client.tracking_uri, resume=not created)
+            self._system_monitor = system_metrics_monitor(self.run_id, client.tracking_uri, resume=not created)
             self._system_monitor.start()
         self._tmpdir = tempfile.TemporaryDirectory(prefix='mlflow-', dir=_private_dirs.private_dir('scratch'))
         if not self.synchronous:
@@ -263,48 +246,6 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
     def _resume_key(self, state: 'State') -> str:
         # One run per job (rank zero) or one per rank: the key must tell the runs of one job apart.
         return state.run_name if self.ranks == 'zero' else (self.run_name or state.run_name)
-
-    def _open_run(self, client: Any, state: 'State') -> tuple[Any, bool]:
-        """The run to log to, and whether it was created now."""
-        from mlflow.exceptions import MlflowException
-
-        if self.run_id:
-            try:
-                run = client.get_run(self.run_id)
-            except MlflowException as exc:
-                raise ValueError(f'MLFlowLogger: run_id {self.run_id!r} not found in {client.tracking_uri!r}: {exc}') from exc
-            if run.info.status != 'RUNNING':
-                client.update_run(run.info.run_id, status='RUNNING')
-            return run, False
-        experiment_id = os.environ.get('MLFLOW_EXPERIMENT_ID') or None  # as in Composer: wins over the name
-        if experiment_id is None:
-            experiment = client.get_experiment_by_name(self.experiment_name)
-            if experiment is not None:
-                experiment_id = experiment.experiment_id
-            else:
-                try:
-                    experiment_id = client.create_experiment(self.experiment_name,
-                                                             artifact_location=self.artifact_location)
-                except MlflowException:  # created meanwhile by another job
-                    experiment_id = client.get_experiment_by_name(self.experiment_name).experiment_id
-        key = self._resume_key(state)
-        if self.resume:
-            searches = [(experiment_id, RUN_NAME_TAG, key)]
-            if self.ranks == 'zero':  # a run Composer's MLFlowLogger created for this job
-                composer_name = self.tags[COMPOSER_RUN_NAME_TAG]
-                searches.append((experiment_id, COMPOSER_RUN_NAME_TAG, composer_name))
-                if self._default_experiment and 'MLFLOW_EXPERIMENT_ID' not in os.environ:
-                    # Composer's runs are in its own default experiment unless it was given another name.
-                    composer_experiment = client.get_experiment_by_name(COMPOSER_DEFAULT_EXPERIMENT_NAME)
-                    if composer_experiment is not None:
-                        searches.append((composer_experiment.experiment_id, COMPOSER_RUN_NAME_TAG, composer_name))
-            for search_experiment, tag, value in searches:
-                run = _find_run_tagged(client, search_experiment, tag, value)
-                if run is not None:
-                    if run.info.status != 'RUNNING':
-                        client.update_run(run.info.run_id, status='RUNNING')
-                    return run, False
-        return client.create_run(experiment_id, run_name=self.run_name, tags={RUN_NAME_TAG: key, **self.tags}), True
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self.client is None:
@@ -484,21 +425,14 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
     def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
                    mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
-        from dist_logging._images import encode_png, overlay_masks, to_image_batch, to_uint8, validate_masks
+        from dist_logging._images import encode_png, image_files, prepare_images
 
         self._check_open()
-        batch = to_uint8(to_image_batch(images, channels_last))
-        mask_batches = validate_masks(masks, batch)
+        batch, mask_batches = prepare_images(images, channels_last, masks)
         folder = f'images/{safe_artifact_name(name)}'
         stem = f'step{self._step(step):06d}'
         # Encoded now (a copy the caller cannot change); written and uploaded in the background.
-        files: list[tuple[str, bytes]] = []
-        for index in range(batch.shape[0]):
-            files.append((f'{stem}-{index}.png', encode_png(batch[index])))
-            for mask_name, mask in mask_batches.items():
-                overlaid = overlay_masks(batch[index:index + 1], mask[index:index + 1])[0]
-                files.append((f'{stem}-{index}.{safe_artifact_name(mask_name).replace("/", "_")}.png',
-                              encode_png(overlaid)))
+        files = [(rel, encode_png(image)) for rel, image in image_files(batch, mask_batches, stem)]
         if mask_class_labels and mask_batches:
             files.append((f'{stem}.mask_class_labels.json',
                           json.dumps({str(k): v for k, v in mask_class_labels.items()}).encode()))
@@ -519,29 +453,10 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
 
         return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
 
-    def _create_version(self, model_uri: str, name: str, await_for: int, tags: Optional[dict[str, Any]],
-                        run_id: Optional[str], resolve_runs_uri: bool) -> Any:
-        from mlflow.exceptions import MlflowException
-        from mlflow.store.artifact.runs_artifact_repo import RunsArtifactRepository
-
+    def _model_name(self, name: str) -> str:
         if not isinstance(name, str) or not name:
             raise ValueError(f'MLFlowLogger: a model name must be a non-empty string, got {name!r}')
-        client = self._registry_client()
-        full_name = f'{self.model_registry_prefix}.{name}' if self.model_registry_prefix else name
-        try:
-            client.create_registered_model(full_name)
-        except MlflowException as exc:
-            if exc.error_code not in ('RESOURCE_ALREADY_EXISTS', 'ALREADY_EXISTS'):
-                raise
-        source = model_uri
-        if resolve_runs_uri and RunsArtifactRepository.is_runs_uri(model_uri):
-            # runs:/<run id>/<path> -> that run's artifact location, linked to the run.
-            run_id, artifact_path = RunsArtifactRepository.parse_runs_uri(model_uri)
-            root = client.get_run(run_id).info.artifact_uri.rstrip('/')
-            source = f'{root}/{artifact_path}' if artifact_path else root
-        return client.create_model_version(full_name, source, run_id=run_id,
-                                           tags={k: format_log_data_value(v) for k, v in (tags or {}).items()},
-                                           await_creation_for=await_for)
+        return f'{self.model_registry_prefix}.{name}' if self.model_registry_prefix else name
 
     def register_model(self, model_uri: str, name: str, await_registration_for: int = 300,
                        tags: Optional[dict[str, Any]] = None) -> Any:
@@ -561,7 +476,9 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         """
         if not self._enabled_here():
             return None
-        return self._create_version(model_uri, name, await_registration_for, tags, None, resolve_runs_uri=True)
+        full_name = self._model_name(name)
+        return create_model_version(self._registry_client(), full_name, model_uri, run_id=None, tags=tags,
+                                    await_for=await_registration_for, resolve_runs_uri=True)
 
     def register_model_with_run_id(self, model_uri: str, name: str, await_creation_for: int = 300,
                                    tags: Optional[dict[str, Any]] = None) -> Any:
@@ -575,7 +492,9 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             return None
         if not self.run_id or self.client is None:
             raise RuntimeError('MLFlowLogger.register_model_with_run_id: no run yet (the Logger opens it)')
-        return self._create_version(model_uri, name, await_creation_for, tags, self.run_id, resolve_runs_uri=False)
+        full_name = self._model_name(name)
+        return create_model_version(self._registry_client(), full_name, model_uri, run_id=self.run_id, tags=tags,
+                                    await_for=await_creation_for, resolve_runs_uri=False)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -610,48 +529,3 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             self.client.log_artifacts(self.run_id, directory, artifact_path=folder)
 
 
-def _find_run_tagged(client: Any, experiment_id: str, tag: str, value: str) -> Any:
-    """The newest run of the experiment whose tag ``tag`` is exactly ``value``, or None.
-
-    MLflow's filter grammar takes a value as one quoted literal and unescapes nothing, so a
-    value with a quote or a backslash (``bob's run``) cannot be written into a filter. Such a
-    value is searched by the part before its first such character (``LIKE 'bob%'``, wider than
-    needed) and compared exactly here, page by page.
-    """
-    if _FILTER_SAFE_VALUE.fullmatch(value):
-        search = f"tags.`{tag}` = '{value}'"
-    else:
-        prefix = _FILTER_SAFE_VALUE.match(value).group(0)
-        search = f"tags.`{tag}` LIKE '{prefix}%'"
-    page_token = None
-    while True:
-        page = client.search_runs([experiment_id], filter_string=search, max_results=500,
-                                  order_by=['attributes.start_time DESC'], page_token=page_token)
-        for run in page:
-            if run.data.tags.get(tag) == value:
-                return run
-        page_token = getattr(page, 'token', None)
-        if not page_token:
-            return None
-
-
-def _system_metrics_monitor(run_id: str, tracking_uri: str, resume: bool) -> Any:
-    """MLflow's system-metrics sampler for ``run_id`` in ``tracking_uri``, with Composer's rhythm (every 5 s, sent
-    in groups of 6).
-
-    MLflow 3 takes ``tracking_uri``; MLflow 2 samples into the process-wide tracking URI, which is then set
-    to this destination's (``mlflow.set_tracking_uri``, as Composer's MLFlowLogger always does).
-    """
-    import inspect
-
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-    kwargs: dict[str, Any] = {'sampling_interval': 5, 'samples_before_logging': 6, 'resume_logging': resume}
-    if 'tracking_uri' in inspect.signature(SystemMetricsMonitor.__init__).parameters:
-        kwargs['tracking_uri'] = tracking_uri
-    else:
-        import mlflow
-
-        if mlflow.get_tracking_uri() != tracking_uri:
-            mlflow.set_tracking_uri(tracking_uri)
-    return SystemMetricsMonitor(run_id, **kwargs)

@@ -179,10 +179,9 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
     def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
                    mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
-        from dist_logging._images import overlay_masks, to_image_batch, to_uint8, validate_masks
+        from dist_logging._images import overlay_masks, prepare_images
 
-        batch = to_uint8(to_image_batch(images, channels_last))
-        mask_batches = validate_masks(masks, batch)
+        batch, mask_batches = prepare_images(images, channels_last, masks)
         writer = self._writer()
         step = self._step(step)
         writer.add_images(name, batch, global_step=step, dataformats='NHWC')

@@ -387,3 +387,46 @@ def test_state_dict_round_trip_continues_the_run(tracking_uri, tmp_path, client)
     with pytest.raises(TypeError, match='expected a mapping'):
         restored.load_state_dict(['run_id'])
     restored.load_state_dict({})  # what Composer's own MLFlowLogger saves
+
+
+class _Pages:
+    """A fake MlflowClient whose search_runs hands out pages: ``tokens(n)`` is the token after page n."""
+
+    def __init__(self, tokens, runs_on=None):
+        self.tokens, self.runs_on, self.calls = tokens, runs_on or {}, []
+
+    def search_runs(self, experiment_ids, filter_string, max_results, order_by, page_token):
+        self.calls.append(page_token)
+        n = len(self.calls)
+
+        class Page(list):
+            token = self.tokens(n)
+
+        return Page(self.runs_on.get(n, []))
+
+
+def _run(tag, value):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(data=SimpleNamespace(tags={tag: value}))
+
+
+def test_run_lookup_stops_on_a_repeated_or_endless_page_token():
+    from unittest.mock import MagicMock
+
+    from dist_logging.destinations._mlflow_runs import find_run_tagged
+
+    # Composer's tests mock the client: every search returns the same object, token included.
+    mocked = MagicMock()
+    assert find_run_tagged(mocked, '0', 'run_name', 'x') is None
+    assert mocked.search_runs.call_count == 2  # the second page repeats the first token: stop
+    same = _Pages(lambda n: 'again')
+    assert find_run_tagged(same, '0', 'run_name', 'x') is None and same.calls == [None, 'again']
+    endless = _Pages(lambda n: f'page{n}')  # a new token every time: bounded
+    assert find_run_tagged(endless, '0', 'run_name', 'x', max_pages=7) is None and len(endless.calls) == 7
+    # Real paging still works: the run on the third page is found, the exact value compared.
+    paged = _Pages(lambda n: f'page{n}' if n < 5 else '', {2: [_run('run_name', "bob's")],
+                                                          3: [_run('run_name', "bob's run")]})
+    assert find_run_tagged(paged, '0', 'run_name', "bob's run").data.tags == {'run_name': "bob's run"}
+    assert paged.calls == [None, 'page1', 'page2']
+    assert find_run_tagged(_Pages(lambda n: ''), '0', 'run_name', 'x') is None
