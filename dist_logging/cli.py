@@ -8,6 +8,7 @@ Subcommands::
     dist-logging download BUCKET_URI NAME DEST
     dist-logging validate CONFIG             check a config without starting anything
     dist-logging logs PATH...                merge per-rank log files into one time-ordered stream
+    dist-logging stragglers RUN              which ranks were slow, on which host; a PNG heatmap
 
 Exit codes: 0 success; 1 the operation failed (an upload failed, uploads remain
 pending, a package is missing); 2 bad usage or input (unknown option, missing file,
@@ -494,6 +495,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--follow', '-f', action='store_true',
                    help='keep reading as the files grow and new ones appear, until Ctrl-C or SIGTERM')
     p.set_defaults(func=_cmd_logs)
+
+    from dist_logging.ranks.command import add_parser as add_stragglers  # its own module (docs/stragglers.md)
+
+    add_stragglers(sub)
     return parser
 
 

@@ -21,6 +21,8 @@ from dist_logging._routing import CLOSED_MESSAGE, ClosedRoutes, Router
 from dist_logging._run_name import resolve_run_name
 from dist_logging._values import check_metric_key, check_table, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
+from dist_logging.ranks.api import RankReportMethods
+from dist_logging.ranks.reporter import RankReportOptions, make_reporter
 from dist_logging.redaction import RedactOption, build_redactor
 from dist_logging.state import State
 
@@ -29,7 +31,7 @@ __all__ = ['Logger']
 Data = Union[Mapping[str, Any], Callable[[], Mapping[str, Any]]]
 
 
-class Logger:
+class Logger(RankReportMethods):
     """Routes logging calls to destinations, applying each destination's rank policy.
 
     Build one on every rank. Each destination's ``ranks`` policy (``'zero'``,
@@ -55,6 +57,10 @@ class Logger:
             collective. Automatic flushes are asynchronous (completed at the next flush or
             at :meth:`close`); when one finds nothing buffered on any rank, the gap doubles
             (up to 1,024 batches) until a flush finds data. See docs/gather.md.
+        rank_report_every: every this many batches, compare the ranks' busy time (see
+            :meth:`section`) and report the spread and the stragglers on rank zero (a collective;
+            none in between). None (default): off. See docs/stragglers.md.
+        rank_report_options: a :class:`~dist_logging.ranks.RankReportOptions` or a mapping of its fields.
 
     Raises:
         TypeError: a destination that is not a :class:`LoggerDestination`.
@@ -71,6 +77,8 @@ class Logger:
         redact: RedactOption = True,
         auto_flush: bool = True,
         flush_every: int = 1,
+        rank_report_every: Optional[int] = None,
+        rank_report_options: Union[RankReportOptions, Mapping[str, Any], None] = None,
     ):
         if destinations is None:
             destinations = ()
@@ -88,6 +96,7 @@ class Logger:
         self._schedule = FlushSchedule(flush_every)  # raises ValueError naming a bad flush_every
         self._in_flight_batch = 0  # the batch count at which the asynchronous flush in flight was issued
         self.state = State(resolve_run_name(run_name, self._group))
+        self._ranks = make_reporter(rank_report_every, rank_report_options, self._group, self.run_name)
         self._closed = False
         self._closing = False
         self._warned_no_upload = False
@@ -457,7 +466,9 @@ class Logger:
         if self.auto_flush:
             batch = self.state.timestamp.batch
             if batch % self._schedule.flush_every == 0:
-                self._scheduled_flush(batch)
+                self._timed_flush(self._scheduled_flush, batch)
+        if self._ranks is not None:  # every rank_report_every batches, a collective (see docs/stragglers.md)
+            self._ranks.batch_end(self, self.state.timestamp.batch)
         self.run_event(Event.BATCH_END)
 
     def epoch_end(self) -> None:
@@ -503,6 +514,11 @@ class Logger:
         if pending:
             warnings.warn(f'Logger.close(): metrics buffered with reduce= were never flushed: {sorted(pending)}; '
                           'call flush() on every rank before close()', RuntimeWarning, stacklevel=2)
+        if self._ranks is not None:  # rank zero: upload the rank history, log its heatmap (no collective)
+            try:
+                self._ranks.close(self)
+            except Exception as exc:  # noqa: BLE001 - destinations still get closed, then it is raised
+                gather_error = gather_error or exc
         self._closed = True
         self._routes = ClosedRoutes()  # type: ignore[assignment]
         self._batch_routes = None

@@ -1,0 +1,356 @@
+"""The Logger's rank reporter: every ``N`` batches, compare the ranks' busy time and report on rank zero.
+
+Cost (see docs/stragglers.md for the model):
+
+* between reports nothing communicates: sections and ``batch_end`` only add numbers;
+* at a report, one all-reduce (MAX) of ``2 * (series) + 1`` float64 per rank (series = busy,
+  step, each section, memory): every rank learns each series' min and max, and whether some
+  rank has a section name the others do not know yet;
+* plus one gather to rank zero of this rank's fixed-size record (``5 + sections`` float64);
+* only when a rank used a new section name (normally once, at the first report): an all-gather
+  of the new names and a second all-reduce; at the first report, one gather of 64-byte host names.
+
+Every collective goes through the Logger's :class:`~dist_logging.dist.LoggingGroup`, so each has
+its ``sync_timeout`` and a missing rank is named in the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import time
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+import torch
+
+from dist_logging import dist
+from dist_logging.ranks.history import HISTORY_NAME, HistoryWriter, private_history_path, read_history
+from dist_logging.ranks.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, record_of,
+                                       report_metrics, straggler_line, table_rows)
+from dist_logging.ranks.stats import VerdictTracker, Verdicts
+from dist_logging.ranks.timer import Section, SectionTimer, check_section_name
+
+# The Logger, seen through its public methods only (log_metrics, log_table, log_images, upload_file,
+# has_file_upload_destination); not imported, so the Logger can import this module.
+LoggerLike = Any
+
+__all__ = ['RankReportOptions', 'RankReporter', 'check_report_every', 'make_reporter', 'NullSection', 'MAX_SECTIONS',
+           'HOST_BYTES']
+
+log = logging.getLogger('dist_logging.ranks')
+
+MAX_SECTIONS = 64  # bounds the record, and so every report's bytes
+HOST_BYTES = 64
+_UPLOAD_EVERY_REPORTS = 10  # the history is also uploaded every this many reports, not only at close
+
+
+@dataclasses.dataclass(frozen=True)
+class RankReportOptions:
+    """How rank reports judge and what they produce (``Logger(rank_report_options=...)``).
+
+    Args:
+        slow_ratio, min_gap_s, chronic_reports, chronic_window: the verdict thresholds, see
+            :class:`~dist_logging.ranks.stats.Verdicts` (defaults: 1.1, 0.1 ms, 2 of 5).
+        top_k: how many of the slowest ranks the table lists (besides every straggler).
+        device: ``'auto'`` (CUDA events once CUDA is initialized, else wall clock), ``'cpu'``, ``'cuda'``.
+        memory: measure memory per window (peak CUDA allocated, else RSS).
+        history: keep the per-rank history file on rank zero and upload it with the run's files.
+        heatmap: at close, log the heatmap as an image (TensorBoard / W&B / MLflow draw it).
+
+    Raises:
+        ValueError: a value out of range (names the field).
+    """
+
+    slow_ratio: float = 1.1
+    min_gap_s: float = 1e-4
+    chronic_reports: int = 2
+    chronic_window: int = 5
+    top_k: int = 5
+    device: str = 'auto'
+    memory: bool = True
+    history: bool = True
+    heatmap: bool = True
+
+    def __post_init__(self) -> None:
+        self.verdicts()  # raises on bad thresholds
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ValueError(f'top_k must be an int >= 1, got {self.top_k!r}')
+        if self.device not in ('auto', 'cpu', 'cuda'):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+
+    def verdicts(self) -> Verdicts:
+        """The verdict thresholds."""
+        return Verdicts(self.slow_ratio, self.min_gap_s, self.chronic_reports, self.chronic_window)
+
+    @classmethod
+    def from_value(cls, value: Union['RankReportOptions', Mapping[str, Any], None]) -> 'RankReportOptions':
+        """Options from an instance, a mapping (e.g. a config file's section) or None (defaults).
+
+        Raises:
+            TypeError: neither; ValueError: an unknown key (names it) or a bad value.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise TypeError(f'rank_report_options must be a RankReportOptions or a mapping, got {type(value).__name__}')
+        known = [field.name for field in dataclasses.fields(cls)]
+        for key in value:
+            if key not in known:
+                raise ValueError(f'rank_report_options.{key}: unknown key; expected one of {known}')
+        return cls(**value)
+
+
+def check_report_every(every: Any) -> Optional[int]:
+    """``rank_report_every``: None (off) or an int >= 1.
+
+    Raises:
+        ValueError: anything else (names the value).
+    """
+    if every is None:
+        return None
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f'rank_report_every must be None (off) or an int >= 1, got {every!r}')
+    return every
+
+
+class NullSection:
+    """What :meth:`Logger.section` returns when rank reports are off: checks the name, times nothing."""
+
+    __slots__ = ('name', 'wait')
+
+    def __init__(self, name: str, wait: bool = False):
+        self.name = check_section_name(name)
+        self.wait = bool(wait)
+
+    def __enter__(self) -> 'NullSection':
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __call__(self, fn: Any) -> Any:
+        """As a decorator: ``fn`` itself (nothing to time)."""
+        return fn
+
+    def start(self) -> None:
+        """Nothing to open."""
+
+    def stop(self) -> None:
+        """Nothing to close."""
+
+    is_open = False
+
+
+class RankReporter:
+    """Times sections on this rank and, every ``every`` batches, builds the rank report (a collective).
+
+    Args:
+        every: report every this many batches (the first batch, warm-up, is never counted).
+        options: :class:`RankReportOptions`.
+        group: the Logger's logging group (all collectives go through it).
+        run_name: the run's name (the history file's folder and uploaded name).
+
+    Raises:
+        ValueError: a bad ``every`` or option.
+    """
+
+    def __init__(self, every: int, options: RankReportOptions, group: dist.LoggingGroup, run_name: str):
+        self.every = check_report_every(every)
+        self.options = options
+        self.timer = SectionTimer(options.device, options.memory)
+        self._group = group
+        self._run_name = run_name
+        self._rank = dist.get_global_rank()
+        self._world = dist.get_world_size()
+        self._verdicts = options.verdicts()
+        self._tracker = VerdictTracker(self._world if self._rank == 0 else 1, self._verdicts)
+        self._layout: list[str] = []
+        self._hosts: list[str] = []
+        self._previous_ratio: Optional[np.ndarray] = None
+        self._last: Optional[RankReport] = None
+        self._window = 0
+        self._started = False
+        self._named: frozenset[int] = frozenset()
+        self._history: Optional[HistoryWriter] = None
+        self._history_failed = False
+        self._warned_sections = False
+
+    # ------------------------------------------------------------------ training thread
+    def section(self, name: str, wait: bool = False) -> Section:
+        """The :class:`~dist_logging.ranks.timer.Section` ``name`` (see :meth:`Logger.section`)."""
+        return self.timer.section(name, wait)
+
+    @property
+    def last(self) -> Optional[RankReport]:
+        """The last report (None before the first)."""
+        return self._last
+
+    def add_collective(self, seconds: float) -> None:
+        """Count time the Logger spent in its own collectives (a flush): waiting, not busy."""
+        self.timer.add_collective(seconds)
+
+    def batch_end(self, logger: LoggerLike, batch: int) -> Optional[RankReport]:
+        """One batch ended (every rank, in step); report when ``batch`` is a multiple of ``every``.
+
+        Raises:
+            DistributedLoggingError: at a report, a rank did not take part within ``sync_timeout``.
+        """
+        if not self._started:
+            # The first batch (compilation, caches, start-up skew between ranks) is not compared.
+            self._started = True
+            self.timer.take()
+        else:
+            self.timer.step()
+        if batch % self.every:  # type: ignore[operator]
+            return None
+        if self.timer.steps == 0:
+            return None  # every rank has the same count: all skip together
+        started = time.perf_counter()
+        report = self._report(logger, batch)
+        self.timer.add_collective(time.perf_counter() - started)  # in the next window, as a wait
+        return report
+
+    # ------------------------------------------------------------------ the report
+    def _report(self, logger: LoggerLike, batch: int) -> RankReport:
+        totals = self.timer.take()
+        unknown = sorted(set(totals.sections) - set(self._layout))
+        minima, maxima, anyone_new = self._reduce(totals, bool(unknown))
+        if anyone_new:
+            self._agree_on(unknown)
+            minima, maxima, _ = self._reduce(totals, False)
+        record = record_of(totals, self._layout)
+        if self._window == 0:
+            self._gather_hosts()
+        table = self._gather(record)
+        window, self._window = self._window, self._window + 1
+        if self._rank != 0:
+            self._last = build_partial(record, self._layout, minima, maxima, self._tracker, socket.gethostname(),
+                                       self._rank, self._world, batch, window)
+            return self._last
+        report, self._previous_ratio = build_report(table, self._layout, self._hosts, self._tracker,
+                                                    self._previous_ratio, batch, window, self.options.top_k)
+        self._last = report
+        self._emit(logger, report, table, batch)
+        return report
+
+    def _series_count(self) -> int:
+        return 3 + len(self._layout)  # busy, step, memory and each section
+
+    def _reduce(self, totals: Any, has_new: bool) -> tuple[np.ndarray, np.ndarray, bool]:
+        """One MAX all-reduce of ``[v, -v, new-names flag]``: every series' max and min on every rank."""
+        from dist_logging.ranks.report import per_step
+
+        values = per_step(record_of(totals, self._layout)[None, :], self._layout)
+        column = np.array([v[0] for v in values.values()], dtype=np.float64)
+        both = np.concatenate([column, -column, [1.0 if has_new else 0.0]])
+        both[np.isnan(both)] = -np.inf  # a rank without a value must not win the MAX
+        tensor = torch.from_numpy(both)
+        self._group.all_reduce(tensor, torch.distributed.ReduceOp.MAX, 'reducing the rank report')
+        out = tensor.numpy()
+        count = len(column)
+        maxima = np.where(np.isinf(out[:count]), np.nan, out[:count])
+        minima = np.where(np.isinf(out[count:2 * count]), np.nan, -out[count:2 * count])
+        return minima, maxima, bool(out[-1] > 0)
+
+    def _agree_on(self, unknown: list[str]) -> None:
+        """Some rank has section names the layout lacks: every rank adds the union, in one order."""
+        gathered = self._group.all_gather_object(unknown, 'agreeing on section names for the rank report')
+        new = sorted(set().union(*map(set, gathered)) - set(self._layout))
+        room = MAX_SECTIONS - len(self._layout)
+        if len(new) > room and not self._warned_sections:
+            self._warned_sections = True
+            log.warning('rank report: more than %d section names; ignoring %s', MAX_SECTIONS, new[room:])
+        self._layout.extend(new[:room])
+
+    def _gather_hosts(self) -> None:
+        name = socket.gethostname().encode()[:HOST_BYTES]
+        padded = torch.zeros(HOST_BYTES, dtype=torch.uint8)
+        padded[: len(name)] = torch.frombuffer(bytearray(name), dtype=torch.uint8)
+        rows = self._gather_tensor(padded, 'gathering host names for the rank report')
+        if self._rank == 0:
+            self._hosts = [bytes(row.numpy().tobytes()).rstrip(b'\0').decode(errors='replace') for row in rows]
+
+    def _gather(self, record: np.ndarray) -> np.ndarray:
+        rows = self._gather_tensor(torch.from_numpy(record), 'gathering the rank report records')
+        if self._rank != 0:
+            return record[None, :]
+        return torch.stack(rows).numpy()
+
+    def _gather_tensor(self, tensor: torch.Tensor, what: str) -> list[torch.Tensor]:
+        group = self._group
+        if not group.active:
+            return [tensor]
+        group.arrive()
+        work, rows = group.start_gather(tensor, group.group(), what)
+        group.wait_all([work], what)
+        return rows
+
+    # ------------------------------------------------------------------ rank zero's output
+    def _emit(self, logger: LoggerLike, report: RankReport, table: np.ndarray, batch: int) -> None:
+        logger.log_metrics(report_metrics(report), step=batch)
+        rows = table_rows(report)
+        if rows:
+            logger.log_table(list(TABLE_COLUMNS), rows, name='rank_report', step=batch)
+        chronic = frozenset(entry.rank for entry in report.chronic)
+        if chronic - self._named:  # a console line when a rank turns chronic, not at every report
+            line = straggler_line(report, self._verdicts)
+            if line:
+                log.warning('%s', line)
+        recovered = self._named - chronic
+        if recovered:
+            log.warning('rank report: rank(s) %s no longer chronic stragglers (batch %d)', sorted(recovered), batch)
+        self._named = chronic
+        self._write_history(logger, report, table)
+
+    def _write_history(self, logger: LoggerLike, report: RankReport, table: np.ndarray) -> None:
+        if not self.options.history or self._history_failed:
+            return
+        try:
+            if self._history is None:
+                self._history = HistoryWriter(private_history_path(self._run_name), {
+                    'run_name': self._run_name, 'world_size': self._world, 'hosts': self._hosts,
+                    'slow_ratio': self._verdicts.slow_ratio, 'chronic_reports': self._verdicts.chronic_reports,
+                    'chronic_window': self._verdicts.chronic_window})
+            self._history.append(report, table, self._layout, time.time())
+        except OSError as exc:  # the report itself went out; the file is a convenience
+            self._history_failed = True
+            log.warning('rank report: cannot write the history file: %s', exc)
+            return
+        if report.window % _UPLOAD_EVERY_REPORTS == _UPLOAD_EVERY_REPORTS - 1:
+            self._upload_history(logger)
+
+    def _upload_history(self, logger: LoggerLike) -> None:
+        if self._history is not None and logger.has_file_upload_destination():
+            logger.upload_file(f'{self._run_name}/{HISTORY_NAME}', self._history.path, overwrite=True)
+
+    def close(self, logger: LoggerLike) -> None:
+        """At the Logger's close, before its destinations close (rank zero does the work): upload the
+        history and log the heatmap as an image. Never raises for the image (it is a convenience)."""
+        if self._history is None:
+            return
+        self._history.close()
+        self._upload_history(logger)
+        if self.options.heatmap:
+            try:
+                from dist_logging.ranks.heatmap import heatmap_image
+
+                image = heatmap_image(read_history(self._history.path))
+                logger.log_images(image, name='ranks/heatmap', channels_last=True, use_table=False)
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning('rank report: no heatmap image: %s', exc)
+
+
+
+def make_reporter(every: Any, options: Any, group: dist.LoggingGroup, run_name: str) -> Optional[RankReporter]:
+    """The Logger's reporter, or None when ``every`` is None (off); options are checked either way.
+
+    Raises:
+        ValueError, TypeError: a bad ``rank_report_every`` or ``rank_report_options`` (names it).
+    """
+    every = check_report_every(every)
+    options = RankReportOptions.from_value(options)
+    return None if every is None else RankReporter(every, options, group, run_name)

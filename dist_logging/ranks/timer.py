@@ -1,0 +1,366 @@
+"""Per-rank section timing on the training thread: :class:`Section` and :class:`SectionTimer`.
+
+The timer only adds numbers on the training thread: entering a section reads the clock and
+pushes a frame, leaving it adds the elapsed time to the section's total (no lock, no allocation
+in the steady state, no collective). The totals of a window are read at a report.
+
+Busy time, the quantity ranks are compared by, is the time in top-level *work* sections,
+minus any *wait* section nested inside one (a rank waiting for its peers inside ``forward``
+is not working). With no work section marked in a window, busy time is the window's wall
+time minus the wait sections and the Logger's own collectives (see :meth:`SectionTimer.take`).
+
+On CUDA (``device='cuda'``, or ``'auto'`` once CUDA is initialized) a section records two
+CUDA events on the current stream; their elapsed time is read at a later report, once the
+events completed (``Event.query()``), never by synchronizing the training thread. Sections
+whose events are still pending at a report count in the next window.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from typing import Any, Callable, Optional
+
+__all__ = ['Section', 'SectionTimer', 'WindowTotals', 'check_section_name', 'RESERVED_NAMES']
+
+# Names the report uses for its own series; a section may not take them.
+RESERVED_NAMES = frozenset({'busy', 'step', 'memory', 'stragglers'})
+_NAME = re.compile(r'[A-Za-z0-9_.\-]{1,64}')
+
+# Contribution of a finished section to busy time: +1 top-level work, -1 a wait nested in
+# work (taken back out of it), 0 otherwise (nested work, a wait inside a wait, a top-level wait).
+_ADD, _SUBTRACT, _NONE = 1, -1, 0
+
+
+def check_section_name(name: Any) -> str:
+    """Return ``name`` if it can name a section (it becomes part of metric keys ``ranks/<name>/...``).
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: empty, longer than 64 characters, a character outside ``[A-Za-z0-9_.-]``,
+            or a reserved name (``busy``, ``step``, ``memory``, ``stragglers``).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f'section name must be a str, got {type(name).__name__} {name!r}')
+    if not _NAME.fullmatch(name):
+        raise ValueError(f'section name {name!r}: use 1 to 64 characters of letters, digits, "_", "." and "-"')
+    if name in RESERVED_NAMES:
+        raise ValueError(f'section name {name!r} is reserved for the report (reserved: {sorted(RESERVED_NAMES)})')
+    return name
+
+
+class WindowTotals:
+    """What one rank measured in one window (a report interval).
+
+    Attributes:
+        steps: batches ended in the window.
+        wall_s: wall-clock seconds of the window.
+        busy_s: busy seconds (see the module docstring), summed over the window.
+        wait_s: seconds in top-level wait sections.
+        collective_s: seconds in the Logger's own collectives.
+        sections: section name -> seconds summed over the window (nested sections included).
+        memory_bytes: peak CUDA memory allocated in the window, else the resident set size at
+            the report; None when memory is not measured.
+    """
+
+    __slots__ = ('steps', 'wall_s', 'busy_s', 'wait_s', 'collective_s', 'sections', 'memory_bytes')
+
+    def __init__(self, steps: int, wall_s: float, busy_s: float, wait_s: float, collective_s: float,
+                 sections: dict[str, float], memory_bytes: Optional[float]):
+        self.steps = steps
+        self.wall_s = wall_s
+        self.busy_s = busy_s
+        self.wait_s = wait_s
+        self.collective_s = collective_s
+        self.sections = sections
+        self.memory_bytes = memory_bytes
+
+    def __repr__(self) -> str:
+        return (f'WindowTotals(steps={self.steps}, wall_s={self.wall_s:.6f}, busy_s={self.busy_s:.6f}, '
+                f'sections={self.sections})')
+
+
+class Section:
+    """A named block timed on this rank: a context manager, a decorator, or ``start()``/``stop()``.
+
+    Get one from :meth:`dist_logging.Logger.section`; the same object may be entered again
+    while it is open (recursion) and on every step. Sections nest; time in a nested section
+    counts for its own name and, unless it is a wait section, as part of its parent's work.
+
+    Args:
+        timer: the :class:`SectionTimer` that accumulates it.
+        name: the section's name (see :func:`check_section_name`).
+        wait: True for a block where this rank waits for others (a collective, a barrier):
+            counted as waiting, not as busy time.
+    """
+
+    __slots__ = ('_timer', 'name', 'wait', '_opened')
+
+    def __init__(self, timer: 'SectionTimer', name: str, wait: bool = False):
+        self._timer = timer
+        self.name = check_section_name(name)
+        self.wait = bool(wait)
+        self._opened = 0  # start() calls not yet stopped, for start()/stop() users (framework hooks)
+
+    def __enter__(self) -> 'Section':
+        self._timer.enter(self.name, self.wait)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._timer.exit(self.name)
+
+    def __call__(self, fn: Callable) -> Callable:
+        """Use the section as a decorator: every call of ``fn`` is timed."""
+        timer, name, wait = self._timer, self.name, self.wait
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            timer.enter(name, wait)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                timer.exit(name)
+        return timed
+
+    def start(self) -> None:
+        """Open the section (for hook-based code that cannot use ``with``); close it with :meth:`stop`."""
+        self._timer.enter(self.name, self.wait)
+        self._opened += 1
+
+    def stop(self) -> None:
+        """Close the section opened by :meth:`start`; does nothing when it is not open (a hook that
+        fires without its partner, e.g. after an exception, must not break the next step)."""
+        if self._opened:
+            self._opened -= 1
+            self._timer.exit(self.name)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether :meth:`start` was called more often than :meth:`stop`."""
+        return self._opened > 0
+
+    def __repr__(self) -> str:
+        return f'Section({self.name!r}, wait={self.wait})'
+
+
+class SectionTimer:
+    """Accumulates this rank's section times, the window's wall time and the Logger's collective time.
+
+    Call everything from one thread (the training thread). Nothing here communicates.
+
+    Args:
+        device: ``'cpu'`` (wall clock), ``'cuda'`` (CUDA events, read later), or ``'auto'``:
+            CUDA events when CUDA is initialized when the first section opens, else wall clock.
+        memory: whether :meth:`take` measures memory (peak CUDA allocated, else RSS).
+        clock: the wall clock (seconds); tests pass their own.
+
+    Raises:
+        ValueError: an unknown ``device``.
+    """
+
+    def __init__(self, device: str = 'auto', memory: bool = True, clock: Callable[[], float] = time.perf_counter):
+        if device not in ('auto', 'cpu', 'cuda'):
+            raise ValueError(f"section timing device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+        self._device = device
+        self._memory = bool(memory)
+        self._clock = clock
+        self._sections: dict[tuple[str, bool], Section] = {}
+        self._totals: dict[str, float] = {}
+        # Open frames: [name, start, contribution, inside_wait, start_event]
+        self._stack: list[list[Any]] = []
+        self._busy = 0.0
+        self._wait = 0.0
+        self._work_seen = False
+        self._collective = 0.0
+        self._steps = 0
+        self._window_start = clock()
+        self._cuda: Optional[bool] = None if device == 'auto' else device == 'cuda'
+        self._events: Any = None  # the CUDA event bookkeeping, made on first use
+
+    # ------------------------------------------------------------------ hot path
+    def section(self, name: str, wait: bool = False) -> Section:
+        """The :class:`Section` for ``name`` (one object per name and kind, reused).
+
+        Raises:
+            TypeError, ValueError: a bad name (see :func:`check_section_name`).
+        """
+        key = (name, wait)
+        found = self._sections.get(key)
+        if found is None:
+            found = self._sections[key] = Section(self, name, bool(wait))
+        return found
+
+    def enter(self, name: str, wait: bool) -> None:
+        """Open a frame for ``name`` (called by :class:`Section`)."""
+        stack = self._stack
+        if stack:
+            parent = stack[-1]
+            inside_wait = parent[3]
+            contribution = _SUBTRACT if wait and not inside_wait and _in_work(stack) else _NONE
+            inside_wait = inside_wait or wait
+        else:
+            contribution = _NONE if wait else _ADD
+            inside_wait = wait
+        event = None
+        if self._cuda is None:
+            self._cuda = _cuda_ready()
+        if self._cuda:
+            event = self._device_events().record()
+        stack.append([name, self._clock(), contribution, inside_wait, event])
+
+    def exit(self, name: str) -> None:
+        """Close the innermost frame, which must be ``name``.
+
+        Raises:
+            RuntimeError: ``name`` is not the innermost open section (sections must nest).
+        """
+        end = self._clock()
+        stack = self._stack
+        if not stack or stack[-1][0] != name:
+            open_names = [frame[0] for frame in stack]
+            raise RuntimeError(f'section {name!r} closed while {open_names or "no section"} is open; '
+                               'sections must nest (close the innermost first)')
+        frame = stack.pop()
+        wait_top = not stack and frame[3]
+        if frame[4] is not None:
+            self._device_events().finish(frame[4], name, frame[2], wait_top)
+            return
+        self._add(name, end - frame[1], frame[2], wait_top)
+
+    def _add(self, name: str, seconds: float, contribution: int, wait_top: bool) -> None:
+        totals = self._totals
+        totals[name] = totals.get(name, 0.0) + seconds
+        if contribution == _ADD:
+            self._busy += seconds
+            self._work_seen = True
+        elif contribution == _SUBTRACT:
+            self._busy -= seconds
+        elif wait_top:
+            self._wait += seconds
+
+    def add_collective(self, seconds: float) -> None:
+        """Count ``seconds`` spent in the Logger's own collectives (not busy time)."""
+        self._collective += seconds
+
+    def step(self) -> None:
+        """One batch ended."""
+        self._steps += 1
+
+    # ------------------------------------------------------------------ window
+    @property
+    def steps(self) -> int:
+        """Batches ended in the current window."""
+        return self._steps
+
+    @property
+    def open_sections(self) -> list[str]:
+        """Names of the sections open now, outermost first."""
+        return [frame[0] for frame in self._stack]
+
+    def take(self) -> WindowTotals:
+        """End the window: return its totals and start the next one (at a report, on every rank).
+
+        Sections still open count in the window in which they close; on CUDA, sections whose
+        events have not completed count in the window in which they are read.
+        """
+        now = self._clock()
+        if self._events is not None:
+            for name, seconds, contribution, wait_top in self._events.completed():
+                self._add(name, seconds, contribution, wait_top)
+        wall = now - self._window_start
+        busy = self._busy if self._work_seen else max(wall - self._wait - self._collective, 0.0)
+        totals = WindowTotals(self._steps, wall, busy, self._wait, self._collective, dict(self._totals),
+                              self._read_memory() if self._memory else None)
+        self._totals = {}
+        self._busy = self._wait = self._collective = 0.0
+        self._work_seen = False
+        self._steps = 0
+        self._window_start = now
+        return totals
+
+    def _read_memory(self) -> Optional[float]:
+        if self._cuda:
+            import torch
+
+            peak = float(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()  # the next window's peak is its own
+            return peak
+        return _rss_bytes()
+
+    def _device_events(self) -> '_DeviceEvents':
+        if self._events is None:
+            self._events = _DeviceEvents()
+        return self._events
+
+
+def _in_work(stack: list[list[Any]]) -> bool:
+    """Whether the outermost open frame is a work section (its time counts as busy)."""
+    return stack[0][2] == _ADD
+
+
+def _cuda_ready() -> bool:
+    """CUDA timing only when the program already initialized CUDA (never initialize it for the user)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a broken CUDA install means wall-clock timing
+        return False
+
+
+def _rss_bytes() -> Optional[float]:
+    """The resident set size of this process now (Linux ``/proc``; else the peak from ``getrusage``)."""
+    try:
+        with open('/proc/self/statm', 'rb') as f:
+            resident_pages = int(f.read().split()[1])
+        import os
+
+        return float(resident_pages * os.sysconf('SC_PAGE_SIZE'))
+    except (OSError, ValueError, IndexError):
+        try:
+            import resource
+
+            return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        except Exception:  # noqa: BLE001 - memory is optional
+            return None
+
+
+class _DeviceEvents:
+    """CUDA event pairs recorded on the current stream and read once they completed.
+
+    ``record`` takes an event from a pool (creating CUDA events on every step would cost
+    more than timing); ``completed`` returns the finished pairs' times (``Event.query()`` is
+    True, so ``elapsed_time`` does not block) and puts their events back in the pool.
+    """
+
+    def __init__(self, event_factory: Optional[Callable[[], Any]] = None):
+        if event_factory is None:
+            import torch
+
+            def event_factory() -> Any:
+                return torch.cuda.Event(enable_timing=True)
+        self._factory = event_factory
+        self._pool: list[Any] = []
+        self._pending: list[tuple[Any, Any, str, int, bool]] = []
+
+    def record(self) -> Any:
+        event = self._pool.pop() if self._pool else self._factory()
+        event.record()
+        return event
+
+    def finish(self, start: Any, name: str, contribution: int, wait_top: bool) -> None:
+        end = self.record()
+        self._pending.append((start, end, name, contribution, wait_top))
+
+    def completed(self) -> list[tuple[str, float, int, bool]]:
+        done, still = [], []
+        for pair in self._pending:
+            start, end = pair[0], pair[1]
+            if end.query():  # the end completed, so the start did too (same stream, earlier)
+                done.append((pair[2], start.elapsed_time(end) / 1000.0, pair[3], pair[4]))
+                self._pool.extend((start, end))
+            else:
+                still.append(pair)
+        self._pending = still
+        return done
