@@ -321,6 +321,10 @@ def load_config(source: ConfigSource, environ: Optional[Mapping[str, str]], logg
             FlushSchedule(logger_kwargs['flush_every'])
         except ValueError as exc:
             raise ValueError(f'flush_every: {exc}') from None
+    if 'rank_report_every' in logger_kwargs or 'rank_report_options' in logger_kwargs:  # also at load, with the key
+        from dist_logging.ranks.reporter import check_report_options
+
+        check_report_options(logger_kwargs.get('rank_report_every'), logger_kwargs.get('rank_report_options'))
     raw_destinations = data.get('destinations') or []
     if not isinstance(raw_destinations, list):
         raise ValueError(f'destinations: expected a list of destinations, got {type(raw_destinations).__name__}')

@@ -66,9 +66,9 @@ def heatmap_image(history: History, series: str = 'busy', slow_ratio: Optional[f
         rgb[..., channel] = np.interp(np.nan_to_num(position, nan=0.0), _STOPS, _COLOURS[:, channel]).round()
     rgb[np.isnan(grid)] = _MISSING
     ranks, windows = grid.shape
-    # Cells at least 1 pixel, up to 24 x 8, and at least ~256 pixels wide and tall when small.
+    # Cells at least 1 pixel, up to 24 x 64, and at least ~256 pixels wide and tall when small.
     cell_w = int(np.clip(256 // max(windows, 1), 1, 24))
-    cell_h = int(np.clip(256 // max(ranks, 1), 1, 8))
+    cell_h = int(np.clip(256 // max(ranks, 1), 1, 64))
     while ranks * cell_h * windows * cell_w > max_pixels and (cell_w > 1 or cell_h > 1):
         cell_w, cell_h = max(cell_w // 2, 1), max(cell_h // 2, 1)
     if ranks * windows > max_pixels:  # keep the latest reports that fit

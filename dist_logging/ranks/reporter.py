@@ -36,8 +36,8 @@ from dist_logging.ranks.timer import Section, SectionTimer, check_section_name
 # has_file_upload_destination); not imported, so the Logger can import this module.
 LoggerLike = Any
 
-__all__ = ['RankReportOptions', 'RankReporter', 'check_report_every', 'make_reporter', 'NullSection', 'MAX_SECTIONS',
-           'HOST_BYTES']
+__all__ = ['RankReportOptions', 'RankReporter', 'check_report_every', 'check_report_options', 'make_reporter',
+           'NullSection', 'MAX_SECTIONS', 'HOST_BYTES']
 
 log = logging.getLogger('dist_logging.ranks')
 
@@ -101,7 +101,10 @@ class RankReportOptions:
         for key in value:
             if key not in known:
                 raise ValueError(f'rank_report_options.{key}: unknown key; expected one of {known}')
-        return cls(**value)
+        try:
+            return cls(**value)
+        except ValueError as exc:
+            raise ValueError(f'rank_report_options.{exc}') from None
 
 
 def check_report_every(every: Any) -> Optional[int]:
@@ -113,7 +116,7 @@ def check_report_every(every: Any) -> Optional[int]:
     if every is None:
         return None
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f'rank_report_every must be None (off) or an int >= 1, got {every!r}')
+        raise ValueError(f'rank_report_every: must be None (off) or an int >= 1, got {every!r}')
     return every
 
 
@@ -345,12 +348,20 @@ class RankReporter:
 
 
 
+def check_report_options(every: Any, options: Any) -> tuple[Optional[int], RankReportOptions]:
+    """``rank_report_every`` and ``rank_report_options`` checked (a config file checks them at load).
+
+    Raises:
+        ValueError, TypeError: a bad value; the message starts with the key.
+    """
+    return check_report_every(every), RankReportOptions.from_value(options)
+
+
 def make_reporter(every: Any, options: Any, group: dist.LoggingGroup, run_name: str) -> Optional[RankReporter]:
     """The Logger's reporter, or None when ``every`` is None (off); options are checked either way.
 
     Raises:
         ValueError, TypeError: a bad ``rank_report_every`` or ``rank_report_options`` (names it).
     """
-    every = check_report_every(every)
-    options = RankReportOptions.from_value(options)
+    every, options = check_report_options(every, options)
     return None if every is None else RankReporter(every, options, group, run_name)

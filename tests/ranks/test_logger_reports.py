@@ -1,0 +1,144 @@
+"""Rank reports through the Logger in one process: the config key, off by default, the history uploaded
+with the run's files and read back by ``dist-logging stragglers`` (summary + PNG heatmap), and a
+simulated 4,096-rank world on torch's fake process group (collectives and bytes per report do not grow with N)."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch.distributed as torch_dist
+
+from dist_logging import Logger
+from dist_logging.destinations import InMemoryLogger, RemoteUploaderDownloader
+from dist_logging.dist import LoggingGroup
+from dist_logging.ranks import RankReport, RankReportOptions
+from dist_logging.ranks.command import main as stragglers_main
+from dist_logging.ranks.reporter import NullSection
+
+
+def _steps(logger, count, seconds=0.0005):
+    for _ in range(count):
+        with logger.section('data'):
+            time.sleep(seconds / 2)
+        with logger.section('forward'):
+            time.sleep(seconds)
+        logger.batch_end()
+
+
+def test_off_by_default_section_checks_names_only():
+    logger = Logger(InMemoryLogger(), run_name='ranks-off')
+    section = logger.section('forward')
+    assert isinstance(section, NullSection)
+    with section:
+        pass
+    with pytest.raises(ValueError, match='reserved'):
+        logger.section('busy')
+    logger.batch_end()
+    assert logger.rank_report() is None
+    logger.close()
+
+
+def test_config_key_and_options(tmp_path):
+    sink = InMemoryLogger()
+    logger = Logger.from_config({'rank_report_every': 4, 'rank_report_options': {'top_k': 1, 'memory': False}},
+                                run_name='ranks-config')
+    logger.close()
+    with pytest.raises(ValueError, match=r'^rank_report_every: must be None'):
+        Logger.from_config({'rank_report_every': 0})
+    with pytest.raises(ValueError, match=r'rank_report_options\.slow_ratio'):
+        Logger.from_config({'rank_report_every': 5, 'rank_report_options': {'slow_ratio': 0.5}})
+    with pytest.raises(ValueError, match=r'rank_report_options\.k: unknown key'):
+        Logger.from_config({'rank_report_options': {'k': 1}})
+    with pytest.raises(ValueError, match='rank_report_every'):
+        Logger(sink, run_name='x', rank_report_every=True)
+    logger = Logger(sink, run_name='ranks-config', rank_report_every=4,
+                    rank_report_options=RankReportOptions(memory=False))
+    _steps(logger, 9)
+    report = logger.rank_report()
+    assert isinstance(report, RankReport) and report.complete
+    # batch 1 is warm-up, so the reports at batches 4 and 8 cover 3 and 4 steps
+    assert (report.batch, report.window, report.steps) == (8, 1, 4)
+    assert report.series['forward'].median_s >= 0.0005 and report.own.memory_bytes is None
+    assert report.own.busy_s == pytest.approx(report.own.sections['data'] + report.own.sections['forward'])
+    assert [step for step, _ in sink.data['ranks/busy/median_s']] == [4, 8]
+    step, columns, rows = sink.tables['rank_report'][-1]
+    assert (step, columns[:2], rows[0][:2]) == (8, ['rank', 'host'], [0, report.own.host])
+    logger.close()
+    assert sink.images['ranks/heatmap'][0][1].shape[1:3] == (64, 2 * 24)  # 1 rank x 2 reports, scaled up
+
+
+def test_history_is_uploaded_and_the_cli_draws_it(tmp_path, capsys):
+    bucket = tmp_path / 'bucket'
+    remote = RemoteUploaderDownloader(str(bucket), upload_staging_folder=str(tmp_path / 'staging'))
+    logger = Logger([InMemoryLogger(), remote], run_name='ranks-history', rank_report_every=3)
+    _steps(logger, 10)
+    logger.close()
+    uploaded = bucket / 'ranks-history' / 'rank_history.jsonl'
+    lines = [json.loads(line) for line in uploaded.read_text().splitlines()]
+    assert lines[0]['format'] == 'dist_logging.rank_history' and lines[0]['world_size'] == 1
+    assert [line['batch'] for line in lines[1:]] == [3, 6, 9]
+    assert set(lines[1]['ms']) == {'busy', 'step', 'data', 'forward'}
+    png = tmp_path / 'heat.png'
+    assert stragglers_main(['stragglers', str(bucket), '--out', str(png)]) == 0
+    out = capsys.readouterr().out
+    assert 'run ranks-history: 1 ranks, 3 reports (batches 3-9)' in out and 'no rank was ever slow' in out
+    assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    # the run folder works too; a folder without a history is a usage error naming the option
+    assert stragglers_main(['stragglers', str(bucket / 'ranks-history'), '--out', str(png)]) == 0
+    assert stragglers_main(['stragglers', str(tmp_path / 'staging'), '--out', str(png)]) == 2
+    assert 'rank_report_every' in capsys.readouterr().err
+    assert stragglers_main(['stragglers', str(uploaded), '--series', 'nope', '--out', str(png)]) == 2
+
+
+# ---------------------------------------------------------------- a simulated world of 4,096 ranks
+
+@pytest.fixture
+def fake_world(monkeypatch):
+    """torch's fake process group: one process plays one rank of a large world; collectives are counted."""
+    import torch.testing._internal.distributed.fake_pg as fake_pg
+
+    calls = []
+
+    def recording(name):
+        real = getattr(torch_dist, name)
+
+        def wrapper(*args, **kwargs):
+            tensor = args[1] if name == 'all_gather' else args[0]
+            calls.append((name, tensor.numel() * tensor.element_size()))
+            return real(*args, **kwargs)
+        return wrapper
+
+    for name in ('all_reduce', 'gather', 'all_gather'):
+        monkeypatch.setattr(torch_dist, name, recording(name))
+    monkeypatch.setattr(LoggingGroup, 'group', lambda self: torch_dist.group.WORLD)
+
+    def init(world_size, rank):
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+        torch_dist.init_process_group('fake', store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
+        calls.clear()
+        return calls
+
+    yield init
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def test_simulated_4096_ranks_report_cost_is_o_of_sections(fake_world):
+    per_world = {}
+    for world, rank in ((4, 1), (4096, 1), (4096, 0)):
+        calls = fake_world(world, rank)
+        logger = Logger(InMemoryLogger(), run_name='ranks-sim', rank_report_every=5, auto_flush=False,
+                        rank_report_options={'history': False})
+        _steps(logger, 5, seconds=0)  # the first report: agrees on section names and gathers host names
+        calls.clear()
+        _steps(logger, 4, seconds=0)
+        assert calls == []  # nothing between reports
+        _steps(logger, 1, seconds=0)
+        per_world[(world, rank)] = list(calls)
+        logger.close()
+    steady = per_world[(4, 1)]
+    assert steady == per_world[(4096, 1)] == per_world[(4096, 0)]
+    series = 3 + 2  # busy, step, memory, data, forward
+    assert steady == [('all_reduce', 8 * (2 * series + 1)), ('gather', 8 * (5 + 2))]
