@@ -88,7 +88,7 @@ def test_wait_all_waits_until_the_deadline_and_never_without_a_timeout():
 def test_exit_hook_drops_the_groups_of_loggers_never_closed():
     """At interpreter exit (atexit), a LoggingGroup never destroyed lets go of its dedicated group
     and store, so they are not freed during finalization (which aborts a gloo process)."""
-    from dist_logging import dist
+    from dist_logging.dist import _group as dist
 
     group = LoggingGroup()
     dedicated, store = object(), object()
@@ -103,7 +103,7 @@ def test_a_failed_collective_names_the_ranks_that_left(monkeypatch):
     import subprocess
     import sys
 
-    from dist_logging import dist
+    from dist_logging.dist import _group as dist
 
     ended = subprocess.Popen([sys.executable, '-c', 'pass'])
     ended.wait()  # reaped: its pid names no process now
@@ -128,7 +128,7 @@ def test_a_failed_collective_names_the_ranks_that_left(monkeypatch):
 def test_a_live_rank_on_this_host_is_not_said_to_have_left(monkeypatch):
     import os
 
-    from dist_logging import dist
+    from dist_logging.dist import _group as dist
 
     group = LoggingGroup(timeout=30)
     store = torch_dist.HashStore()
@@ -145,7 +145,7 @@ def test_a_rank_that_arrived_and_ended_after_a_timeout_is_not_blamed(monkeypatch
     import subprocess
     import sys
 
-    from dist_logging import dist
+    from dist_logging.dist import _group as dist
 
     ended = subprocess.Popen([sys.executable, '-c', 'pass'])
     ended.wait()

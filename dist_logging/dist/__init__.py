@@ -1,0 +1,64 @@
+"""Rank and world facts for every launcher, and the one place that issues collectives.
+
+Every function here works without a process group. Rank facts come from
+``torch.distributed`` when a default process group is initialized, otherwise
+from the launcher's environment: torchrun's variables (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``), else SLURM's
+(an ``srun`` task), else Open MPI's, else MPICH / Intel MPI / PMIx's, otherwise
+they describe a single process (rank 0 of a world of 1). torchrun wins when
+sources disagree (``srun torchrun``); see docs/launchers.md.
+:func:`init_process_group_from_env` starts a process group from any of them.
+
+Collectives used by the Logger (gathering metrics, agreeing on the run name,
+checking hyperparameters) run on a dedicated gloo group over CPU tensors that is
+created lazily, so logging never enqueues work on the training group (e.g.
+NCCL) or its GPU stream. Each collective has a timeout; when some rank does not
+arrive the others raise :class:`~dist_logging.errors.DistributedLoggingError`
+naming the missing ranks instead of blocking forever.
+
+The package's rooms: ``_launchers`` (what each launcher's environment says), ``_facts``
+(the getters and :func:`init_process_group_from_env`), ``_group`` (:class:`LoggingGroup`),
+``_gloo_exit`` (the exit-time wait for gloo's worker threads).
+"""
+
+from __future__ import annotations
+
+from dist_logging.dist import _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's worker threads
+from dist_logging.dist._facts import (
+    LaunchFacts,
+    _rendezvous_address,
+    expand_hostlist,
+    get_attempt,
+    get_global_rank,
+    get_local_rank,
+    get_local_world_size,
+    get_node_rank,
+    get_num_nodes,
+    get_world_size,
+    init_process_group_from_env,
+    is_available,
+    is_initialized,
+    launch_facts,
+    launcher,
+    select_reduction_device,
+)
+from dist_logging.dist._group import LoggingGroup, _process_alive
+
+__all__ = [
+    'get_global_rank',
+    'get_local_rank',
+    'get_world_size',
+    'get_local_world_size',
+    'get_node_rank',
+    'get_num_nodes',
+    'get_attempt',
+    'launcher',
+    'launch_facts',
+    'LaunchFacts',
+    'expand_hostlist',
+    'init_process_group_from_env',
+    'is_initialized',
+    'is_available',
+    'LoggingGroup',
+    'select_reduction_device',
+]
