@@ -352,7 +352,7 @@ def _default_ranks(spec: Any) -> str:
 
 # ---------------------------------------------------------------------------- logs
 def _rank_list(text: str) -> frozenset:
-    from dist_logging._merge_logs import parse_ranks
+    from dist_logging._cli_logs.sources import parse_ranks
 
     try:
         return parse_ranks(text)
@@ -383,7 +383,7 @@ def _window(text: str) -> float:
 def _cmd_logs(args: argparse.Namespace) -> int:
     import signal
 
-    from dist_logging import _merge_logs
+    from dist_logging._cli_logs import merge as _merge_logs
 
     options = dict(ranks=args.ranks, min_level=args.level, collapse=not args.no_collapse, window=args.window)
     try:

@@ -15,8 +15,8 @@ import pytest
 
 from dist_logging import Logger
 from dist_logging._log_line import format_record, utc_iso
-from dist_logging._merge_logs import (Collapser, Record, find_log_files, follow_logs, format_ranks, merge_logs,
-                                      parse_ranks)
+from dist_logging._cli_logs.merge import Collapser, follow_logs, merge_logs
+from dist_logging._cli_logs.sources import Record, find_log_files, format_ranks, parse_ranks
 from dist_logging.destinations import FileLogger
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,11 +10,12 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, TextIO
 
-from dist_logging import _sigterm, dist
+from dist_logging import dist
 from dist_logging._artifacts import jsonable, safe_artifact_name, table_json
 from dist_logging._values import format_log_data_value, json_safe
 from dist_logging.destination import LoggerDestination
 from dist_logging.destinations._capture import StreamTee, install_tee, remove_tee
+from dist_logging.destinations import _sigterm
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
                                  validate_object_name, validate_template)

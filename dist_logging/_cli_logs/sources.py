@@ -1,0 +1,308 @@
+"""Finding ranks' log files and reading them record by record, for ``dist-logging logs``."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import time
+from typing import Iterable, Iterator, Optional, Sequence
+
+from dist_logging._log_line import CONTINUATION, HEADER_RE, parse_utc_iso
+
+__all__ = ['Record', 'LogSource', 'parse_ranks', 'format_ranks', 'find_log_files', 'read_records']
+
+_SNIFF_BYTES = 1 << 16
+_RANK_IN_NAME = re.compile(r'(?:^|[^a-z0-9])rank[-_]?(\d+)(?![0-9])', re.IGNORECASE)
+_TEXT_LINE = re.compile(r'\[([A-Za-z_][A-Za-z0-9_]*)\]')
+_SKIP_EXTENSIONS = frozenset({'.png', '.jpg', '.jpeg', '.csv', '.pt', '.pth', '.bin', '.safetensors', '.npy',
+                              '.npz', '.gz', '.zip', '.tar', '.pkl', '.db', '.json', '.yaml', '.yml', '.lock'})
+
+
+def parse_ranks(text: str) -> frozenset[int]:
+    """``'0,3-5'`` -> ``{0, 3, 4, 5}``.
+
+    Raises:
+        ValueError: an empty list, a part that is not ``N`` or ``N-M`` with ``N <= M``, a negative rank.
+    """
+    ranks: set[int] = set()
+    for part in str(text).split(','):
+        part = part.strip()
+        match = re.fullmatch(r'(\d+)(?:\s*-\s*(\d+))?', part)
+        if not match:
+            raise ValueError(f'bad rank list {text!r}: {part!r} is not a rank (N) or a range (N-M)')
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) is not None else low
+        if high < low:
+            raise ValueError(f'bad rank list {text!r}: range {part!r} ends before it starts')
+        if high - low > 1_000_000:
+            raise ValueError(f'bad rank list {text!r}: range {part!r} is too large')
+        ranks.update(range(low, high + 1))
+    return frozenset(ranks)
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``{0, 2, 3, 4, 5, 7}`` -> ``'0,2-5,7'``."""
+    ordered = sorted(set(ranks))
+    parts = []
+    for _, run in itertools.groupby(enumerate(ordered), key=lambda item: item[1] - item[0]):
+        values = [value for _, value in run]
+        parts.append(str(values[0]) if len(values) == 1 else f'{values[0]}-{values[-1]}')
+    return ','.join(parts)
+
+
+def rank_from_path(path: str) -> Optional[int]:
+    """The rank a file name (or, failing that, its folder's name) names, if any."""
+    head, name = os.path.split(path)
+    for part in (name, os.path.basename(head)):
+        matches = _RANK_IN_NAME.findall(part)
+        if matches:
+            return int(matches[-1])
+    return None
+
+
+# ---------------------------------------------------------------------------- records
+class Record:
+    """One log record read from a file.
+
+    Attributes:
+        time: seconds since the epoch (UTC), or None for formats without times.
+        rank: the global rank that wrote it.
+        level: the level name (``'INFO'``) or, for FileLogger records, the kind (``'METRIC'``, ``'STDOUT'``).
+        logger: the Python logger's name, or None for FileLogger records.
+        message: the message, possibly several lines (a traceback).
+    """
+
+    __slots__ = ('time', 'rank', 'level', 'logger', 'message')
+
+    def __init__(self, time: Optional[float], rank: int, level: str, logger: Optional[str], message: str):
+        self.time = time
+        self.rank = rank
+        self.level = level
+        self.logger = logger
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f'Record({self.time!r}, rank={self.rank}, {self.level}, {self.logger!r}, {self.message!r})'
+
+
+class LogSource:
+    """One per-rank log file: its path, the rank its name gives, its format once known."""
+
+    def __init__(self, path: str, index: int, rank: Optional[int] = None, kind: Optional[str] = None):
+        self.path = path
+        self.index = index
+        self.rank = rank
+        self.kind = kind  # 'python', 'jsonl', 'text', or None until a first line is read
+
+    def __repr__(self) -> str:
+        return f'LogSource({self.path!r}, rank={self.rank}, kind={self.kind})'
+
+
+def sniff_line(line: str) -> Optional[str]:
+    """The format a first line belongs to: ``'python'``, ``'jsonl'``, ``'text'``, or None."""
+    if HEADER_RE.match(line.rstrip('\n')):
+        return 'python'
+    stripped = line.strip()
+    if stripped.startswith('{'):
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            return None
+        return 'jsonl' if isinstance(obj, dict) and 'kind' in obj and 'time' in obj else None
+    if _TEXT_LINE.match(stripped):
+        return 'text'
+    return None
+
+
+def _first_line(path: str) -> Optional[str]:
+    """The first line of a file (at most 64 KiB of it); None for an empty file."""
+    with open(path, 'r', encoding='utf-8', errors='replace', newline='\n') as handle:
+        line = handle.readline(_SNIFF_BYTES)
+    return line or None
+
+
+class _Parser:
+    """Turns the lines of one file into records: ``feed`` returns the record a line completes."""
+
+    def __init__(self, source: LogSource):
+        self.source = source
+        self.pending: Optional[Record] = None
+        self.lines: list[str] = []
+
+    def _complete(self) -> Optional[Record]:
+        record = self.pending
+        if record is not None and self.lines:
+            record.message = record.message + '\n' + '\n'.join(self.lines)
+        self.pending, self.lines = None, []
+        return record
+
+    def _start(self, record: Record) -> Optional[Record]:
+        done = self._complete()
+        self.pending = record
+        return done
+
+    def _orphan(self, text: str) -> Optional[Record]:
+        # Text before a file's first record (or after a finished one in --follow): its own record, kept.
+        rank = self.source.rank if self.source.rank is not None else 0
+        return self._start(Record(None, rank, '-', None, text))
+
+    def feed(self, line: str) -> Optional[Record]:
+        line = line[:-1] if line.endswith('\n') else line
+        kind = self.source.kind
+        if kind is None:
+            kind = self.source.kind = sniff_line(line) or 'text'
+        if kind == 'python':
+            match = HEADER_RE.match(line)
+            if match is not None:
+                stamp, rank, level, logger, message = match.groups()
+                return self._start(Record(parse_utc_iso(stamp), int(rank), level, logger, message))
+            if self.pending is None:
+                return self._orphan(line)
+            self.lines.append(line[1:] if line.startswith(CONTINUATION) else line)
+            return None
+        if kind == 'jsonl':
+            return self._start(self._json_record(line)) if line.strip() else None
+        match = _TEXT_LINE.match(line)
+        if match is not None:
+            rank = self.source.rank if self.source.rank is not None else 0
+            return self._start(Record(None, rank, match.group(1).upper(), None, line[match.end():].lstrip(': ')))
+        if self.pending is None:
+            return self._orphan(line)
+        self.lines.append(line)
+        return None
+
+    def _json_record(self, line: str) -> Record:
+        rank = self.source.rank if self.source.rank is not None else 0
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return Record(None, rank, '-', None, line)  # a torn or foreign line: shown as it is, never dropped
+        if not isinstance(obj, dict):
+            return Record(None, rank, '-', None, line)
+        stamp = obj.get('time')
+        stamp = float(stamp) if isinstance(stamp, (int, float)) and math.isfinite(stamp) else None
+        if isinstance(obj.get('rank'), int):
+            rank = obj['rank']
+        data = obj.get('data')
+        if isinstance(data, dict):
+            message = ', '.join(f'{key}: {value}' for key, value in data.items())
+        elif isinstance(data, str):
+            message = data.rstrip('\n')
+        else:
+            message = json.dumps(data)
+        if 'step' in obj:
+            message = f'[step={obj["step"]}] {message}'
+        return Record(stamp, rank, str(obj.get('kind', '-')).upper(), None, message)
+
+    def finish(self) -> Optional[Record]:
+        return self._complete()
+
+
+# ---------------------------------------------------------------------------- finding files
+def find_log_files(paths: Sequence[str], *, allow_empty: bool = False,
+                   known: Iterable[str] = ()) -> list[LogSource]:
+    """The per-rank log files named by ``paths`` (files, or folders searched recursively).
+
+    In a folder, a file is taken when its first line is a record of a known format (tables,
+    images and other files next to the logs are skipped); an empty file is taken when its
+    name has a rank and a log extension. A file named on the command line is always taken.
+    ``known`` paths (already read by ``--follow``) are taken without being opened again.
+
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        ValueError: a named file whose first line is no known log format, several files whose
+            rank cannot be told (no rank in the name or content), or no log file at all (unless
+            ``allow_empty``).
+    """
+    found: list[str] = []
+    seen: set[str] = set()
+    known = set(known)
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f'{path!r} does not exist')
+        if os.path.isdir(path):
+            for folder, subfolders, files in os.walk(path):
+                subfolders.sort()
+                for name in sorted(files):
+                    candidate = os.path.join(folder, name)
+                    if (candidate in known or _looks_like_log(candidate)) and os.path.realpath(candidate) not in seen:
+                        seen.add(os.path.realpath(candidate))
+                        found.append(candidate)
+        else:
+            first = _first_line(path)
+            if first is not None and sniff_line(first) is None:
+                raise ValueError(f'{path!r} is not a log written by setup_logging or FileLogger (its first line '
+                                 f'is {first[:80].rstrip()!r})')
+            if os.path.realpath(path) not in seen:
+                seen.add(os.path.realpath(path))
+                found.append(path)
+    if not found and not allow_empty:
+        raise ValueError(f'no log files found in {", ".join(map(repr, paths))}')
+    sources = []
+    nameless = []
+    for index, path in enumerate(found):
+        source = LogSource(path, index, rank_from_path(path))
+        first = None if path in known else _first_line(path)
+        if first is not None:
+            source.kind = sniff_line(first)
+        if source.rank is None and source.kind != 'python' and path not in known:
+            nameless.append(path)
+        sources.append(source)
+    if len(nameless) > 1:
+        raise ValueError(f'cannot tell which rank wrote {nameless[0]!r} and {nameless[1]!r}: name per-rank logs '
+                         'with {rank} (e.g. logs-rank{rank}.txt)')
+    return sources
+
+
+def _looks_like_log(path: str) -> bool:
+    if os.path.splitext(path)[1].lower() in _SKIP_EXTENSIONS:
+        return False
+    try:
+        first = _first_line(path)
+    except OSError:
+        return False
+    if first is None:
+        return rank_from_path(path) is not None and os.path.splitext(path)[1].lower() in ('.log', '.txt', '.jsonl')
+    return sniff_line(first) is not None
+
+
+def ensure_open_file_limit(count: int) -> None:
+    """Raise this process's soft limit on open files so that ``count`` logs can be open at once.
+
+    A merge keeps every file open (thousands of ranks, thousands of files); the soft limit is
+    often 1024 while the hard limit allows far more.
+
+    Raises:
+        ValueError: the hard limit is too low (names it, and the way around it).
+    """
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = count + 64  # stdio, the interpreter's own files
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    allowed = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if allowed > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (allowed, hard))
+    if allowed < needed:
+        raise ValueError(f'{count} log files must be open at once but this process may open at most {hard} files '
+                         '(ulimit -Hn); raise that limit, or merge fewer ranks at a time with --ranks')
+
+
+# ---------------------------------------------------------------------------- reading and merging
+def read_records(source: LogSource) -> Iterator[Record]:
+    """Every record of one file, in file order, reading one line at a time."""
+    parser = _Parser(source)
+    with open(source.path, 'r', encoding='utf-8', errors='replace', newline='\n', buffering=1 << 16) as handle:
+        for line in handle:
+            record = parser.feed(line)
+            if record is not None:
+                yield record
+    record = parser.finish()
+    if record is not None:
+        yield record
