@@ -1,4 +1,5 @@
-"""Cost of the value rule on log lines: ``redact_text`` before issue 23 (``_redact_v1``) and now.
+"""Cost of the value rule on log lines: ``redact_text`` before issue 23 (``_redact_v1``), at 29372ac (before issue
+35, read from git) and now.
 
 Launch::
 
@@ -6,7 +7,9 @@ Launch::
 
 Every rank times the same lines (redaction has no collective; more ranks only add load). Modes are
 interleaved round by round (the order rotated), each round timing ``--inner`` back-to-back calls per
-line and dividing. Lines: plain training log lines (what almost every call sees), a line with a long
+line and dividing. ``at_29372ac`` is the package's ``_redact.py`` and its two rule tables as they were at
+that commit, read with ``git show`` and run as one module (so the table changes of issue 35 are not in it);
+``ratio_vs_29372ac`` is issue 35's target (at most 1.5 on plain lines). Lines: plain training log lines (what almost every call sees), a line with a long
 path component and one with a UUID (they pass the cheap check and pay the keyword scan), and lines
 that do hold a credential (a URL password, a Hugging Face token, a ``KAGGLE_KEY=...`` pair).
 
@@ -20,9 +23,11 @@ which is checked) against ours.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
-from typing import Any, Optional
+import types
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +49,29 @@ LINES = {
     'env_pair': 'env KAGGLE_KEY=0123456789abcdef0123456789abcdef01234567 WORLD_SIZE=8',
 }
 PLAIN = ('plain_metrics', 'plain_logging', 'plain_path')
-MODES = {'before': _redact_v1.redact_text, 'after': redact_text}
+BASELINE_COMMIT = '29372ac'
+
+
+def redact_text_at(commit: str) -> Callable[[str], str]:
+    """``redact_text`` of the package at ``commit`` (its ``_redact.py`` with the rule tables of that commit)."""
+    def show(path: str) -> str:
+        return subprocess.run(['git', '-C', str(C.REPO_ROOT), 'show', f'{commit}:{path}'], check=True,
+                              capture_output=True, text=True).stdout
+
+    namespace: dict[str, Any] = {}
+    for table in ('_gitleaks_formats', '_extra_formats'):
+        module = types.ModuleType(f'_at_{commit}_{table}')
+        exec(compile(show(f'dist_logging/{table}.py'), f'{commit}:{table}.py', 'exec'), module.__dict__)
+        namespace[table] = module
+    module = types.ModuleType(f'_redact_at_{commit}')
+    sys.modules[module.__name__] = module
+    module.__dict__.update(namespace)
+    source = show('dist_logging/_redact.py').replace('from dist_logging import _extra_formats, _gitleaks_formats', '')
+    exec(compile(source, f'{commit}:_redact.py', 'exec'), module.__dict__)
+    return module.redact_text
+
+
+MODES = {'before': _redact_v1.redact_text, 'at_29372ac': redact_text_at(BASELINE_COMMIT), 'after': redact_text}
 GIT_SHA = '01c7f73d771dfac7d292323805ebc428287df4f9'
 _DETECT_SECRETS_SETTINGS: Any = None
 
@@ -102,7 +129,9 @@ def run(rounds: int, inner: int) -> dict[str, Any]:
     for line_name in LINES:
         before = min(samples['before'][line_name])
         after = min(samples['after'][line_name])
+        baseline = min(samples['at_29372ac'][line_name])
         per_line[line_name] = {'before_ns': round(before), 'after_ns': round(after), 'ratio': round(after / before, 2),
+                               'at_29372ac_ns': round(baseline), 'ratio_vs_29372ac': round(after / baseline, 2),
                                'before_median_ns': round(C.percentile(sorted(samples['before'][line_name]), 50)),
                                'after_median_ns': round(C.percentile(sorted(samples['after'][line_name]), 50))}
         if scan is not None:
@@ -110,7 +139,9 @@ def run(rounds: int, inner: int) -> dict[str, Any]:
             per_line[line_name]['detect_secrets_ns'] = round(fastest)
             per_line[line_name]['detect_secrets_over_after'] = round(fastest / after, 1)
     worst_plain = max(per_line[name]['ratio'] for name in PLAIN)
-    summary = {'lines': LINES, 'per_line': per_line, 'worst_plain_ratio': worst_plain, 'target_plain_ratio': 2.0}
+    worst_vs_baseline = max(per_line[name]['ratio_vs_29372ac'] for name in PLAIN)
+    summary = {'lines': LINES, 'per_line': per_line, 'worst_plain_ratio': worst_plain, 'target_plain_ratio': 2.0,
+               'worst_plain_ratio_vs_29372ac': worst_vs_baseline, 'target_plain_ratio_vs_29372ac': 1.5}
     if scan is not None:
         summary['coverage'] = coverage(scan)
         _DETECT_SECRETS_SETTINGS.__exit__(None, None, None)
@@ -122,12 +153,14 @@ def plot(summary: dict[str, Any], d: C.Dist, out_json: Optional[str]) -> None:
     ax = axes[0]
     names = list(summary['per_line'])
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], [summary['per_line'][n]['before_ns'] for n in names], width=0.4, label='before')
-    ax.bar([x + 0.2 for x in xs], [summary['per_line'][n]['after_ns'] for n in names], width=0.4, label='after')
+    ax.bar([x - 0.27 for x in xs], [summary['per_line'][n]['before_ns'] for n in names], width=0.27,
+           label='before issue 23')
+    ax.bar(list(xs), [summary['per_line'][n]['at_29372ac_ns'] for n in names], width=0.27, label='29372ac')
+    ax.bar([x + 0.27 for x in xs], [summary['per_line'][n]['after_ns'] for n in names], width=0.27, label='now')
     ax.set_xticks(list(xs))
     ax.set_xticklabels(names, rotation=30, ha='right')
     ax.set_ylabel('ns per redact_text call (min over rounds)')
-    ax.set_title('redact_text per log line, before/after issue 23')
+    ax.set_title('redact_text per log line: before issue 23, at 29372ac, now')
     ax.legend()
     C.save_figure(fig, NAME, d, out_json)
 

@@ -336,7 +336,7 @@ KEPT_23 = [
     'secret_sharing_rounds: 3', 'key_dim=64 keyword=foo',
     "access_token_url='https://github.com/login/oauth/access_token'",
     'max_tokens: 4096, token_budget: 100000', 'signature_name: serving_default', 'sig_figs=3',
-    'AKIA' + 'IOSFODNN7EXAMPLE', GIT_SHA, UUID, 'a == b', 'x => y', 'if (token == null)',
+    GIT_SHA, UUID, 'a == b', 'x => y', 'if (token == null)',
     'Saving checkpoint to /data/checkpoints/llama2_7b_sft_lora_r16/ep3-ba1200-rank0.pt',
     'model.layers.0.self_attn.q_proj.weight', 'https://hooks.slack.com/services/T000/B000/XXXX',
 ]
@@ -408,7 +408,7 @@ GITLEAKS_FALSE_POSITIVES = [
     'ghp_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', 'gho_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
     'github_pat_xxxxxxxxxxxxxxxxxxxxxx_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
     'glpat-XXXXXXXXXXX-XXXXXXXX', 'glptt-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', 'GR1348941XXXXXXXXXXXXXXXXXXXX',
-    'key = AKIAXXXXXXXXXXXXXXXX', 'TODAYINASIAASACKOFRICEFELLOVER', 'AKIA' + 'IOSFODNN7EXAMPLE',
+    'key = AKIAXXXXXXXXXXXXXXXX', 'TODAYINASIAASACKOFRICEFELLOVER',
     'discord=000000000000000000',
     '   curl -sL --user "$1:$2" "$3" > "$4"', 'curl --user neo4j:[PASSWORD] http://[IP]:7474/db/data/',
     'curl -u "${_username}:${_password}"', 'curl -k -X POST -I -u "SRVC_JENKINS:${APPID}"',
@@ -516,3 +516,115 @@ def test_in_chains_equal_their_loops():
         assert _redact._any_inner_gate(text) == any(gate in text for gate in gates), text
         assert _redact._any_credential_fragment(text) == any(f in text for f in _redact._CREDENTIAL_FRAGMENTS), text
     assert _redact._any_of(())('anything') is False
+
+
+# --------------------------------------------------------------------------- issue 35
+# Concrete values shaped like gitleaks' own true positives (cmd/generate/config/rules/*.go), drawn once.
+ISSUE_35_CREDENTIAL_NAMED = [
+    ('asanaToken=z9lkxw5skvp16r80utfkh9hmh79o6gmp', 'asanaToken=***'),
+    ('confluent_TOKEN = "u8qoka3iqh1slgif"', 'confluent_TOKEN = "***"'),
+    ('codecov_token: gs6kmm93hnj1ffqzvr60m8lo0xfqter4', 'codecov_token: ***'),
+    ('hubspotToken=cb709239-e821-504a-3738-abedb076a0b9', 'hubspotToken=***'),
+    ('bittrex_token: cpi68lwqbrk4b0038jvuhr2qu2civsuc', 'bittrex_token: ***'),
+    ('{"config.ini": "ASANA_TOKEN=1234567890123456\\nBACKUP_ENABLED=true"}',
+     '{"config.ini": "ASANA_TOKEN=***\\nBACKUP_ENABLED=true"}'),
+    ('string adobeToken = "f5d504bcc6834ca915206358defe8061";', 'string adobeToken = "***";'),
+    ("krakenToken = 'xbx3+=2210derv_st/pa=4j1ggzndsa7emftpqsv9y74wvl/ouk6klu7j-f1w0yt0xqufzhkq1q/x2-02jtc'",
+     "krakenToken = '***'"),
+    ('authressToken="sc_1m71mqlqp6.44i6.acc_r37f5ypiu5.6y_78wfuh5rascjfkr5tnktyga-227-jpam0eyxf"',
+     'authressToken="***"'),
+    ('planetScale_token: pscale_pw_k2=9.xq_0vh3-mzt8=r1a.bc4w7yde5=gfs6', 'planetScale_token: ***'),
+]
+# ML settings under token- and key-ending names, and other values the value rule must leave alone.
+ISSUE_35_KEPT = [
+    'pad_token: "<pad>"', 'eos_token: "</s>"', 'bos_token: <|begin_of_text|>', 'cls_token: [CLS]',
+    'pad_token: <|finetune_right_pad_id|>', 'bos_token_id: 1', 'max_new_tokens: 512', 'pad_token=50256',
+    'tokenizer: meta-llama/Llama-3.1-8B', 'pad_token: eos_token', 'key: encoder.layer.11.output',
+    'key = jetbrains.mps.v8_elimination', 'schemaKey = "DOC_Vector_5_32"', 'hf_token_path: /data/hf/token2024',
+    'cache_key: 5f0c3a9e8b7d4c2e9a1f3e6d2b8c7a40', 'sort_key=created_at_2024', 'run_id: ' + UUID,
+    'dataset_id=' + UUID, 'revision: ' + GIT_SHA, 'output_key: checkpoints/llama2_7b/ep3-ba1200',
+    'tokens/s=51234 loss=1.2345', 'api_token: ${API_TOKEN}', 'url: https://huggingface.co/meta-llama/Llama-3.1-8B',
+]
+
+
+@pytest.mark.parametrize('text, expected', ISSUE_35_CREDENTIAL_NAMED)
+def test_credential_named_keys_are_decided_by_their_value(text, expected):
+    assert redact_text(text) == expected
+
+
+@pytest.mark.parametrize('text', ISSUE_35_KEPT)
+def test_ml_values_under_credential_ending_keys_are_kept(text):
+    assert redact_text(text) is text
+
+
+def test_value_decided_keys_in_mappings_and_argv():
+    config = {'asanaToken': 'z9lkxw5skvp16r80utfkh9hmh79o6gmp', 'codecov_token': 'gs6kmm93hnj1ffqzvr60m8lo0xfqter4',
+              'pad_token': '<pad>', 'eos_token': '</s>', 'bos_token_id': 1, 'max_new_tokens': 512,
+              'tokenizer': 'meta-llama/Llama-3.1-8B', 'unk_token': '<unk>', 'pad_token_str': '[PAD]',
+              'argv': ['--asana-token', 'z9lkxw5skvp16r80utfkh9hmh79o6gmp', '--pad-token', '<pad>',
+                       '--max-new-tokens', '512']}
+    got = build_redactor(True)(config)
+    assert got == {**config, 'asanaToken': REDACTED, 'codecov_token': REDACTED,
+                   'argv': ['--asana-token', REDACTED, '--pad-token', '<pad>', '--max-new-tokens', '512']}
+
+
+ISSUE_35_PAIR_SYNTAXES = [
+    ('<atlassianToken>\n    jq5y8df9ad8f7a6s5d4f\n</atlassianToken>', '<atlassianToken>\n    ***\n</atlassianToken>'),
+    ('<atlassianToken>jq5y8df9ad8f7a6s5d4f</atlassianToken>', '<atlassianToken>***</atlassianToken>'),
+    ('adafruitToken := "a78xq9fb5hdvxdewymrpgb54j0imu71_"', 'adafruitToken := "***"'),
+    ('adafruitToken := `a78xq9fb5hdvxdewymrpgb54j0imu71_`', 'adafruitToken := `***`'),
+    ('  "adafruitToken" => "a78xq9fb5hdvxdewymrpgb54j0imu71_"', '  "adafruitToken" => "***"'),
+    ('$adafruitToken .= "a78xq9fb5hdvxdewymrpgb54j0imu71_"', '$adafruitToken .= "***"'),
+    ('adafruit_TOKEN ?= "a78xq9fb5hdvxdewymrpgb54j0imu71_"', 'adafruit_TOKEN ?= "***"'),
+    ('adafruit_TOKEN ::= "a78xq9fb5hdvxdewymrpgb54j0imu71_"', 'adafruit_TOKEN ::= "***"'),
+    ('adafruit_TOKEN :::= "a78xq9fb5hdvxdewymrpgb54j0imu71_"', 'adafruit_TOKEN :::= "***"'),
+    ('System.setProperty("ADAFRUIT_TOKEN", "a78xq9fb5hdvxdewymrpgb54j0imu71_")',
+     'System.setProperty("ADAFRUIT_TOKEN", "***")'),
+]
+
+
+@pytest.mark.parametrize('text, expected', ISSUE_35_PAIR_SYNTAXES)
+def test_pair_syntaxes_of_issue_35(text, expected):
+    assert redact_text(text) == expected
+
+
+def test_pair_syntaxes_keep_special_tokens_and_go_code():
+    for text in ('<pad_token>\n  <pad>\n</pad_token>', '<eos_token></s></eos_token>', 'padToken := "<pad>"',
+                 'maxTokens := 512', 'x := `multi word string`', '"eosToken" => "</s>"'):
+        assert redact_text(text) is text, text
+
+
+def test_base64_wrapped_jwts_are_redacted():
+    import base64
+
+    from credential_samples import samples
+
+    jwt = samples()['jwt']
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        for strip in (False, True):
+            wrapped = encode(jwt.encode()).decode()
+            wrapped = wrapped.rstrip('=') if strip else wrapped
+            assert wrapped.startswith('ZXlK')
+            assert redact_text(f'auth_blob: {wrapped}') == 'auth_blob: ***'
+            assert build_redactor(True)({'blob': wrapped}) == {'blob': REDACTED}
+    assert redact_text('ZXlKaGJHY2lPaUpJVXpJMU5pSjk') == 'ZXlKaGJHY2lPaUpJVXpJMU5pSjk'  # too short to be one
+
+
+def test_vendor_prefixes_with_unusual_alphabets():
+    fly = 'fm2_+WRqIWs46X8HCTgRvl49PlxiKetpt4Tb+LYBo36ERsCyS7bNk5x8WAVQJipcGrlyWVutjcglShgALpawSf/EgBiOabTOSKnwc8iGg==='
+    pscale = 'pscale_pw_k2=9.xq_0vh3-mzt8=r1a.bc4w7yde5=gfs6'
+    for text in (f'flyToken="{fly}"', f'fly_token: {fly}', f'planetscale_password: {pscale}', f'dsn: {pscale}'):
+        out = redact_text(text)
+        assert fly not in out and pscale not in out, out
+
+
+def test_regressions_of_the_last_wave_are_redacted():
+    """A Hugging Face token with digits under an innocent key; AWS's documentation key (no allow-listed words)."""
+    hub = 'hf_' + 'aB3dE5fG7hJ9kL2mN4pQ6rS8tU1vW3xY5zA7'[:34]
+    got = build_redactor(True)({'hub': hub, 'storage': {'key_id': 'AKIA' + 'IOSFODNN7EXAMPLE'}})
+    assert got == {'hub': REDACTED, 'storage': {'key_id': REDACTED}}
+    mixed = 'aB3dE5fG7hJ9kL2mN4pQ6rS8tU1vW3xY5zA7cD9'
+    assert redact_text('hf_' + mixed[:30]) == REDACTED  # 30 letters and digits
+    assert redact_text(f'push to hf_{mixed} now') == f'push to {REDACTED} now'
+    for kept in ('hf_' + mixed[:28], 'hf_' + 'abcdefghij' * 4, 'xhf_' + mixed, 'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'):
+        assert redact_text(kept) is kept, kept  # short, letters only (gitleaks' own rule decides), glued, placeholder

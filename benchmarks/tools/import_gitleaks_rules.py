@@ -29,7 +29,6 @@ SKIP = {
     'kubernetes-secret-yaml', 'nuget-config-password', 'freemius-secret-key',  # document-shaped, key-named
     'facebook-access-token',  # keyword-gated on the word "facebook" anywhere in the file
     'sourcegraph-access-token',  # its bare alternative is any 40-hex string: a git commit
-    'jwt-base64',  # named groups only; the plain JWT rule covers JWTs
     'pkcs12-file',  # a file-path rule, no regex
     'generic-api-key',
     'private-key',  # our own PEM rule keeps the BEGIN/END lines and also takes a block cut short

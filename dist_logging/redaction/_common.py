@@ -6,6 +6,8 @@ is, so every rule keeps it.
 
 from __future__ import annotations
 
+import collections
+import math
 import re
 from typing import Callable, Iterable
 
@@ -45,7 +47,13 @@ def _is_placeholder(value: str) -> bool:
 
 
 def _quoted_or_bare(value: str) -> str:
-    if len(value) >= 2 and value[0] in '"\'' and value[-1] == value[0]:
+    if len(value) >= 2 and value[0] in '"\'`' and value[-1] == value[0]:
         return value[0] + REDACTED + value[0]
     return REDACTED
 
+
+
+def _entropy(text: str) -> float:
+    """Shannon entropy in bits per character (gitleaks' measure)."""
+    size = len(text)
+    return -sum(n / size * math.log2(n / size) for n in collections.Counter(text).values())

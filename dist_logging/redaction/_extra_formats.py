@@ -47,6 +47,12 @@ RULES = (
     # Neptune API tokens: base64 of ``{"api_address":...,"api_url":...,"api_key":...}``.
     ('neptune-api-token', r'\beyJhcGlfYWRkcmVzcyI6[A-Za-z0-9+/]{40,}={0,2}' + _RIGHT, ('eyjhcglfywrkcmvzcyi6',), 3.0,
      ()),
+    # Hugging Face user access tokens (https://huggingface.co/docs/hub/security-tokens): ``hf_`` + 34; gitleaks'
+    # rule takes letters only, but tokens hold digits too. Widened where a credential is near-certain:
+    # ``hf_`` at a word start + 30 or more letters and digits, at least one a digit (an Objective-C name
+    # such as ``hf_requiredCharacteristicTypes...``, in gitleaks' false positives, has none).
+    ('huggingface-access-token-alnum', r'(?<![A-Za-z0-9_])hf_(?=[A-Za-z]*[0-9])[A-Za-z0-9]{30,}' + _RIGHT, ('hf_',),
+     2.0, ()),
     # Google OAuth access tokens (GitHub secret scanning: google_oauth_access_token): ``ya29.`` + ...
     ('google-oauth-access-token', r'\bya29\.[0-9A-Za-z_\-]{30,}' + _RIGHT, ('ya29.',), 3.0, ()),
     # OpenAI-compatible model APIs (OpenAI legacy and project keys without gitleaks' exact lengths,

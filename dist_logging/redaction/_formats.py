@@ -8,13 +8,11 @@ entropy floors and allowlists.
 
 from __future__ import annotations
 
-import collections
-import math
 import re
 from typing import Iterable, NamedTuple, Optional, Pattern, Union
 
 from dist_logging.redaction import _extra_formats, _gitleaks_formats
-from dist_logging.redaction._common import REDACTED, _any_of
+from dist_logging.redaction._common import REDACTED, _any_of, _entropy
 
 
 class _Format(NamedTuple):
@@ -27,11 +25,6 @@ class _Format(NamedTuple):
     allow: tuple[Pattern[str], ...]
     group: Union[int, str]  # the part of a match that is the secret
 
-
-def _entropy(text: str) -> float:
-    """Shannon entropy in bits per character (gitleaks' measure)."""
-    size = len(text)
-    return -sum(n / size * math.log2(n / size) for n in collections.Counter(text).values())
 
 
 def _keyword_regex(words: Iterable[str]) -> str:
@@ -55,12 +48,23 @@ def _keyword_regex(words: Iterable[str]) -> str:
     return '(' + emit(trie) + ')'
 
 
+# Allowlists of a word or of documented keys (AWS's ``...EXAMPLE``, GCP's sample keys) exist to cut noise
+# in code review; a value going to a tracker is redacted whatever word it holds (a dummy costs nothing
+# there, a real key let through costs a rotation). Shape-only allowlists (vault's ``s.`` + letters) stay.
+_ALLOWLISTS_DROPPED = frozenset({'aws-access-token', 'gcp-api-key'})
+
+
 def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple[tuple[str, tuple[str, ...]], ...]]:
     by_keyword: dict[str, list[_Format]] = {}
     # Ours first: where both match (a Slack webhook), ours replaces only the secret part of the URL.
     for order, (rule_id, regex, keywords, entropy, allow) in enumerate(_extra_formats.RULES + _gitleaks_formats.RULES):
         compiled = re.compile(regex)
-        group: Union[int, str] = 'secret' if 'secret' in compiled.groupindex else (1 if compiled.groups else 0)
+        # The secret: a ``secret`` group, else the first group when it is unnamed; a rule with named
+        # groups only (``jwt-base64``'s header names) names parts of its secret, which is the whole match.
+        unnamed = compiled.groups > len(compiled.groupindex)
+        group: Union[int, str] = 'secret' if 'secret' in compiled.groupindex else (1 if unnamed else 0)
+        if rule_id in _ALLOWLISTS_DROPPED:
+            allow = ()
         rule = _Format(order, rule_id, compiled, entropy, tuple(re.compile(a) for a in allow), group)
         for keyword in keywords:
             by_keyword.setdefault(keyword.lower(), []).append(rule)
@@ -96,9 +100,16 @@ def _inner_gates(inner: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...
 # secret (``SG.``): looked for by substring.
 _INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~', 'hooks.slack.com', 'webhook.office.com', 'webhookb2',
                              'incomingwebhook', 'discord', 'sig=', 'sg.', 'gems.contribsys.com',
-                             'enterprise.contribsys.com'})
-# Shared parts of those keywords (a webhook host's ``.com``, ``webhook``, ``=``, Slack's ``xox``).
-_INNER_GATES = ('.com', 'webhook', '=', 'xox')
+                             'enterprise.contribsys.com',
+                             # secrets whose alphabet breaks the run (``= . + /``): PlanetScale, Fly.io,
+                             # Frame.io, Authress (``sc_<id>.<id>.acc_...``)
+                             'pscale_tkn_', 'pscale_pw_', 'pscale_oauth_', 'fm1', 'fm2_', 'fio-u-', 'sc_', 'ext_',
+                             'scauth_', 'authress_'})
+# Shared parts of those keywords (a webhook host's ``.com``, ``webhook``, ``=``, Slack's ``xox``, ``pscale_``).
+_INNER_GATES = ('.com', 'webhook', '=', 'xox', 'pscale_')
+# Substrings of the secrets that hold no run of 18 (see ``_RUN`` below), tested on every string: Slack's
+# short tokens, Azure's ``Q~``, SendGrid's ``SG.``, Azure SAS ``sig=``, and the alphabets above.
+may_hold_runless_secret = _any_of(('xox', 'Q~', 'SG.', 'sig=', 'pscale_', 'fm1', 'fm2_', 'fio-u-', '.acc'))
 _RULES_BY_KEYWORD, _KEYWORD_SCAN, _INNER = _load_formats()
 _any_inner_gate = _any_of(gate for gate, _ in _INNER)
 

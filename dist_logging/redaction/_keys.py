@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import re
 
+from dist_logging.redaction._common import _entropy
+
 #: Words (after splitting a key) that name a credential wherever they stand.
 DEFAULT_SECRET_PATTERN = (r'^(?:\w*password\w*|\w*passwd\w*|pwd|passphrase|\w*secrets?\w*|\w*credentials?|creds'
                           r'|auth|oauth|\w+auth|authorization|authn|authz|cookies?)$')
@@ -136,3 +138,67 @@ def is_secret_key(key: str) -> bool:
                 return True
         previous = word
     return False
+
+
+# --------------------------------------------------------------------------- keys decided by their value
+
+# A key whose last word is one of these may hold a credential (``asanaToken``, ``confluent_TOKEN``,
+# ``codecov_token``, ``bittrex_key``) or a vocabulary entry (``pad_token: "<pad>"``): the value decides,
+# as gitleaks' generic rule decides by its keyword list and entropy floor.
+_CREDENTIAL_LAST = ('token', 'key', 'secret', 'password', 'passwd', 'pwd', 'pass', 'auth', 'credential',
+                    'credentials', 'creds', 'apikey', 'pat', 'tkn')
+# Characters no credential of this kind holds but vocabulary entries do (``<pad>``, ``</s>``, ``[PAD]``,
+# ``<|endoftext|>``), nor a value of several words.
+_NOT_CREDENTIAL_CHARS = frozenset('<>[]{}()| \t\r\n$')
+# Words joined by ``. _ -``, each up to 15 letters, letters then digits (``v8``, ``layer11``) or digits: a
+# name (a run of more letters is not a word: ``hnbhnqaqvtktztycjofsmsfbzswfxbo4``).
+_IDENTIFIER = re.compile(r'(?:[A-Za-z]{1,15}[0-9]*|[0-9]+)(?:[._\-](?:[A-Za-z]{1,15}[0-9]*|[0-9]+))*')
+_BASE64_WITH_SLASH = re.compile(r'[A-Za-z0-9+/]+={0,3}')
+
+
+@functools.lru_cache(maxsize=16384)
+def names_credential_by_value(key: str) -> bool:
+    """Whether a key ends in a credential word (``token``, ``key``, ``secret``, ``password``, ``auth``...),
+    so that its value decides (:func:`credential_value`); cached per key.
+
+    ``asanaToken``, ``confluent_TOKEN``, ``codecov_token``, ``pad_token``, ``hubspot_api_key_2`` do;
+    ``max_new_tokens``, ``bos_token_id``, ``tokenizer``, ``token_path``, ``sort_key``, ``cache_key`` (a data
+    word before ``key``) do not.
+    """
+    words = key_words(key)
+    while len(words) > 1 and (words[-1].isdigit() or words[-1] in _TOKEN_SUFFIXES):
+        words = words[:-1]  # ``hf_token_value``, ``token2``, ``mySecretString``
+    if not words:
+        return False
+    last = words[-1]
+    if not last.endswith(_CREDENTIAL_LAST) or last in ('monkey', 'turkey', 'hockey', 'bypass', 'compass'):
+        return False
+    if last.endswith(('key', 'keys')) and len(words) > 1 and words[-2] in _NOT_CREDENTIAL_BEFORE:
+        return False  # ``sort_key``, ``cache_key``, ``primary_key``: a column or a hash, named as data
+    return True
+
+
+def credential_value(value: str) -> bool:
+    """Whether a string under a credential-ending key (:func:`names_credential_by_value`) reads as a credential.
+
+    Decided by the value alone: one word of 8 to 1,000 characters (no spaces, no ``< > [ ] { } ( ) |``, so
+    no special-token string such as ``<pad>``, ``</s>``, ``[PAD]``), not a path (a value with ``/`` counts
+    only when it holds ``+`` or ``=`` or is base64 of both cases and digits), not a number shorter than 12
+    digits (``50256``; 16 digits is a client id), with a digit or a character outside letters, ``_ . -``
+    (gitleaks' generic rule allows values of letters and ``_ . -`` alone), not a dotted or snake-case name
+    whose words are letters, letters then digits, or numbers, and a Shannon entropy of at
+    least 3 bits per character (2.5 below 12 characters), so ``aaaaaaaa1`` or ``1.0.0-rc1`` are not.
+    """
+    size = len(value)
+    if size < 8 or size > 1000 or not _NOT_CREDENTIAL_CHARS.isdisjoint(value):
+        return False
+    if value.isdigit():
+        return size >= 12
+    if '/' in value and '+' not in value and '=' not in value and not (
+            _BASE64_WITH_SLASH.fullmatch(value) and any(c.isupper() for c in value)
+            and any(c.islower() for c in value) and any(c.isdigit() for c in value)):
+        return False  # a path (``data/train_v2``), unless base64 says otherwise (``+``, ``=``, mixed case)
+    if value.replace('_', '').replace('.', '').replace('-', '').isalpha() or _IDENTIFIER.fullmatch(value):
+        return False  # words and names (``jetbrains.mps.v8_elimination``, ``encoder.layer.11.output``, ``DOC_Vector_5``)
+    return _entropy(value) >= (3.0 if size >= 12 else 2.5)
+

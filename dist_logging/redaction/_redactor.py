@@ -9,8 +9,13 @@ import types
 from typing import Any, Iterable, Mapping, Optional, Pattern, Sequence, Union
 
 from dist_logging.redaction._common import REDACTED, _is_reference
-from dist_logging.redaction._keys import is_secret_key
+from dist_logging.redaction._keys import credential_value, is_secret_key, names_credential_by_value
 from dist_logging.redaction._text import _redact_string
+
+def _by_value(key: str, value: str) -> bool:
+    """A value under a credential-ending key (``asana_token``) that reads as a credential (not ``<pad>``)."""
+    return names_credential_by_value(key) and credential_value(value)
+
 
 RedactOption = Union[bool, str, Pattern[str], Iterable[Union[str, Pattern[str]]], None]
 
@@ -85,6 +90,8 @@ class Redactor:
         for key, value in data.items():
             if (isinstance(key, str) and self.is_secret_key(key)) or (named is not None and key == named):
                 out[self._key(key)] = self._conceal(value)
+            elif type(value) is str and type(key) is str and _by_value(key, value):
+                out[self._key(key)] = REDACTED
             else:
                 out[self._key(key)] = self._value(value)
         return out
@@ -108,14 +115,20 @@ class Redactor:
         """
         out = []
         conceal_next = False
+        name = ''
         for item in items:
             flag = type(item) is str and _FLAG.match(item) is not None
             if conceal_next and not flag:
                 out.append(self._conceal(item))
                 conceal_next = False
                 continue
+            if name and not flag and type(item) is str and _by_value(name, item):
+                out.append(REDACTED)  # ``['--asana-token', '<random>']``: a credential by its value
+                name = ''
+                continue
             out.append(self._value(item))
-            conceal_next = flag and '=' not in item and self.is_secret_key(item.lstrip('-'))
+            name = item.lstrip('-') if flag and '=' not in item else ''
+            conceal_next = bool(name) and self.is_secret_key(name)
         return out
 
     @staticmethod

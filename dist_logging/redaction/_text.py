@@ -11,8 +11,8 @@ from typing import Callable, Optional
 
 from dist_logging.redaction._common import (REDACTED, _any_of, _is_placeholder, _is_reference, _NOT_SECRET_VALUES,
                                             _quoted_or_bare)
-from dist_logging.redaction._formats import _apply_formats, _found_keywords, _run_map, _RUN
-from dist_logging.redaction._keys import is_secret_key
+from dist_logging.redaction._formats import _apply_formats, _found_keywords, _run_map, _RUN, may_hold_runless_secret
+from dist_logging.redaction._keys import credential_value, is_secret_key, names_credential_by_value
 
 _ALNUM_BEFORE = r'(?<![A-Za-z0-9])'
 _CREDENTIAL_SHAPES = re.compile(
@@ -59,20 +59,21 @@ def _may_hold_shape(text: str) -> bool:
 # A credential-named pair inside a string; each alternative is ``head<N>`` (holding ``name<N>``) then ``value<N>``:
 # 1. ``name=value`` and the other assignment operators (``:=``, ``?=``, ``=>``), the name optionally
 #    quoted or subscripted (``'secret_key' => ...``, ``os.environ["HF_TOKEN"] = ...``), or declared with
-#    a string type (``var apiToken string = ...``);
+#    a string type (``var apiToken string = ...``); Make's ``::=``/``:::=``, PHP's ``.=``; Go's backtick strings;
 # 2. ``'name': value`` / ``"name": value`` (a dict's repr or JSON inside a string);
 # 3. ``name: value`` (YAML or a log line), the value running to the end of the line or to ``, ; } ]``;
 # 4. ``--name value`` (a command line);
 # 5. ``("NAME", "value")`` (``System.setProperty``, ``os.environ.setdefault``, ``getenv`` defaults);
-# 6. ``<name>value</name>`` (XML: Maven settings, .NET config).
+# 6. ``<name>value</name>`` (XML: Maven settings, .NET config), also with the value on a line of its own.
+# A bare value ends at an escaped line end (``"A_TOKEN=<v>\\nNEXT=1"`` inside a JSON string), as gitleaks' rules end.
 # The value never starts on the next line (``GITHUB_API_KEY=\nNEXT=`` is two empty values).
-_QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\''
+_QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|`[^`\n]*`'
 # A value that is a template reference is read whole, so the reference check sees it whole.
 _REFERENCE_TEXT = r'|\$\{\{[^}\n]*\}\}|\{\{[^}\n]*\}\}|\$\{[^}\s]*\}'
 _ASSIGNMENT = re.compile(
     r'(?P<head1>(?<![A-Za-z0-9_.])(?P<name1>[A-Za-z_][A-Za-z0-9_.\-]*)'
-    r'(?:[ \t]+(?:string|String|str|\[\]byte))?["\'\]]*[ \t]*(?::=|\?=|=>|=)(?![=>])[ \t]*)'
-    r'(?P<value1>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s&;,\'")\]}]+)'
+    r'(?:[ \t]+(?:string|String|str|\[\]byte))?["\'\]]*[ \t]*(?::{1,3}=|\?=|=>|\.=|=)(?![=>])[ \t]*)'
+    r'(?P<value1>' + _QUOTED + _REFERENCE_TEXT + r'|(?:[^\s&;,\'"`)\]}\\]|\\(?![nr]))+)'
     r'|(?P<head2>(?P<q2>["\'])(?P<name2>[A-Za-z_][A-Za-z0-9_.\- ]*)(?P=q2)\s*:\s*)'
     r'(?P<value2>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s,}\]]+)'
     r'|(?P<head3>(?<![A-Za-z0-9_.\-"\'])(?P<name3>[A-Za-z_][A-Za-z0-9_.\-]*):[ \t]+)'
@@ -81,8 +82,8 @@ _ASSIGNMENT = re.compile(
     r'(?P<value4>' + _QUOTED + r'|(?!-)[^\s]+)'
     r'|(?P<head5>\([ \t]*(?P<q5>["\'])(?P<name5>[A-Za-z_][A-Za-z0-9_.\-]*)(?P=q5)[ \t]*,[ \t]*)'
     r'(?P<value5>' + _QUOTED + r')'
-    r'|(?P<head6><(?P<name6>[A-Za-z_][A-Za-z0-9_.\-:]*)(?:[ \t][^<>\n]*)?>)'
-    r'(?P<value6>[^<>\n]+)(?=</(?P=name6)>)'
+    r'|(?P<head6><(?P<name6>[A-Za-z_][A-Za-z0-9_.\-:]*)(?:[ \t][^<>\n]*)?>(?:[ \t]*\r?\n)?[ \t]*)'
+    r'(?P<value6>[^<>\n]+?)(?=[ \t]*(?:\r?\n[ \t]*)?</(?P=name6)>)'
 )
 # ``name: value`` reads at most 8 words per match, so a name that is no credential costs a bounded
 # look ahead (a line of many ``x: y`` stays linear); a credential's value takes the rest of the line.
@@ -126,11 +127,18 @@ def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool, 
             while after < size and text[after] in ' \t':
                 after += 1
             follows = text[after] if after < size else ''
-            if (follows in ('=', ':', '?', ',', '>') or (text[start] == '-' and after > end)
-                    or text.startswith(_TYPE_WORDS, after)) and is_secret(text[start:end]):
+            if (follows in ('=', ':', '?', ',', '>', '.') or (text[start] == '-' and after > end)
+                    or text.startswith(_TYPE_WORDS, after)) and (
+                        is_secret(text[start:end]) or names_credential_by_value(text[start:end])):
                 return True
             index = lower.find(fragment, end)
     return False
+
+
+def _unquoted(value: str) -> str:
+    if len(value) >= 2 and value[0] in '"\'`' and value[-1] == value[0]:
+        return value[1:-1]
+    return value
 
 
 def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
@@ -150,14 +158,23 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
             if name is not None:
                 break
         value = match.group(value_group)
-        if value not in _NOT_SECRET_VALUES and REDACTED not in value and not _is_reference(value) and is_secret(name):
+        if value in _NOT_SECRET_VALUES or REDACTED in value or _is_reference(value):
+            pass
+        elif is_secret(name):
             parts.append(text[position:match.start()] + match.group(head_group) + _quoted_or_bare(value))
             position = match.end()
-            if head_group == 'head3' and value[:1] not in '"\'':  # the rest of a long ``name: many words`` value
+            if head_group == 'head3' and value[:1] not in '"\'`':  # the rest of a long ``name: many words`` value
                 position = _MORE_WORDS.match(text, position).end()
-        else:
-            parts.append(text[position:match.end(head_group)])
-            position = match.end(head_group)
+            continue
+        elif names_credential_by_value(name):
+            # ``name: value`` reads up to 8 words; a credential decided by its value is the first one.
+            word = value if value[:1] in '"\'`' else value.split(None, 1)[0]
+            if credential_value(_unquoted(word)):
+                parts.append(text[position:match.start()] + match.group(head_group) + _quoted_or_bare(word))
+                position = match.start(value_group) + len(word)
+                continue
+        parts.append(text[position:match.end(head_group)])
+        position = match.end(head_group)
     parts.append(text[position:])
     return ''.join(parts)
 
@@ -171,7 +188,7 @@ def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool =
     lower = None
     # Every format's secret holds a run (``_RUN``) but for these few, which have their own check.
     start = run_map.find(_RUN)
-    if start != -1 or 'xox' in out or 'Q~' in out or 'SG.' in out or 'sig=' in out:
+    if start != -1 or may_hold_runless_secret(out):
         lower = out.lower()
         found = _found_keywords(out, run_map, lower, start)
         if found:

@@ -289,6 +289,8 @@ def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
         'slack': 'xoxb-' + _token('', 12, '0123456789') + '-' + _token('', 13, '0123456789') + '-' + _token('', 24),
         'pem_body': _token('MIIEvQIBADANBgkqhkiG9w0BAQEFAASC', 64),
         'query_api_key': _token('', 32), 'conn_password': f'Cn{uuid.uuid4().hex[:14]}',
+        # issue 35: an hf_ token with digits (gitleaks' rule takes letters only), a service-named token
+        'hub_hf_digits': _token('hf_', 33) + '7', 'codecov': _token('', 31, 'abcdefghijkmnopqrstuvwxyz') + '4',
     }
     pem = f'-----BEGIN PRIVATE KEY-----\n{s["pem_body"]}\n-----END PRIVATE KEY-----\n'
     config = {
@@ -316,9 +318,10 @@ def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
         'repo': f'https://user:{s["repo_ghp"]}@github.com/o/r.git',
         'pip': {'index_urls': ['https://pypi.org/simple', f'https://build:{s["index_password"]}@pypi.internal/simple']},
         'sts': {'id': s['aws_temp_key_id']},
-        'hub': {'repo_id': 'org/model', 'id': s['hub_hf']},
+        'hub': {'repo_id': 'org/model', 'id': s['hub_hf'], 'mirror': s['hub_hf_digits']},
+        'storage': {'bucket': 'ckpt', 'key_id': 'AKIA' + 'IOSFODNN7EXAMPLE'},  # AWS's documentation key: redacted too
         'openai': {'model': 'gpt-4o', 'value': s['openai_sk'], 'fallback': [s['openai_project']]},
-        'ci': {'github': s['github_pat'], 'app': (s['ghs'], 'installation-42')},
+        'ci': {'github': s['github_pat'], 'app': (s['ghs'], 'installation-42'), 'codecov_token': s['codecov']},
         'notify': {'slack': s['slack']},
         'deploy': {'pem': pem},
         'endpoint': f'https://api.example.com/v1/complete?model=x&api_key={s["query_api_key"]}',
@@ -329,6 +332,7 @@ def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
         'aws.key_id': '***', 'HF_TOKEN': '***', 'GITHUB_TOKEN': '***', 'private_key': '***',
         'db_url': 'postgres://alice:***@db:5432/x', 'repo': 'https://user:***@github.com/o/r.git',
         'pip.index_urls.1': 'https://build:***@pypi.internal/simple', 'sts.id': '***', 'hub.id': '***',
+        'hub.mirror': '***', 'storage.key_id': '***', 'ci.codecov_token': '***',
         'openai.value': '***', 'openai.fallback.0': '***', 'ci.github': '***', 'ci.app.0': '***',
         'notify.slack': '***', 'deploy.pem': '-----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----\n',
         'endpoint': 'https://api.example.com/v1/complete?model=x&api_key=***',
