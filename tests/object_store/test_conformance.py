@@ -1,7 +1,7 @@
 """The ObjectStore conformance suite: every backend opts in through the ``store`` fixture below.
 
-Backends: LocalObjectStore, S3ObjectStore (moto server), and FsspecObjectStore over ``memory://``
-and over s3fs (the same moto server).
+Backends: LocalObjectStore, S3ObjectStore (moto server, and moto's in-process ``mock_aws``, which is how
+most users test their S3 code), and FsspecObjectStore over ``memory://`` and over s3fs (the moto server).
 """
 
 from __future__ import annotations
@@ -20,10 +20,20 @@ pytestmark = pytest.mark.timeout(60)
 MiB = 1024 * 1024
 
 
-@pytest.fixture(params=['local', 's3', 'fsspec-memory', 'fsspec-s3fs'])
+@pytest.fixture(params=['local', 's3', 's3-mock_aws', 'fsspec-memory', 'fsspec-s3fs'])
 def store(request, tmp_path) -> ObjectStore:
     if request.param == 'local':
         backend = LocalObjectStore(str(tmp_path / 'bucket'))
+    elif request.param == 's3-mock_aws':
+        from moto import mock_aws
+
+        request.getfixturevalue('aws_credentials')
+        mock = mock_aws()
+        mock.start()
+        request.addfinalizer(mock.stop)
+        backend = S3ObjectStore('mocked-bucket', 'some/prefix', region_name='us-east-1',
+                                multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+        backend.client.create_bucket(Bucket='mocked-bucket')
     elif request.param == 'fsspec-memory':
         backend = FsspecObjectStore(f'memory://conformance/{tmp_path.name}')
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dist_logging.object_store import S3ObjectStore
@@ -106,3 +108,32 @@ def test_composer_backend_kwargs_name_the_bucket_and_prefix(s3_bucket, tmp_path)
         RemoteUploaderDownloader(f's3://{bucket}', backend_kwargs={'bucket': 'other'})
     with pytest.raises(ValueError, match="prefix='b'"):
         RemoteUploaderDownloader(f's3://{bucket}/a', backend_kwargs={'prefix': 'b'})
+
+
+@pytest.mark.parametrize('size', [10, 6 * MiB])  # a single put, and a multipart upload
+def test_extra_args_needed_on_every_part_go_through_boto3_upload_file(s3, tmp_path, monkeypatch, size):
+    """Object headers ride on the store's own upload; arguments S3 wants on every part (or the completion)
+    hand the upload to boto3's transfer manager, as Composer's store does for every upload."""
+    routed = []
+    real_upload_file = s3.client.upload_file
+
+    def upload_file(**kwargs):
+        routed.append(kwargs.get('ExtraArgs'))
+        return real_upload_file(**kwargs)
+
+    monkeypatch.setattr(s3.client, 'upload_file', upload_file)
+    src = tmp_path / 'f'
+    src.write_bytes(os.urandom(size))
+    s3.upload_object('headers', src, ExtraArgs={'Metadata': {'run': 'a'}, 'StorageClass': 'STANDARD_IA',
+                                                'ChecksumAlgorithm': 'CRC32'})
+    assert routed == []
+    per_part = {'ChecksumAlgorithm': 'SHA256', 'RequestPayer': 'requester', 'Metadata': {'run': 'b'}}
+    s3.upload_object('per-part', src, ExtraArgs=per_part)
+    assert routed == [per_part]
+    head = s3.client.head_object(Bucket=s3.bucket, Key='per-part')
+    assert head['Metadata'] == {'run': 'b'} and head['ContentLength'] == size
+    body = s3.client.get_object(Bucket=s3.bucket, Key='per-part')['Body'].read()
+    assert body == src.read_bytes()
+    with pytest.raises(FileExistsError):  # overwrite=False on that route: checked first
+        s3.upload_object('per-part', src, overwrite=False, ExtraArgs=per_part)
+    assert len(routed) == 1
