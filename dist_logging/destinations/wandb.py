@@ -349,7 +349,8 @@ class WandBLogger(TrackerDestination):
         them in one ``wandb.Table`` under ``'<name> Table'``.
 
         Raises:
-            ValueError: images or masks of a shape or dtype that is no image, a class id above 255.
+            ValueError: images or masks of a shape or dtype that is no image, a grey image one pixel high or
+                wide (a 1-D array: W&B cannot draw it), a class id above 255.
             TypeError: ``mask_class_labels`` not a mapping of int to str.
             RuntimeError: this destination is not open, or an earlier wandb call failed.
         """
@@ -359,6 +360,12 @@ class WandBLogger(TrackerDestination):
 
         self._check_open()
         batch, validated_masks = snapshot_images(images, channels_last, masks)
+        if batch.shape[-1] == 1 and 1 in batch.shape[1:3]:
+            # wandb.Image squeezes size-1 axes and refuses a grey image left with one axis: refused
+            # here, at the call, as Composer's WandBLogger does (e.g. for a 1-D array).
+            raise ValueError(f'WandBLogger: W&B cannot draw a grey image {batch.shape[1]} x {batch.shape[2]} '
+                             f'pixels (from images of shape {tuple(getattr(images, "shape", ()))}); give it at '
+                             'least 2 x 2 pixels')
         mask_batches = {}
         for mask_name, mask in validated_masks.items():
             if mask.size and int(mask.max()) > _MAX_MASK_CLASS:

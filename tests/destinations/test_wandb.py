@@ -190,6 +190,9 @@ def test_run_round_trip(tmp_path, wandb_env):
         destination.log_images(images[0], name='direct', step=5)  # the destination's default, as Composer's: False
         with pytest.raises(ValueError, match="mask 'big' has class id 300"):  # checked at the call
             destination.log_images(images, name='seg', masks={'big': np.full((2, 5, 6), 300)})
+        for one_row in (rng.random(32), np.zeros((1, 1, 8), np.float32)):  # 1-D, and a grey image 1 x 8 (CHW)
+            with pytest.raises(ValueError, match='W&B cannot draw a grey image 1 x'):  # as Composer's, at the call
+                destination.log_images(one_row)
         logger.batch_end()
         logger.batch_end()
         logger.log_traces({'algo/Event.INIT': True, 'info': {'a': 1}, 'client_secret': 'trace-do-not-store'})
