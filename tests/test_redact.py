@@ -580,6 +580,8 @@ ISSUE_35_PAIR_SYNTAXES = [
     ('adafruit_TOKEN :::= "a78xq9fb5hdvxdewymrpgb54j0imu71_"', 'adafruit_TOKEN :::= "***"'),
     ('System.setProperty("ADAFRUIT_TOKEN", "a78xq9fb5hdvxdewymrpgb54j0imu71_")',
      'System.setProperty("ADAFRUIT_TOKEN", "***")'),
+    ('<add key="Password" value="CleartextPassword1" />', '<add key="Password" value="***" />'),
+    ('<entry name="asanaToken" value="z9lkxw5skvp16r80utfkh9hmh79o6gmp" />', '<entry name="asanaToken" value="***" />'),
 ]
 
 
@@ -590,7 +592,9 @@ def test_pair_syntaxes_of_issue_35(text, expected):
 
 def test_pair_syntaxes_keep_special_tokens_and_go_code():
     for text in ('<pad_token>\n  <pad>\n</pad_token>', '<eos_token></s></eos_token>', 'padToken := "<pad>"',
-                 'maxTokens := 512', 'x := `multi word string`', '"eosToken" => "</s>"'):
+                 'maxTokens := 512', 'x := `multi word string`', '"eosToken" => "</s>"',
+                 '<add key="pad_token" value="&lt;pad&gt;" />', '<add key="Environment" value="prod" />',
+                 '<param name="max_tokens" value="512"/>'):
         assert redact_text(text) is text, text
 
 

@@ -148,8 +148,8 @@ def is_secret_key(key: str) -> bool:
 _CREDENTIAL_LAST = ('token', 'key', 'secret', 'password', 'passwd', 'pwd', 'pass', 'auth', 'credential',
                     'credentials', 'creds', 'apikey', 'pat', 'tkn')
 # Characters no credential of this kind holds but vocabulary entries do (``<pad>``, ``</s>``, ``[PAD]``,
-# ``<|endoftext|>``), nor a value of several words.
-_NOT_CREDENTIAL_CHARS = frozenset('<>[]{}()| \t\r\n$')
+# ``<|endoftext|>``, XML-escaped ``&lt;pad&gt;``), nor a value of several words or a list.
+_NOT_CREDENTIAL_CHARS = frozenset('<>[]{}()|&;,"\'` \t\r\n$')
 # Words joined by ``. _ -``, each up to 15 letters, letters then digits (``v8``, ``layer11``) or digits: a
 # name (a run of more letters is not a word: ``hnbhnqaqvtktztycjofsmsfbzswfxbo4``).
 _IDENTIFIER = re.compile(r'(?:[A-Za-z]{1,15}[0-9]*|[0-9]+)(?:[._\-](?:[A-Za-z]{1,15}[0-9]*|[0-9]+))*')
@@ -181,7 +181,7 @@ def names_credential_by_value(key: str) -> bool:
 def credential_value(value: str) -> bool:
     """Whether a string under a credential-ending key (:func:`names_credential_by_value`) reads as a credential.
 
-    Decided by the value alone: one word of 8 to 1,000 characters (no spaces, no ``< > [ ] { } ( ) |``, so
+    Decided by the value alone: one word of 8 to 1,000 characters (no spaces, no ``< > [ ] { } ( ) | & ; ,`` or quotes, so
     no special-token string such as ``<pad>``, ``</s>``, ``[PAD]``), not a path (a value with ``/`` counts
     only when it holds ``+`` or ``=`` or is base64 of both cases and digits), not a number shorter than 12
     digits (``50256``; 16 digits is a client id), with a digit or a character outside letters, ``_ . -``

@@ -64,13 +64,18 @@ def _may_hold_shape(text: str) -> bool:
 # 3. ``name: value`` (YAML or a log line), the value running to the end of the line or to ``, ; } ]``;
 # 4. ``--name value`` (a command line);
 # 5. ``("NAME", "value")`` (``System.setProperty``, ``os.environ.setdefault``, ``getenv`` defaults);
-# 6. ``<name>value</name>`` (XML: Maven settings, .NET config), also with the value on a line of its own.
+# 6. ``<name>value</name>`` (XML: Maven settings, .NET config), also with the value on a line of its own;
+# 7. ``key="NAME" value="..."`` / ``name="NAME" value="..."`` (XML attributes: .NET appSettings, NuGet, Ant),
+#    tried first (``key="..."`` alone would read as pair 1).
 # A bare value ends at an escaped line end (``"A_TOKEN=<v>\\nNEXT=1"`` inside a JSON string), as gitleaks' rules end.
 # The value never starts on the next line (``GITHUB_API_KEY=\nNEXT=`` is two empty values).
 _QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|`[^`\n]*`'
 # A value that is a template reference is read whole, so the reference check sees it whole.
 _REFERENCE_TEXT = r'|\$\{\{[^}\n]*\}\}|\{\{[^}\n]*\}\}|\$\{[^}\s]*\}'
 _ASSIGNMENT = re.compile(
+    r'(?P<head7>(?<![A-Za-z0-9_])(?:key|name)[ \t]*=[ \t]*(?P<q7>["\'])(?P<name7>[A-Za-z_][A-Za-z0-9_.\-:]*)(?P=q7)'
+    r'[ \t]+value[ \t]*=[ \t]*)(?P<value7>' + _QUOTED + r')'
+    r'|'
     r'(?P<head1>(?<![A-Za-z0-9_.])(?P<name1>[A-Za-z_][A-Za-z0-9_.\-]*)'
     r'(?:[ \t]+(?:string|String|str|\[\]byte))?["\'\]]*[ \t]*(?::{1,3}=|\?=|=>|\.=|=)(?![=>])[ \t]*)'
     r'(?P<value1>' + _QUOTED + _REFERENCE_TEXT + r'|(?:[^\s&;,\'"`)\]}\\]|\\(?![nr]))+)'
@@ -88,7 +93,7 @@ _ASSIGNMENT = re.compile(
 # ``name: value`` reads at most 8 words per match, so a name that is no credential costs a bounded
 # look ahead (a line of many ``x: y`` stays linear); a credential's value takes the rest of the line.
 _MORE_WORDS = re.compile(r'(?:[ \t]+[^\s,;}\]]+)*')
-_GROUPS = tuple(('name' + n, 'value' + n, 'head' + n) for n in '123456')
+_GROUPS = tuple(('name' + n, 'value' + n, 'head' + n) for n in '1234567')
 
 # Every key the default rule calls a credential contains one of these (lower-cased) fragments.
 # Most frequent in log lines first (``tokens/s``, ``key_dim``): the ``in`` chain stops at the first one found.
@@ -128,7 +133,7 @@ def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool, 
                 after += 1
             follows = text[after] if after < size else ''
             if (follows in ('=', ':', '?', ',', '>', '.') or (text[start] == '-' and after > end)
-                    or text.startswith(_TYPE_WORDS, after)) and (
+                    or text.startswith(_TYPE_WORDS, after) or text.startswith('value', after)) and (
                         is_secret(text[start:end]) or names_credential_by_value(text[start:end])):
                 return True
             index = lower.find(fragment, end)
