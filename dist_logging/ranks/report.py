@@ -21,7 +21,7 @@ __all__ = ['RankEntry', 'RankReport', 'STEPS', 'WALL', 'BUSY', 'COLLECTIVE', 'ME
            'per_step', 'build_report', 'build_partial', 'report_metrics', 'TABLE_COLUMNS', 'table_rows',
            'straggler_line']
 
-# Columns of a record.
+# Columns of a record: totals over the window, except BUSY, which is seconds per step.
 STEPS, WALL, BUSY, COLLECTIVE, MEMORY = range(5)
 FIXED = 5
 
@@ -33,7 +33,8 @@ class RankEntry:
     Attributes:
         rank: the global rank.
         host: its host name ('' when unknown).
-        busy_s: busy seconds per step (what ranks are compared by).
+        busy_s: busy seconds per step, the window's median step (the mean on CUDA); what ranks
+            are compared by.
         step_s: wall-clock seconds per step.
         ratio: ``busy_s`` ÷ the lower quartile of every rank's busy time (None off rank zero).
         relative_score: the fastest rank's busy time ÷ this rank's (NVRx's relative score).
@@ -108,7 +109,8 @@ def record_of(totals: WindowTotals, layout: Sequence[str]) -> np.ndarray:
     record = np.full(FIXED + len(layout), np.nan)
     record[STEPS] = totals.steps
     record[WALL] = totals.wall_s
-    record[BUSY] = totals.busy_s
+    # Busy time per step: the window's median step when known (robust to a few descheduled steps).
+    record[BUSY] = totals.busy_s / max(totals.steps, 1) if totals.busy_median_s is None else totals.busy_median_s
     record[COLLECTIVE] = totals.collective_s
     if totals.memory_bytes is not None:
         record[MEMORY] = totals.memory_bytes
@@ -122,7 +124,7 @@ def per_step(table: np.ndarray, layout: Sequence[str]) -> dict[str, np.ndarray]:
     """Series name -> one value per rank (seconds per step; bytes for memory) from a table of records."""
     table = np.atleast_2d(np.asarray(table, dtype=np.float64))
     steps = np.where(table[:, STEPS] > 0, table[:, STEPS], np.nan)
-    values = {'busy': table[:, BUSY] / steps, 'step': table[:, WALL] / steps}
+    values = {'busy': np.where(np.isnan(steps), np.nan, table[:, BUSY]), 'step': table[:, WALL] / steps}
     for index, name in enumerate(layout):
         values[name] = table[:, FIXED + index] / steps
     values['memory'] = table[:, MEMORY]

@@ -62,12 +62,14 @@ class WindowTotals:
         sections: section name -> seconds summed over the window (nested sections included).
         memory_bytes: peak CUDA memory allocated in the window, else the resident set size at
             the report; None when memory is not measured.
+        busy_median_s: the median step's busy seconds (None on CUDA, where only the sum is known).
     """
 
-    __slots__ = ('steps', 'wall_s', 'busy_s', 'wait_s', 'collective_s', 'sections', 'memory_bytes')
+    __slots__ = ('steps', 'wall_s', 'busy_s', 'wait_s', 'collective_s', 'sections', 'memory_bytes',
+                 'busy_median_s')
 
     def __init__(self, steps: int, wall_s: float, busy_s: float, wait_s: float, collective_s: float,
-                 sections: dict[str, float], memory_bytes: Optional[float]):
+                 sections: dict[str, float], memory_bytes: Optional[float], busy_median_s: Optional[float] = None):
         self.steps = steps
         self.wall_s = wall_s
         self.busy_s = busy_s
@@ -75,6 +77,7 @@ class WindowTotals:
         self.collective_s = collective_s
         self.sections = sections
         self.memory_bytes = memory_bytes
+        self.busy_median_s = busy_median_s
 
     def __repr__(self) -> str:
         return (f'WindowTotals(steps={self.steps}, wall_s={self.wall_s:.6f}, busy_s={self.busy_s:.6f}, '
@@ -167,14 +170,17 @@ class SectionTimer:
         self._clock = clock
         self._sections: dict[tuple[str, bool], Section] = {}
         self._totals: dict[str, float] = {}
-        # Open frames: [name, start, contribution, inside_wait, start_event]
-        self._stack: list[list[Any]] = []
+        self._stack: list[tuple[str, float, int, bool, Any]] = []  # the open frames, outermost first
         self._busy = 0.0
         self._wait = 0.0
         self._work_seen = False
         self._collective = 0.0
         self._steps = 0
         self._window_start = clock()
+        # Busy seconds of each step of the window (wall clock only): the report compares ranks by their
+        # median step, as NVRx does, so a rank descheduled for a few steps is not a straggler.
+        self._per_step: list[float] = []
+        self._mark = (self._window_start, 0.0, 0.0, 0.0)  # at the last step: time, busy, wait, collective
         self._cuda: Optional[bool] = None if device == 'auto' else device == 'cuda'
         self._events: Any = None  # the CUDA event bookkeeping, made on first use
 
@@ -193,21 +199,23 @@ class SectionTimer:
 
     def enter(self, name: str, wait: bool) -> None:
         """Open a frame for ``name`` (called by :class:`Section`)."""
+        # The hot path: a few comparisons and one tuple per section; frames are
+        # (name, start, contribution, inside_wait, start_event).
         stack = self._stack
         if stack:
-            parent = stack[-1]
-            inside_wait = parent[3]
-            contribution = _SUBTRACT if wait and not inside_wait and _in_work(stack) else _NONE
+            inside_wait = stack[-1][3]
+            contribution = _SUBTRACT if wait and not inside_wait and stack[0][2] == _ADD else _NONE
             inside_wait = inside_wait or wait
         else:
             contribution = _NONE if wait else _ADD
             inside_wait = wait
-        event = None
+        if self._cuda is False:
+            stack.append((name, self._clock(), contribution, inside_wait, None))
+            return
         if self._cuda is None:
             self._cuda = _cuda_ready()
-        if self._cuda:
-            event = self._device_events().record()
-        stack.append([name, self._clock(), contribution, inside_wait, event])
+        event = self._device_events().record() if self._cuda else None
+        stack.append((name, self._clock(), contribution, inside_wait, event))
 
     def exit(self, name: str) -> None:
         """Close the innermost frame, which must be ``name``.
@@ -221,14 +229,23 @@ class SectionTimer:
             open_names = [frame[0] for frame in stack]
             raise RuntimeError(f'section {name!r} closed while {open_names or "no section"} is open; '
                                'sections must nest (close the innermost first)')
-        frame = stack.pop()
-        wait_top = not stack and frame[3]
-        if frame[4] is not None:
-            self._device_events().finish(frame[4], name, frame[2], wait_top)
+        _, start, contribution, inside_wait, event = stack.pop()
+        if event is not None:
+            self._device_events().finish(event, name, contribution, inside_wait and not stack)
             return
-        self._add(name, end - frame[1], frame[2], wait_top)
+        seconds = end - start
+        totals = self._totals
+        totals[name] = totals.get(name, 0.0) + seconds
+        if contribution == _ADD:
+            self._busy += seconds
+            self._work_seen = True
+        elif contribution == _SUBTRACT:
+            self._busy -= seconds
+        elif inside_wait and not stack:
+            self._wait += seconds
 
     def _add(self, name: str, seconds: float, contribution: int, wait_top: bool) -> None:
+        """Count a section's time read later (CUDA events)."""
         totals = self._totals
         totals[name] = totals.get(name, 0.0) + seconds
         if contribution == _ADD:
@@ -246,6 +263,13 @@ class SectionTimer:
     def step(self) -> None:
         """One batch ended."""
         self._steps += 1
+        now = self._clock()
+        then, busy, wait, collective = self._mark
+        if self._busy != busy or self._work_seen:
+            self._per_step.append(self._busy - busy)
+        else:
+            self._per_step.append(max((now - then) - (self._wait - wait) - (self._collective - collective), 0.0))
+        self._mark = (now, self._busy, self._wait, self._collective)
 
     # ------------------------------------------------------------------ window
     @property
@@ -270,13 +294,17 @@ class SectionTimer:
                 self._add(name, seconds, contribution, wait_top)
         wall = now - self._window_start
         busy = self._busy if self._work_seen else max(wall - self._wait - self._collective, 0.0)
+        # The median step on the wall clock; on CUDA the steps' device times arrive late, so the mean.
+        median = _median(self._per_step) if self._per_step and self._events is None else None
         totals = WindowTotals(self._steps, wall, busy, self._wait, self._collective, dict(self._totals),
-                              self._read_memory() if self._memory else None)
+                              self._read_memory() if self._memory else None, median)
         self._totals = {}
         self._busy = self._wait = self._collective = 0.0
         self._work_seen = False
         self._steps = 0
         self._window_start = now
+        self._per_step = []
+        self._mark = (now, 0.0, 0.0, 0.0)
         return totals
 
     def _read_memory(self) -> Optional[float]:
@@ -294,9 +322,10 @@ class SectionTimer:
         return self._events
 
 
-def _in_work(stack: list[list[Any]]) -> bool:
-    """Whether the outermost open frame is a work section (its time counts as busy)."""
-    return stack[0][2] == _ADD
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _cuda_ready() -> bool:

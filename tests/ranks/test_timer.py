@@ -132,3 +132,21 @@ def test_device_events_are_read_only_once_completed_and_pooled():
     assert events.completed() == [('forward', pytest.approx(0.002), 1, False)]
     events.record()
     assert len(created) == 2  # the pair went back to the pool
+
+
+def test_busy_per_step_is_the_median_step_so_a_descheduled_step_is_not_a_slowdown():
+    clock = Clock()
+    timer = SectionTimer('cpu', memory=False, clock=clock)
+    for seconds in (1.0, 1.0, 50.0, 1.0, 1.0):  # one step descheduled for 50 s
+        with timer.section('forward'):
+            clock.tick(seconds)
+        timer.step()
+    totals = timer.take()
+    assert totals.busy_median_s == 1.0 and totals.busy_s == pytest.approx(54.0)
+    # without work sections, each step's wall time minus its waits
+    for wall, wait in ((3.0, 1.0), (3.0, 1.0), (9.0, 1.0)):
+        with timer.section('sync', wait=True):
+            clock.tick(wait)
+        clock.tick(wall - wait)
+        timer.step()
+    assert timer.take().busy_median_s == pytest.approx(2.0)
