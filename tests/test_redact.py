@@ -566,6 +566,9 @@ def test_value_decided_keys_in_mappings_and_argv():
     got = build_redactor(True)(config)
     assert got == {**config, 'asanaToken': REDACTED, 'codecov_token': REDACTED,
                    'argv': ['--asana-token', REDACTED, '--pad-token', '<pad>', '--max-new-tokens', '512']}
+    rows = [['a', 'gs6kmm93hnj1ffqzvr60m8lo0xfqter4', '<pad>'], ['b', '', '</s>']]
+    assert build_redactor(True).table(['name', 'codecov_token', 'pad_token'], rows) == [
+        ['a', REDACTED, '<pad>'], ['b', '', '</s>']]
 
 
 ISSUE_35_PAIR_SYNTAXES = [
@@ -632,3 +635,52 @@ def test_regressions_of_the_last_wave_are_redacted():
     assert redact_text(f'push to hf_{mixed} now') == f'push to {REDACTED} now'
     for kept in ('hf_' + mixed[:28], 'hf_' + 'abcdefghij' * 4, 'xhf_' + mixed, 'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'):
         assert redact_text(kept) is kept, kept  # short, letters only (gitleaks' own rule decides), glued, placeholder
+
+
+GO_RULE_SOURCE = '''package rules
+
+var extra = []string{
+	`acme: "lit3ral-secret-value-0001"`, // gitleaks:allow
+}
+
+func AcmeToken() *config.Rule {
+	r := config.Rule{
+		RuleID:      "acme-token",
+		Regex:       utils.GenerateSemiGenericRegex([]string{"acme"}, utils.AlphaNumeric("32"), true),
+	}
+	var (
+		secret = secrets.NewSecret(utils.Hex("8") + `\\.` + utils.AlphaNumeric("4,6"))
+	)
+	tps := utils.GenerateSampleSecrets("acme", secrets.NewSecret(`acme_[a-zA-Z0-9+/]{20}={0,2}`))
+	tps = append(tps, extra...)
+	tps = append(tps,
+		fmt.Sprintf("ACME_KEY=%s", secret),
+		`"acme" => "`+secret+`"`,
+	)
+	fps := []string{"acme_xxxxxxxxxxxxxxxxxxxx"}
+	return utils.Validate(r, tps, fps)
+}
+'''
+
+
+def test_gitleaks_example_reader_evaluates_rule_sources():
+    """benchmarks/tools/gitleaks_examples.py: the Go subset gitleaks' rule files write their examples in."""
+    import pathlib
+    import random
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / 'benchmarks' / 'tools'))
+    import gitleaks_examples
+
+    (rule,) = gitleaks_examples.rule_examples(GO_RULE_SOURCE, gitleaks_examples._Generator(random.Random(1)))
+    assert rule.rule == 'acme-token' and rule.skipped == []
+    positives = [e for e in rule.examples if e.positive]
+    templated = [e for e in positives if e.syntax != 'literal']
+    assert len(templated) == len(gitleaks_examples.SAMPLE_TEMPLATES) and len(positives) == len(templated) + 3
+    secret = templated[0].secret
+    assert re.fullmatch(r'acme_[a-zA-Z0-9+/]{20}={0,2}', secret)
+    assert {e.syntax: e.text for e in templated}['go - backticks'] == f'acmeToken := `{secret}`'
+    literal = [e.text for e in positives if e.syntax == 'literal']
+    assert literal[0] == 'acme: "lit3ral-secret-value-0001"'
+    assert re.fullmatch(r'ACME_KEY=[a-f0-9]{8}\.[a-z0-9]{4,6}', literal[1]) and literal[2].startswith('"acme" => "')
+    assert [e.text for e in rule.examples if not e.positive] == ['acme_xxxxxxxxxxxxxxxxxxxx']

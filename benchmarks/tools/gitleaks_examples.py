@@ -452,6 +452,26 @@ def _functions(tokens: list[tuple[str, str]]) -> list[tuple[str, list[tuple[str,
     return out
 
 
+def _outside_functions(tokens: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The tokens of a file that are not inside a ``func`` (its signature and body)."""
+    out, i = [], 0
+    while i < len(tokens):
+        if tokens[i] == ('name', 'func'):
+            while tokens[i][1] != '{':
+                i += 1
+            depth = 0
+            while True:
+                depth += tokens[i][1] == '{'
+                depth -= tokens[i][1] == '}'
+                i += 1
+                if depth == 0:
+                    break
+            continue
+        out.append(tokens[i])
+        i += 1
+    return out
+
+
 def _statements(body: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
     """The body's statements at depth 0 (split on newlines and ``;`` outside brackets)."""
     out, current, depth = [], [], 0
@@ -545,18 +565,10 @@ def rule_examples(source: str, draw: Callable[[str], str]) -> list[RuleExamples]
     tokens = tokenize(source)
     out = []
     functions = _functions(tokens)
-    # Package-level ``var x = ...`` declarations (cloudflare.go's example lists).
+    # Package-level ``var x = ...`` declarations (cloudflare.go's example lists): the statements outside functions.
     top: dict[str, Any] = {}
-    depth, current, top_statements = 0, [], []
-    for token in tokens:
-        depth += token[1] in '({[' and token[0] == 'op'
-        depth -= token[1] in ')}]' and token[0] == 'op'
-        current.append(token)
-        if depth == 0 and token[0] in ('newline',) or (depth == 0 and token[1] == ')' and current[:2] == [('name', 'var'), ('op', '(')]):
-            if current and current[0] == ('name', 'var'):
-                top_statements.append([t for t in current if t[0] != 'newline' or current[1][1] == '('])
-            current = []
-    _evaluate(top_statements, top, draw, [])
+    _evaluate([statement for statement in _statements(_outside_functions(tokens)) if statement[0] == ('name', 'var')],
+              top, draw, [])
     for function, body in functions:
         if function == 'generateTestValues':
             top['generateTestValues'] = _jwt_base64_examples(body, draw)

@@ -74,12 +74,19 @@ class Redactor:
         return _redact_string(text, self.is_secret_key, self._any_name)
 
     def table(self, columns: Sequence[str], rows: list[list[Any]]) -> list[list[Any]]:
-        """Table rows with credential-named columns concealed and every cell through the value rule."""
+        """Table rows with credential-named columns concealed and every cell through the value rule (a cell
+        under a credential-ending column such as ``codecov_token`` also by its value)."""
         if not self.enabled:
             return rows
         secret_columns = [self.is_secret_key(column) for column in columns]
-        return [[self._conceal(cell) if secret else self._value(cell) for cell, secret in zip(row, secret_columns)]
-                for row in rows]
+        return [[self._conceal(cell) if secret else self._cell(column, cell)
+                 for cell, secret, column in zip(row, secret_columns, columns)] for row in rows]
+
+    def _cell(self, column: Any, cell: Any) -> Any:
+        """A cell of a column not named as a credential: by value, and by the column name's last word."""
+        if type(cell) is str and type(column) is str and _by_value(column, cell):
+            return REDACTED  # an ``asana_token`` column of random strings
+        return self._value(cell)
 
     def _key(self, key: Any) -> Any:
         return _redact_string(key, self.is_secret_key, self._any_name) if type(key) is str else key

@@ -78,7 +78,7 @@ _ASSIGNMENT = re.compile(
     r'|'
     r'(?P<head1>(?<![A-Za-z0-9_.])(?P<name1>[A-Za-z_][A-Za-z0-9_.\-]*)'
     r'(?:[ \t]+(?:string|String|str|\[\]byte))?["\'\]]*[ \t]*(?::{1,3}=|\?=|=>|\.=|=)(?![=>])[ \t]*)'
-    r'(?P<value1>' + _QUOTED + _REFERENCE_TEXT + r'|(?:[^\s&;,\'"`)\]}\\]|\\(?![nr]))+)'
+    r'(?P<value1>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s&;,\'"`)\]}\\]+(?:\\(?![nr])[^\s&;,\'"`)\]}\\]*)*|(?:\\(?![nr])[^\s&;,\'"`)\]}\\]*)+)'
     r'|(?P<head2>(?P<q2>["\'])(?P<name2>[A-Za-z_][A-Za-z0-9_.\- ]*)(?P=q2)\s*:\s*)'
     r'(?P<value2>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s,}\]]+)'
     r'|(?P<head3>(?<![A-Za-z0-9_.\-"\'])(?P<name3>[A-Za-z_][A-Za-z0-9_.\-]*):[ \t]+)'
