@@ -29,13 +29,14 @@ import weakref
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 from dist_logging.integrations._common import advance_to, CheckpointNamer, import_framework, LoggerHandle
+from dist_logging.integrations._sections import StepSections
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
 
 _pl = import_framework(('lightning.pytorch', 'pytorch_lightning'), 'lightning', 'dist_logging.integrations.lightning')
 
-__all__ = ['DistLoggingLogger']
+__all__ = ['DistLoggingLogger', 'RankSections']
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,52 @@ class DistLoggingLogger(_pl.loggers.Logger):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._finalizer = _close_when_collected(self)
+
+
+class RankSections(_pl.Callback):
+    """Marks the rank report's sections from Lightning's batch hooks (a Lightning ``Logger`` gets none).
+
+    ::
+
+        dl = DistLoggingLogger(config='configs/per_rank.yaml')   # with rank_report_every: 100
+        trainer = Trainer(strategy='ddp', logger=dl, callbacks=[RankSections(dl)])
+
+    On every rank: ``data`` (``on_train_batch_end`` to the next ``on_train_batch_start``), ``forward``
+    (to ``on_before_backward``), ``backward`` as a wait section (it holds DDP's gradient sync, where
+    the fast ranks wait for the slow one), ``optimizer`` (``on_before_optimizer_step`` to
+    ``on_train_batch_end``); one report step per training batch (docs/stragglers.md). Nothing
+    happens when the Logger's reports are off.
+
+    Args:
+        adapter: the :class:`DistLoggingLogger` whose Logger reports.
+
+    Raises:
+        TypeError: ``adapter`` is not a :class:`DistLoggingLogger`.
+    """
+
+    def __init__(self, adapter: DistLoggingLogger):
+        if not isinstance(adapter, DistLoggingLogger):
+            raise TypeError(f'RankSections: expected a DistLoggingLogger, got {type(adapter).__name__}')
+        self._adapter = adapter
+        self._sections = StepSections('RankSections')
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._sections.switch(self._adapter.experiment, 'forward')
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._sections.switch(self._adapter.experiment, 'backward', wait=True)
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        self._sections.switch(self._adapter.experiment, None)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._sections.switch(self._adapter.experiment, 'optimizer')
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._sections.step_end(self._adapter.experiment, trainer.global_step)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._sections.switch(self._adapter.experiment, None)
 
 
 def _close_when_collected(adapter: DistLoggingLogger) -> weakref.finalize:

@@ -28,6 +28,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from dist_logging.integrations._common import advance_to, CheckpointNamer, import_framework, LoggerHandle
+from dist_logging.integrations._sections import StepSections
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -52,6 +53,10 @@ class DistLoggingCallback(_transformers.TrainerCallback):
     (snapshots: training goes on while they upload): global rank zero uploads the files it wrote,
     every rank its own ``rng_state_{rank}.pth``; ``on_train_end`` -> close the Logger when this
     callback built it (waits for the uploads).
+
+    With ``rank_report_every=N`` in the Logger, the hooks mark the rank report's sections on every
+    rank (``data`` between steps, ``forward_backward`` as a wait section since it holds the gradient
+    sync, ``optimizer``) and count one report step per optimizer step (docs/stragglers.md).
 
     Checkpoints are uploaded with ``overwrite=True`` (the bucket mirrors the output folder). An
     upload problem is reported as a warning when it surfaces and raised by ``on_train_end``;
@@ -85,6 +90,7 @@ class DistLoggingCallback(_transformers.TrainerCallback):
         self._handle = LoggerHandle(logger, config, 'DistLoggingCallback')
         self.upload_checkpoints = upload_checkpoints
         self._upload_errors: list[BaseException] = []
+        self._sections = StepSections('DistLoggingCallback')
 
     @property
     def logger(self) -> 'Logger':
@@ -106,7 +112,24 @@ class DistLoggingCallback(_transformers.TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._handle.is_built:
-            advance_to(self._handle.get(), state.global_step)
+            logger = self._handle.get()
+            advance_to(logger, state.global_step)
+            # Forward and backward hold DDP's gradient sync, where fast ranks wait: a wait section.
+            self._sections.switch(logger, 'forward_backward', wait=True)
+
+    # Rank report sections (Logger(rank_report_every=N); docs/stragglers.md): data (between steps),
+    # forward_backward (a wait: it holds the gradient sync), optimizer. One report step per optimizer step.
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._handle.is_built:
+            self._sections.switch(self._handle.get(), 'optimizer')
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._handle.is_built:
+            self._sections.switch(self._handle.get(), None)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._handle.is_built:
+            self._sections.step_end(self._handle.get(), state.global_step)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._handle.is_built:
@@ -165,6 +188,7 @@ class DistLoggingCallback(_transformers.TrainerCallback):
         """
         errors, self._upload_errors = self._upload_errors, []
         if self._handle.is_built:
+            self._sections.switch(self._handle.get(), None)
             advance_to(self._handle.get(), state.global_step)
         try:
             if self._handle.built_here:

@@ -62,6 +62,24 @@ class RankReportMethods:
         """
         return None if self._ranks is None else self._ranks.last
 
+    def rank_report_step(self, batch: Optional[int] = None) -> None:
+        """Count one training step for the rank report, for loops that do not call :meth:`batch_end`.
+
+        Framework adapters whose framework moves the batch count call this once per optimizer step
+        (:meth:`batch_end` does it itself; never both). Call it on every rank at the same steps:
+        every ``rank_report_every``-th call is the report's collective. Does nothing when reports are off.
+
+        Args:
+            batch: the batch count to label a report with (default: the Logger's).
+
+        Raises:
+            DistributedLoggingError: at a report, a rank did not take part within ``sync_timeout``.
+        """
+        if self._ranks is not None:
+            if batch is None:
+                batch = self.state.timestamp.batch  # type: ignore[attr-defined]
+            self._ranks.batch_end(self, batch)
+
     def _timed_flush(self, flush: Callable[[int], Any], batch: int) -> None:
         """Run ``batch_end``'s flush, counting its time as the Logger's own collective (not busy)."""
         if self._ranks is None:

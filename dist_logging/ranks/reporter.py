@@ -176,6 +176,7 @@ class RankReporter:
         self._previous_ratio: Optional[np.ndarray] = None
         self._last: Optional[RankReport] = None
         self._window = 0
+        self._calls = 0
         self._started = False
         self._named: frozenset[int] = frozenset()
         self._history: Optional[HistoryWriter] = None
@@ -197,18 +198,26 @@ class RankReporter:
         self.timer.add_collective(seconds)
 
     def batch_end(self, logger: LoggerLike, batch: int) -> Optional[RankReport]:
-        """One batch ended (every rank, in step); report when ``batch`` is a multiple of ``every``.
+        """One training step ended (every rank, in step); report at every ``every``-th call.
+
+        Steps are counted here, not read from ``batch``, so that adapters whose frameworks move
+        the batch count in jumps still report at the same step on every rank.
+
+        Args:
+            logger: the Logger (rank zero emits through its public methods).
+            batch: the batch count to label the report with.
 
         Raises:
             DistributedLoggingError: at a report, a rank did not take part within ``sync_timeout``.
         """
+        self._calls += 1
         if not self._started:
-            # The first batch (compilation, caches, start-up skew between ranks) is not compared.
+            # The first step (compilation, caches, start-up skew between ranks) is not compared.
             self._started = True
             self.timer.take()
         else:
             self.timer.step()
-        if batch % self.every:  # type: ignore[operator]
+        if self._calls % self.every:  # type: ignore[operator]
             return None
         if self.timer.steps == 0:
             return None  # every rank has the same count: all skip together
