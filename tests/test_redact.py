@@ -684,3 +684,14 @@ def test_gitleaks_example_reader_evaluates_rule_sources():
     assert literal[0] == 'acme: "lit3ral-secret-value-0001"'
     assert re.fullmatch(r'ACME_KEY=[a-f0-9]{8}\.[a-z0-9]{4,6}', literal[1]) and literal[2].startswith('"acme" => "')
     assert [e.text for e in rule.examples if not e.positive] == ['acme_xxxxxxxxxxxxxxxxxxxx']
+
+
+def test_which_keys_are_decided_by_their_value():
+    from dist_logging.redaction._keys import names_credential_by_value
+
+    for key in ('asanaToken', 'confluent_TOKEN', 'codecov_token', 'ACCESSTOKEN', 'secretkey', 'bittrex_key',
+                'hubspot_api_key_2', 'mySecretString', 'db_pass', 'KEY', 'pad_token'):
+        assert names_credential_by_value(key), key
+    for key in ('passkey', 'monkey', 'bypass', 'torch_compat', 'sort_key', 'cache_key', 'max_new_tokens',
+                'bos_token_id', 'tokenizer', 'token_path', 'hf_token_file', 'key_dim', 'tokens'):
+        assert not names_credential_by_value(key), key

@@ -145,8 +145,13 @@ def is_secret_key(key: str) -> bool:
 # A key whose last word is one of these may hold a credential (``asanaToken``, ``confluent_TOKEN``,
 # ``codecov_token``, ``bittrex_key``) or a vocabulary entry (``pad_token: "<pad>"``): the value decides,
 # as gitleaks' generic rule decides by its keyword list and entropy floor.
+# (Each holds a fragment of ``_text._CREDENTIAL_FRAGMENTS``, which the pair pre-check looks for.)
 _CREDENTIAL_LAST = ('token', 'key', 'secret', 'password', 'passwd', 'pwd', 'pass', 'auth', 'credential',
-                    'credentials', 'creds', 'apikey', 'pat', 'tkn')
+                    'credentials', 'creds', 'apikey')
+# A last word written as one (``apitoken``, ``ACCESSTOKEN``, ``secretkey``); not any word ending in ``key``
+# or ``pass`` (``passkey``, ``monkey``, ``bypass``, ``compat``).
+_CREDENTIAL_ENDINGS = ('token', 'secret', 'password', 'passwd', 'apikey', 'accesskey', 'secretkey', 'privatekey',
+                       'authkey')
 # Characters no credential of this kind holds but vocabulary entries do (``<pad>``, ``</s>``, ``[PAD]``,
 # ``<|endoftext|>``, XML-escaped ``&lt;pad&gt;``), nor a value of several words or a list.
 _NOT_CREDENTIAL_CHARS = frozenset('<>[]{}()|&;,"\'` \t\r\n$')
@@ -171,7 +176,7 @@ def names_credential_by_value(key: str) -> bool:
     if not words:
         return False
     last = words[-1]
-    if not last.endswith(_CREDENTIAL_LAST) or last in ('monkey', 'turkey', 'hockey', 'bypass', 'compass'):
+    if last not in _CREDENTIAL_LAST and not last.endswith(_CREDENTIAL_ENDINGS):
         return False
     if last.endswith(('key', 'keys')) and len(words) > 1 and words[-2] in _NOT_CREDENTIAL_BEFORE:
         return False  # ``sort_key``, ``cache_key``, ``primary_key``: a column or a hash, named as data
