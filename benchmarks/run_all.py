@@ -28,7 +28,7 @@ BENCH_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / 'results'
 
-BENCHMARKS = ('log_overhead', 'gather_cost', 'upload_latency', 'training_stall', 'checkpoint_stall')
+BENCHMARKS = ('log_overhead', 'gather_cost', 'upload_latency', 'training_stall', 'checkpoint_stall', 'stragglers')
 # Per-benchmark arguments for a full run; --quick replaces them with the benchmark's own --quick.
 DEFAULT_ARGS = {
     'log_overhead': [],
@@ -37,9 +37,10 @@ DEFAULT_ARGS = {
     'training_stall': ['--ckpt-size', '256MiB', '--every', '10'],
     # 1GiB too: --extra '--sizes 256MiB,1GiB' (about 4x the time).
     'checkpoint_stall': ['--sizes', '256MiB', '--every', '10', '--device-ms', '200,0'],
+    'stragglers': [],
 }
 TIMEOUT_S = {'log_overhead': 600, 'gather_cost': 1200, 'upload_latency': 3600, 'training_stall': 2400,
-             'checkpoint_stall': 3600}
+             'checkpoint_stall': 3600, 'stragglers': 1800}
 
 
 def _free_port() -> int:
@@ -189,7 +190,27 @@ def render(docs: list[dict]) -> str:
                 out.append(f"| {doc['environment']['world_size']}{_oversub(doc)} | {k} | {_f(e['flush']['slowest_rank']['median'])} "
                            f"| {_f(e['floor_1tensor']['slowest_rank']['median'])} | {_f(e['per_key']['slowest_rank']['median'])} "
                            f"| {_x(e['ratio_flush_over_floor'])} | {_x(e['ratio_per_key_over_flush'])} | {coll.get('max', '–')} |")
+    out += _stragglers_table(by_name.get('stragglers', []))
     return '\n'.join(out) + '\n'
+
+
+def _stragglers_table(docs: list[dict]) -> list[str]:
+    """Rank reports: detection, false reports, overhead; the simulated model (benchmarks/stragglers.py)."""
+    if not docs:
+        return []
+    out = ['\n**stragglers** (rank reports every 100 steps; slowed rank 1.2x, +-5 % jitter)\n',
+           '| ranks | slowed rank chronic at report | other ranks flagged (slowed run) | false flags / steps (even run) '
+           '| Logger CPU on-off, % of step | wall step on/off | simulated 4,096: chronic at / false flags / rank-0 ms per report |',
+           '|---|---|---|---|---|---|---|']
+    for doc in docs:
+        cost, sim = doc['overhead'], doc.get('simulated', {}).get('4096', {})
+        simulated = (f"{sim['slowed'].get('first_chronic_report')} / {sim['even']['false_flags']} / "
+                     f"{_f(sim['even']['rank_zero_cpu_ms_per_report']['median'], 2)}") if sim else '–'
+        out.append(f"| {doc['world_size']}{_oversub(doc)} | {doc['slowed'].get('first_chronic_report', '–')} "
+                   f"| {doc['slowed'].get('false_flags', '–')} | {doc['even'].get('false_flags')} / {doc['even']['steps']} "
+                   f"| {_f(cost['worst_rank_cpu_overhead_fraction'] * 100, 4)} % | {_f(cost['wall_ratio_on_off_median'], 4)} "
+                   f"| {simulated} |")
+    return out
 
 
 def _size(nbytes: int) -> str:

@@ -98,20 +98,21 @@ class Section:
             counted as waiting, not as busy time.
     """
 
-    __slots__ = ('_timer', 'name', 'wait', '_opened')
+    __slots__ = ('_timer', 'name', 'wait', '_opened', '_enter', '_exit')
 
     def __init__(self, timer: 'SectionTimer', name: str, wait: bool = False):
         self._timer = timer
         self.name = check_section_name(name)
         self.wait = bool(wait)
         self._opened = 0  # start() calls not yet stopped, for start()/stop() users (framework hooks)
+        self._enter, self._exit = timer.enter, timer.exit  # bound once: the with-statement is the hot path
 
     def __enter__(self) -> 'Section':
-        self._timer.enter(self.name, self.wait)
+        self._enter(self.name, self.wait)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._timer.exit(self.name)
+        self._exit(self.name)
 
     def __call__(self, fn: Callable) -> Callable:
         """Use the section as a decorator: every call of ``fn`` is timed."""
@@ -263,12 +264,14 @@ class SectionTimer:
     def step(self) -> None:
         """One batch ended."""
         self._steps += 1
+        if self._work_seen:  # the common case: work sections marked; no clock read needed
+            busy = self._busy
+            self._per_step.append(busy - self._mark[1])
+            self._mark = (0.0, busy, 0.0, 0.0)
+            return
         now = self._clock()
-        then, busy, wait, collective = self._mark
-        if self._busy != busy or self._work_seen:
-            self._per_step.append(self._busy - busy)
-        else:
-            self._per_step.append(max((now - then) - (self._wait - wait) - (self._collective - collective), 0.0))
+        then, _, wait, collective = self._mark
+        self._per_step.append(max((now - then) - (self._wait - wait) - (self._collective - collective), 0.0))
         self._mark = (now, self._busy, self._wait, self._collective)
 
     # ------------------------------------------------------------------ window
