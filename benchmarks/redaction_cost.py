@@ -9,9 +9,10 @@ Every rank times the same lines (redaction has no collective; more ranks only ad
 interleaved round by round (the order rotated), each round timing ``--inner`` back-to-back calls per
 line and dividing. ``at_29372ac`` is the package's ``_redact.py`` and its two rule tables as they were at
 that commit, read with ``git show`` and run as one module (so the table changes of issue 35 are not in it);
-``ratio_vs_29372ac`` is issue 35's target (at most 1.5 on plain lines). Lines: plain training log lines (what almost every call sees), a line with a long
-path component and one with a UUID (they pass the cheap check and pay the keyword scan), and lines
-that do hold a credential (a URL password, a Hugging Face token, a ``KAGGLE_KEY=...`` pair).
+``ratio_vs_29372ac`` is issue 35's target (at most 1.5 on plain lines). Lines: plain training log lines
+(what almost every call sees), a line with a long path component and one with a UUID (they pass the
+cheap check and pay the keyword scan), and lines that do hold a credential (a URL password, a Hugging
+Face token, a ``KAGGLE_KEY=...`` pair).
 
 With ``detect-secrets`` installed (the ``bench`` extra) it is timed too (``scan_line`` with its
 default plugins; ``--inner`` divided by 20 for it, it is ~100x slower), and its coverage is

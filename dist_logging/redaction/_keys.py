@@ -186,8 +186,8 @@ def names_credential_by_value(key: str) -> bool:
 def credential_value(value: str) -> bool:
     """Whether a string under a credential-ending key (:func:`names_credential_by_value`) reads as a credential.
 
-    Decided by the value alone: one word of 8 to 1,000 characters (no spaces, no ``< > [ ] { } ( ) | & ; ,`` or quotes, so
-    no special-token string such as ``<pad>``, ``</s>``, ``[PAD]``), not a path (a value with ``/`` counts
+    Decided by the value alone: one word of 8 to 1,000 characters (no spaces, no ``< > [ ] { } ( ) | & ; ,``
+    or quotes, so no special-token string such as ``<pad>``, ``</s>``, ``[PAD]``), not a path (a value with ``/`` counts
     only when it holds ``+`` or ``=`` or is base64 of both cases and digits), not a number shorter than 12
     digits (``50256``; 16 digits is a client id), with a digit or a character outside letters, ``_ . -``
     (gitleaks' generic rule allows values of letters and ``_ . -`` alone), not a dotted or snake-case name
@@ -204,6 +204,6 @@ def credential_value(value: str) -> bool:
             and any(c.islower() for c in value) and any(c.isdigit() for c in value)):
         return False  # a path (``data/train_v2``), unless base64 says otherwise (``+``, ``=``, mixed case)
     if value.replace('_', '').replace('.', '').replace('-', '').isalpha() or _IDENTIFIER.fullmatch(value):
-        return False  # words and names (``jetbrains.mps.v8_elimination``, ``encoder.layer.11.output``, ``DOC_Vector_5``)
+        return False  # words and names (``jetbrains.mps.v8_elimination``, ``encoder.layer.11.output``)
     return _entropy(value) >= (3.0 if size >= 12 else 2.5)
 

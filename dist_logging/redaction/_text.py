@@ -72,13 +72,17 @@ def _may_hold_shape(text: str) -> bool:
 _QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|`[^`\n]*`'
 # A value that is a template reference is read whole, so the reference check sees it whole.
 _REFERENCE_TEXT = r'|\$\{\{[^}\n]*\}\}|\{\{[^}\n]*\}\}|\$\{[^}\s]*\}'
+# A bare value of pair 1: up to a space or ``& ; , ' " ` ) ] }``, and up to an escaped line end (unrolled: a
+# group per character would cost 2.4x on a ``KAGGLE_KEY=...`` line).
+_BARE_CHAR = r'[^\s&;,\'"`)\]}\\]'
+_BARE1 = _BARE_CHAR + r'+(?:\\(?![nr])' + _BARE_CHAR + r'*)*|(?:\\(?![nr])' + _BARE_CHAR + r'*)+'
 _ASSIGNMENT = re.compile(
     r'(?P<head7>(?<![A-Za-z0-9_])(?:key|name)[ \t]*=[ \t]*(?P<q7>["\'])(?P<name7>[A-Za-z_][A-Za-z0-9_.\-:]*)(?P=q7)'
     r'[ \t]+value[ \t]*=[ \t]*)(?P<value7>' + _QUOTED + r')'
     r'|'
     r'(?P<head1>(?<![A-Za-z0-9_.])(?P<name1>[A-Za-z_][A-Za-z0-9_.\-]*)'
     r'(?:[ \t]+(?:string|String|str|\[\]byte))?["\'\]]*[ \t]*(?::{1,3}=|\?=|=>|\.=|=)(?![=>])[ \t]*)'
-    r'(?P<value1>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s&;,\'"`)\]}\\]+(?:\\(?![nr])[^\s&;,\'"`)\]}\\]*)*|(?:\\(?![nr])[^\s&;,\'"`)\]}\\]*)+)'
+    r'(?P<value1>' + _QUOTED + _REFERENCE_TEXT + r'|' + _BARE1 + r')'
     r'|(?P<head2>(?P<q2>["\'])(?P<name2>[A-Za-z_][A-Za-z0-9_.\- ]*)(?P=q2)\s*:\s*)'
     r'(?P<value2>' + _QUOTED + _REFERENCE_TEXT + r'|[^\s,}\]]+)'
     r'|(?P<head3>(?<![A-Za-z0-9_.\-"\'])(?P<name3>[A-Za-z_][A-Za-z0-9_.\-]*):[ \t]+)'
