@@ -32,7 +32,7 @@ def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
     Accepts a single image (HW, CHW or HWC; a 1-D array is one row of grey pixels, 1 x W),
     a batch (NCHW or NHWC), or a sequence of single images of equal shape; ``channels_last``
     says where the channels are.
-    dtype must be uint8 (0-255), bool, or floating point (values in [0, 1]).
+    dtype must be uint8 (0-255), another integer type holding 0-255, bool, or floating point (values in [0, 1]).
 
     Raises:
         ValueError: a shape, channel count or dtype that is not an image, saying what was expected.
@@ -68,17 +68,27 @@ def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
                          f'({array.shape[-1]} channels); set channels_last={not channels_last} if the layout is the other one')
     if array.shape[1] == 0 or array.shape[2] == 0:
         raise ValueError(f'images must have a non-zero height and width, got shape {tuple(array.shape)}')
-    if not (array.dtype == np.uint8 or array.dtype == np.bool_ or np.issubdtype(array.dtype, np.floating)):
-        raise ValueError(f'expected image dtype uint8, bool or floating point in [0, 1], got {array.dtype}')
+    if np.issubdtype(array.dtype, np.integer) and array.dtype != np.uint8:
+        # Another integer type holding 0-255 (torch.randint(0, 256, ...) is int64), as Composer's loggers take it.
+        low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
+        if low < 0 or high > 255:
+            raise ValueError(f'integer images must hold values 0-255 (as uint8), got {array.dtype} values '
+                             f'{low}..{high}')
+    elif not (array.dtype == np.uint8 or array.dtype == np.bool_ or np.issubdtype(array.dtype, np.floating)):
+        raise ValueError(f'expected image dtype uint8, another integer type with values 0-255, bool or floating '
+                         f'point in [0, 1], got {array.dtype}')
     return array
 
 
 def to_uint8(batch: np.ndarray) -> np.ndarray:
-    """An NHWC batch from :func:`to_image_batch` as uint8 (floats clipped to [0, 1] then scaled)."""
+    """An NHWC batch from :func:`to_image_batch` as uint8 (integers as they are, floats clipped to [0, 1] then
+    scaled)."""
     if batch.dtype == np.uint8:
         return batch
     if batch.dtype == np.bool_:
         return batch.astype(np.uint8) * 255
+    if np.issubdtype(batch.dtype, np.integer):  # checked to hold 0-255 by to_image_batch
+        return batch.astype(np.uint8)
     return (np.clip(np.nan_to_num(batch.astype(np.float32)), 0.0, 1.0) * 255 + 0.5).astype(np.uint8)
 
 

@@ -372,7 +372,10 @@ def test_image_validation():
     with pytest.raises(ValueError, match='channels'):
         logger.log_images(np.zeros((5, 8, 8), dtype=np.uint8))
     with pytest.raises(ValueError, match='dtype'):
-        logger.log_images(np.zeros((3, 8, 8), dtype=np.int64))
+        logger.log_images(np.zeros((3, 8, 8), dtype=np.complex64))
+    with pytest.raises(ValueError, match=r'values 0-255 .* int64 values 0\.\.382'):
+        logger.log_images(np.arange(192, dtype=np.int64).reshape(3, 8, 8) * 2)
+    logger.log_images(torch.randint(0, 256, (3, 8, 8)))  # int64 holding 0-255: taken as uint8, as Composer does
     logger.log_images(np.zeros((3, 8, 8), dtype=np.uint8))
     logger.log_images(torch.rand(2, 8, 8, 3), channels_last=True)
 

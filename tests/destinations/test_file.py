@@ -221,7 +221,7 @@ def test_images_with_masks_and_repeated_step(tmp_path):
 
 @pytest.mark.parametrize('images, message', [
     (np.zeros((2, 5, 8, 8)), '1, 3 or 4 channels'),
-    (np.zeros((8, 8, 3), dtype=np.int32), 'dtype'),
+    (np.full((8, 8, 3), 256, dtype=np.int32), 'values 0-255'),  # other integer types: 0-255 only
     (np.zeros((1, 1, 2, 3, 4, 4)), 'expected an image'),
     ('not an image', 'numpy array or a torch tensor'),
 ])
