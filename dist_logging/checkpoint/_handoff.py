@@ -24,22 +24,61 @@ import shutil
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Optional, Protocol
 
-from dist_logging.checkpoint._process_side import (COMMIT, COMMIT_METADATA, MANIFEST, STARTED, ProcessSideWriter,
-                                                   read_json)
-from dist_logging.checkpoint._intents import publish, write_intent
-from dist_logging.dist import _process_alive
+from dist_logging.checkpoint._dead_writers import (COMMIT, COMMIT_METADATA, MANIFEST, STARTED, WRITER_INFO, LeftSave,
+                                                   read_json, take_left_saves)
+from dist_logging.checkpoint._intents import publish
+from dist_logging.checkpoint._process_side import ProcessSideWriter
 
-if TYPE_CHECKING:
-    from dist_logging.checkpoint.writer import CheckpointWriter
-
-__all__ = ['PROCESS_FOLDER', 'HandOff', 'LeftSave', 'take_left_saves']
+__all__ = ['HandOff', 'HandOffTarget', 'TargetInfo']
 
 log = logging.getLogger(__name__)
-PROCESS_FOLDER = 'checkpoint-process'
-WRITER_INFO = 'writer.json'
 POLL_S = 0.015
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetInfo:
+    """What a process save needs of the writer's settings.
+
+    Attributes:
+        bucket_uri: the store's URI without secrets (None: a custom store).
+        backend_kwargs: the store's non-secret keyword arguments.
+        keep_last: the writer's retention.
+        sync_files: fsync files and records.
+        intents_dir: where the coordinator's commit intents go.
+        max_staged_bytes: the writer's staging bound (None: none).
+        process_writer: keyword arguments of the :class:`ProcessSideWriter` (besides its folder).
+    """
+
+    bucket_uri: Optional[str]
+    backend_kwargs: dict
+    keep_last: Optional[int]
+    sync_files: bool
+    intents_dir: str
+    max_staged_bytes: Optional[int]
+    process_writer: dict
+
+
+class HandOffTarget(Protocol):
+    """The narrow interface a :class:`HandOff` talks to its writer through (the writer gives it an adapter)."""
+
+    def info(self) -> TargetInfo:
+        """The writer's settings, now."""
+
+    def wait_for_room(self) -> None:
+        """Block while the staging bound is reached (before a save is sent)."""
+
+    def queue_files(self, folder: str, checkpoint_id: str, files: dict[str, int], *, skip_missing: bool = False) -> int:
+        """Hand the complete files of ``folder`` (relative name -> size) to the uploader as ``{checkpoint_id}/{name}``
+        and delete them; their bytes. ``skip_missing``: a file no longer there was queued before a kill."""
+
+    def saved(self, checkpoint_id: str, started_at: float, t0: float, total: int) -> Any:
+        """A process save's files are queued: record its timing (returned, for :meth:`commit`)."""
+
+    def commit(self, checkpoint_id: str, files: dict[str, int], time_ns: int, metadata: bytes, timing: Any,
+               t0: float) -> None:
+        """The coordinator's commit record of a process save: record the intent and hand it to the committer."""
 
 
 @dataclasses.dataclass
@@ -61,13 +100,13 @@ class HandOff:
     """The process saves of one ``CheckpointWriter`` (one rank, one trainer process).
 
     Args:
-        writer: the owning writer (started: its uploader runs).
+        target: the owning writer's adapter (started: its uploader runs).
         rank_folder: ``<staging>/checkpoint-process/rank{r}``; this writer's saves go below it in
             ``<pid>-<token>/``, the pid telling later writers whether its owner is alive.
     """
 
-    def __init__(self, writer: 'CheckpointWriter', rank_folder: str):
-        self.writer = writer
+    def __init__(self, target: HandOffTarget, rank_folder: str):
+        self.target = target
         self.rank_folder = rank_folder
         self.folder = os.path.join(rank_folder, f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
         self.errors: dict[str, BaseException] = {}
@@ -80,14 +119,14 @@ class HandOff:
     # ------------------------------------------------------------------ trainer side of a save
     def send(self) -> ProcessSideWriter:
         """Register one more save (called while torch pickles the writer) and return its process-side writer."""
-        writer = self.writer
+        info = self.target.info()
         t0, started_at = time.monotonic(), time.time()
         with self._lock:
             if self._seq == 0:
                 os.makedirs(self.folder, mode=0o700, exist_ok=True)
-                info = {'bucket_uri': writer._bucket_uri(), 'backend_kwargs': writer._backend_kwargs,
-                        'keep_last': writer.keep_last, 'pid': os.getpid()}
-                publish(os.path.join(self.folder, WRITER_INFO), json.dumps(info).encode(), writer.sync_files)
+                record = {'bucket_uri': info.bucket_uri, 'backend_kwargs': info.backend_kwargs,
+                          'keep_last': info.keep_last, 'pid': os.getpid()}
+                publish(os.path.join(self.folder, WRITER_INFO), json.dumps(record).encode(), info.sync_files)
             self._seq += 1
             seq = self._seq
             folder = os.path.join(self.folder, f'{seq:06d}')
@@ -96,12 +135,10 @@ class HandOff:
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name='checkpoint-process-handoff', daemon=True)
             self._watcher.start()
-        if writer.max_staged_bytes is not None:
+        if info.max_staged_bytes is not None:
             self.poll()  # the previous save's files count as staged once handed over
-            writer._wait_for_room()
-        return ProcessSideWriter(folder, files_per_rank=writer.files_per_rank, thread_count=writer.thread_count,
-                                 sync_files=writer.sync_files, per_thread_copy_ahead=writer.per_thread_copy_ahead,
-                                 serialization_format=writer.serialization_format)
+            self.target.wait_for_room()
+        return ProcessSideWriter(folder, **info.process_writer)
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -129,7 +166,7 @@ class HandOff:
             return len(self._sent)
 
     def _advance(self, sent: _Sent, over: bool, timed_out: bool) -> bool:
-        writer = self.writer
+        target = self.target
         if not sent.files_done:
             manifest = read_json(os.path.join(sent.folder, MANIFEST))
             if manifest is None:
@@ -145,8 +182,8 @@ class HandOff:
                 self._fail(sent, f"its write failed in the checkpoint process: {manifest.get('error')}", remove=True)
                 return True
             sent.coordinator = bool(manifest['coordinator'])
-            total = writer._queue_for_upload(sent.folder, sent.cid, manifest['files'])
-            sent.timing = writer._record_process_save(sent.cid, sent.started_at, sent.t0, total)
+            total = target.queue_files(sent.folder, sent.cid, manifest['files'])
+            sent.timing = target.saved(sent.cid, sent.started_at, sent.t0, total)
             sent.files_done = True
         if sent.coordinator:
             commit = read_json(os.path.join(sent.folder, COMMIT))
@@ -160,8 +197,8 @@ class HandOff:
                 return False
             with open(os.path.join(sent.folder, COMMIT_METADATA), 'rb') as handle:
                 metadata = handle.read()
-            writer._submit_process_commit(commit['checkpoint_id'], commit['files'], int(commit['time_ns']), metadata,
-                                          sent.timing, sent.t0)
+            target.commit(commit['checkpoint_id'], commit['files'], int(commit['time_ns']), metadata, sent.timing,
+                          sent.t0)
         shutil.rmtree(sent.folder, ignore_errors=True)
         return True
 
@@ -209,100 +246,13 @@ class HandOff:
         the incomplete ones (never committed). A folder whose checkpoint process is still alive is left alone."""
         take_left_saves(self.rank_folder, self._adopt)
 
-    def _adopt(self, left: 'LeftSave') -> Optional[bool]:
-        writer = self.writer
-        if left.bucket_uri != writer._bucket_uri():  # both None: a custom store, resumed as the uploader does
+    def _adopt(self, left: LeftSave) -> Optional[bool]:
+        info = self.target.info()
+        if left.bucket_uri != info.bucket_uri:  # both None: a custom store, resumed as the uploader does
             return False
-        writer._queue_for_upload(left.folder, left.checkpoint_id, left.manifest['files'], skip_missing=True)
+        self.target.queue_files(left.folder, left.checkpoint_id, left.manifest['files'], skip_missing=True)
         if left.commit is not None:
             # The committer resumes it as any intent a killed coordinator left.
-            left.write_intent(writer._intents_dir, writer._bucket_uri(), writer._backend_kwargs, writer.keep_last,
-                              writer.sync_files)
+            left.write_intent(info.intents_dir, info.bucket_uri, info.backend_kwargs, info.keep_last,
+                              info.sync_files)
         return True
-
-
-@dataclasses.dataclass
-class LeftSave:
-    """A complete save (its manifest says ok) that a dead writer left in its hand-off folder.
-
-    Attributes:
-        folder: the save's folder.
-        bucket_uri, backend_kwargs: the dead writer's bucket (None: a custom store).
-        keep_last: the dead writer's retention.
-        checkpoint_id: the checkpoint.
-        manifest: the rank's manifest (``files``: relative name -> size; ``coordinator``).
-        commit: the coordinator's commit record, when DCP's ``finish`` ran; else None.
-    """
-
-    folder: str
-    bucket_uri: Optional[str]
-    backend_kwargs: dict
-    keep_last: Optional[int]
-    checkpoint_id: str
-    manifest: dict
-    commit: Optional[dict]
-
-    def write_intent(self, intents_dir: str, bucket_uri: Optional[str], backend_kwargs: dict,
-                     keep_last: Optional[int], fsync: bool) -> None:
-        """Record the commit intent of the save (coordinator, with its commit record).
-
-        With the time the dead writer would have used: an intent it wrote already is rewritten in place,
-        not doubled."""
-        assert self.commit is not None
-        with open(os.path.join(self.folder, COMMIT_METADATA), 'rb') as handle:
-            metadata = handle.read()
-        write_intent(intents_dir, self.checkpoint_id, self.commit['files'], int(self.commit['time_ns']),
-                     metadata=metadata, bucket_uri=bucket_uri, backend_kwargs=backend_kwargs, keep_last=keep_last,
-                     fsync=fsync)
-
-
-def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]]) -> None:
-    """Go through the hand-off folders below ``rank_folder`` whose writer (trainer pid in the folder name) is dead.
-
-    A save whose checkpoint process is still alive (an orphan still writing) is left for a later look. A
-    complete save goes to ``adopt``, which hands its files over and returns True, returns False when it
-    cannot take it (another bucket: the save is deleted), or None to leave it where it is. Every other save
-    (no manifest, a failure manifest) is deleted: it never was, and never will be, committed.
-    """
-    try:
-        entries = sorted(os.listdir(rank_folder))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        owner = entry.split('-', 1)[0]
-        if not owner.isdigit() or int(owner) == os.getpid() or _process_alive(int(owner)):
-            continue
-        folder = os.path.join(rank_folder, entry)
-        info = read_json(os.path.join(folder, WRITER_INFO)) or {}
-        kept = False
-        for seq in sorted(os.listdir(folder)):
-            path = os.path.join(folder, seq)
-            if not os.path.isdir(path):
-                continue
-            started = read_json(os.path.join(path, STARTED)) or {}
-            if isinstance(started.get('pid'), int) and _process_alive(started['pid']):
-                kept = True
-                continue
-            manifest = read_json(os.path.join(path, MANIFEST))
-            cid = (manifest or started).get('checkpoint_id')
-            if manifest is not None and manifest.get('ok'):
-                commit = read_json(os.path.join(path, COMMIT)) if manifest.get('coordinator') else None
-                left = LeftSave(path, info.get('bucket_uri'), dict(info.get('backend_kwargs') or {}),
-                                info.get('keep_last'), cid, manifest, commit)
-                taken = adopt(left)
-                if taken is None:
-                    kept = True
-                    continue
-                if taken:
-                    log.warning('CheckpointWriter: handed over the shards of checkpoint %r that a killed process left '
-                                'in %s%s', cid, path, ' (and its commit intent)' if commit is not None else '')
-                else:
-                    log.warning('CheckpointWriter: removing the process save of checkpoint %r that a killed process '
-                                'left in %s: it was for another bucket (%r); it was never committed', cid, path,
-                                left.bucket_uri)
-            else:
-                log.warning('CheckpointWriter: removing the unfinished process save of checkpoint %r that a killed '
-                            'process left in %s (it was never committed)', cid, path)
-            shutil.rmtree(path, ignore_errors=True)
-        if not kept:
-            shutil.rmtree(folder, ignore_errors=True)

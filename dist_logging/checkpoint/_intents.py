@@ -17,10 +17,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from dist_logging.checkpoint._paths import INTENTS_FOLDER
+
 __all__ = ['CommitIntent', 'INTENTS_FOLDER', 'write_intent', 'read_intents', 'remove_intent']
 
 log = logging.getLogger(__name__)
-INTENTS_FOLDER = 'checkpoint-commits'
 
 
 @dataclass(frozen=True)

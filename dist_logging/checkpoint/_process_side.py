@@ -31,14 +31,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from dist_logging.checkpoint._dead_writers import COMMIT, COMMIT_METADATA, MANIFEST, STARTED
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._intents import publish
 from dist_logging.checkpoint._shards import (check_file_size, check_role, file_sizes, name_rank_files,
                                              no_checkpoint_id, seal_metadata, write_rank_files)
 
-__all__ = ['ProcessSideWriter', 'STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'read_json']
+__all__ = ['ProcessSideWriter']
 
-STARTED, MANIFEST, COMMIT, COMMIT_METADATA = 'started.json', 'manifest.json', 'commit.json', 'commit.metadata'
 
 
 class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
@@ -132,12 +132,3 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
 
 def _rebuild(folder: str, config: dict) -> ProcessSideWriter:
     return ProcessSideWriter(folder, **config)
-
-
-def read_json(path: str) -> Optional[dict]:
-    """The JSON record at ``path``, or None while it does not exist (records are published whole)."""
-    try:
-        with open(path, 'rb') as handle:
-            return json.loads(handle.read())
-    except FileNotFoundError:
-        return None

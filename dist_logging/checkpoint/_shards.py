@@ -5,6 +5,7 @@ checkpoint process) do alike: name the shard files, write them with torch's file
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import queue
 import re
@@ -19,9 +20,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
 __all__ = ['SHARD_NAME', 'name_rank_files', 'write_rank_files', 'seal_metadata', 'file_sizes', 'no_checkpoint_id',
-           'check_role', 'check_file_size']
+           'check_role', 'check_file_size', 'HandOverQueue', 'async_files']
 
 SHARD_NAME = re.compile(r'/__\d+_[0-9a-f]{8}_\d+\.distcp$')  # name_rank_files' names
+# files_per_rank=None for a save off the training thread (dcp.async_save): one file per ASYNC_FILE_BYTES of the
+# rank's shard bytes, from ASYNC_FILES_PER_RANK up to ASYNC_MAX_FILES_PER_RANK
+ASYNC_FILES_PER_RANK = 4
+ASYNC_MAX_FILES_PER_RANK = 16
+ASYNC_FILE_BYTES = 64 * 1024 * 1024
 
 
 def name_rank_files(plans: list[SavePlan]) -> list[SavePlan]:
@@ -117,3 +123,32 @@ def check_file_size(path: str, size: int) -> None:
     if actual != size:
         raise RuntimeError(f'CheckpointWriter: {path} has {actual} bytes but its write results end at {size}; '
                            'this torch writes a file layout the commit check does not understand')
+
+
+class HandOverQueue(queue.Queue):
+    """The result queue torch's file writer puts each file's write results in, once the file is closed:
+    the put hands that file over first (``hand_over(results)`` returns its size), so its upload starts
+    while the next files are written."""
+
+    def __init__(self, hand_over: Callable[[list[WriteResult]], int]):
+        super().__init__()
+        self.hand_over = hand_over
+        self.total = 0
+        self._collected: list[WriteResult] = []
+
+    def put(self, item: list[WriteResult], block: bool = True, timeout: Optional[float] = None) -> None:
+        size = self.hand_over(item)
+        with self.mutex:
+            self.total += size
+            self._collected.extend(item)
+
+    def results(self) -> list[WriteResult]:
+        with self.mutex:
+            return list(self._collected)
+
+
+def async_files(plan: SavePlan) -> int:
+    """Shard files for a save off the training thread: one per ``ASYNC_FILE_BYTES`` of the plan, within bounds."""
+    planned = sum(math.prod(item.tensor_data.size) * item.tensor_data.properties.dtype.itemsize
+                  for item in plan.items if item.tensor_data is not None)  # tensors; byte items are small
+    return min(ASYNC_MAX_FILES_PER_RANK, max(ASYNC_FILES_PER_RANK, -(-planned // ASYNC_FILE_BYTES)))

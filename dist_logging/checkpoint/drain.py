@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dist_logging.checkpoint._committer import commit_intent
-from dist_logging.checkpoint._handoff import PROCESS_FOLDER, LeftSave, take_left_saves
-from dist_logging.checkpoint._intents import INTENTS_FOLDER, read_intents
-from dist_logging.checkpoint._paths import scratch_folder
+from dist_logging.checkpoint._dead_writers import LeftSave, remove_dead_writes, take_left_saves
+from dist_logging.checkpoint._intents import read_intents
+from dist_logging.checkpoint._paths import INTENTS_FOLDER, PROCESS_FOLDER, scratch_folder
 from dist_logging.checkpoint.commit import NotLanded
-from dist_logging.checkpoint.writer import remove_dead_writes
 
 __all__ = ['CommitReport', 'finish_commits']
 

@@ -1,16 +1,19 @@
-"""CheckpointWriter: a torch.distributed.checkpoint StorageWriter over the durable upload path."""
+"""CheckpointWriter: a torch.distributed.checkpoint StorageWriter over the upload port (:class:`~dist_logging.upload.Uploader`).
+
+The data path, top to bottom: ``reset`` opens a local folder next to the uploader's staging folder;
+``write_data`` writes the shard files there with torch's file writer (over recycled spares, ``_spares``),
+handing each complete file to the uploader (``Uploader.enqueue``, a hard link and a journal line) as
+soon as it is closed; ``finish`` (coordinator) records the commit intent and hands it to the background
+committer (``_committer``), which commits once every shard landed. Saves in torch's checkpoint process go
+through the hand-off (``_handoff``); what dead writers left is cleaned up by ``_dead_writers``.
+"""
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import dataclasses
-import io
 import logging
-import math
 import os
 import pickle
-import queue
 import shutil
 import threading
 import time
@@ -18,7 +21,7 @@ import uuid
 import warnings
 from torch.futures import Future
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Optional, Union
 
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -27,55 +30,26 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from dist_logging import dist
 from dist_logging.checkpoint._committer import Committer
-from dist_logging.checkpoint._handoff import PROCESS_FOLDER, HandOff
-from dist_logging.checkpoint._intents import INTENTS_FOLDER, CommitIntent, read_intents, write_intent
+from dist_logging.checkpoint._dead_writers import remove_dead_writes
+from dist_logging.checkpoint._handoff import HandOff, TargetInfo
+from dist_logging.checkpoint._intents import CommitIntent, read_intents, write_intent
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
-from dist_logging.checkpoint._paths import scratch_folder
+from dist_logging.checkpoint._paths import INTENTS_FOLDER, PROCESS_FOLDER, WRITES_FOLDER, scratch_folder
+from dist_logging.checkpoint._shards import (ASYNC_FILE_BYTES, ASYNC_FILES_PER_RANK, ASYNC_MAX_FILES_PER_RANK,  # noqa: F401
+                                             SHARD_NAME, HandOverQueue, check_file_size, check_role, file_sizes,
+                                             name_rank_files, no_checkpoint_id, seal_metadata, write_rank_files)
+from dist_logging.checkpoint._shards import async_files as _async_files
+from dist_logging.checkpoint._spares import SparePool
 from dist_logging.checkpoint._staging import StagingBuffers
-from dist_logging.checkpoint._shards import (SHARD_NAME, check_file_size, check_role, file_sizes, name_rank_files,
-                                             no_checkpoint_id, seal_metadata, write_rank_files)
-from dist_logging.destinations.remote import RemoteUploaderDownloader
+from dist_logging.checkpoint._timing import SaveTiming
+from dist_logging.checkpoint._uploader import UPLOADER_OPTIONS, uploader_for  # noqa: F401 - UPLOADER_OPTIONS: docs
 from dist_logging.errors import UploadError
-from dist_logging.object_store import persistable_kwargs, persistable_uri
+from dist_logging.upload.uploader import Uploader
 
-__all__ = ['CheckpointWriter', 'SaveTiming']
+__all__ = ['CheckpointWriter', 'SaveTiming', 'remove_dead_writes']
 
 log = logging.getLogger(__name__)
-_WRITES_FOLDER = 'checkpoint-writes'
-_SPARE_SAVES = 2  # spare files kept: up to this many saves' bytes per rank
 _TIMINGS_KEPT = 100  # SaveTiming records kept (about 250 bytes each)
-# files_per_rank=None for a save off the training thread (dcp.async_save): one file per ASYNC_FILE_BYTES of the
-# rank's shard bytes, from ASYNC_FILES_PER_RANK up to ASYNC_MAX_FILES_PER_RANK
-ASYNC_FILES_PER_RANK = 4
-ASYNC_MAX_FILES_PER_RANK = 16
-ASYNC_FILE_BYTES = 64 * 1024 * 1024
-
-
-@dataclasses.dataclass
-class SaveTiming:
-    """One save as this rank saw it.
-
-    Attributes:
-        checkpoint_id: the checkpoint's id (its folder in the bucket).
-        rank: the global rank.
-        started_at: Unix time the save started on this rank (DCP's ``reset``; for a save in torch's
-            checkpoint process, when the trainer sent it there).
-        local_s: seconds from the start until this rank's shards were written locally and queued
-            in the durable upload journal (the moment a SIGKILL no longer loses them).
-        bytes_written: this rank's shard bytes.
-        commit_s: seconds from the start until the checkpoint was committed in the bucket
-            (coordinator only; None elsewhere, and until then).
-        error: why the commit failed (coordinator), else None.
-    """
-
-    checkpoint_id: str
-    rank: int
-    started_at: float
-    local_s: Optional[float] = None
-    bytes_written: int = 0
-    commit_s: Optional[float] = None
-    error: Optional[BaseException] = None
-
 
 class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     """Writes a DCP checkpoint to local staging, uploads it in the background, commits it when complete.
@@ -83,7 +57,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     Use it as ``dcp.save(state_dict, checkpoint_id='run/checkpoints/step100', storage_writer=writer)``
     or with ``dcp.async_save`` (thread or process checkpointer); the ``checkpoint_id`` is the checkpoint's
     folder in the bucket. On every rank the shards are written (by torch's own file writer)
-    into a folder next to the rank's upload staging folder, then handed to the uploader by hard
+    into a folder next to the rank's upload staging folder, then handed to the :class:`~dist_logging.upload.Uploader` by hard
     link (no second copy) and recorded in its durable journal: ``dcp.save`` returns then. The
     coordinator's ``finish`` records a commit intent (with the ``.metadata``) on local disk and
     hands it to a background committer, which commits the checkpoint once every shard is in the
@@ -104,19 +78,17 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     ``async_save`` future before starting the next save with the same writer.
 
     Args:
-        bucket: a bucket URI (``'s3://bucket/prefix'``, ``'file:///abs'``, a local path), or a
-            :class:`~dist_logging.destinations.remote.RemoteUploaderDownloader` whose staging
-            folder and workers the writer shares (its ``file_path_format_string`` must be
-            ``'{remote_file_name}'``, and its store must have ``list`` and ``delete``).
+        bucket: a bucket URI (``'s3://bucket/prefix'``, ``'file:///abs'``, a local path): the writer
+            builds and owns an :class:`~dist_logging.upload.Uploader` for it, from ``uploader_options``;
+            or an :class:`~dist_logging.upload.Uploader` whose staging folder and workers the writer
+            shares (its owner shuts it down; its store must have ``list`` and ``delete``); or a
+            :class:`~dist_logging.destinations.RemoteUploaderDownloader`, whose :attr:`uploader` is
+            shared (its ``file_path_format_string`` must be ``'{remote_file_name}'``).
         keep_last: after each commit, delete older committed checkpoints in the same parent
             folder so that ``keep_last`` remain (uncommitted folders are never counted or touched).
-        backend_kwargs: with a URI: the store's keyword arguments (e.g. ``{'endpoint_url': ...}``).
-        upload_staging_folder: with a URI: the staging folder (default: per run, in the system
-            temp dir). Shards are written next to it, so it must have room for them.
-        run_name: with a URI: names the default staging folder (use the same on every rank of a node).
-        max_staged_bytes: a save waits (warned once) only while the staging folder holds bytes
-            not yet uploaded and those plus this rank's previous save would exceed this; None:
-            never waits (the disk is the limit).
+        max_staged_bytes: a save waits (warned once) only while the uploader holds bytes not yet
+            uploaded and those plus this rank's previous save would exceed this; None: never waits
+            (the disk is the limit). The uploader's one staging bound (``Uploader.wait_for_room``).
         commit_timeout: seconds the committer waits for a checkpoint's shards before it fails
             (the checkpoint stays uncommitted; ``close`` raises); also how long ``close`` waits for
             saves still running in torch's checkpoint process.
@@ -140,10 +112,6 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             upload ends after the write (on a 2-core VM, 1 GiB over 2 ranks: 8 files committed
             14 % sooner than 4; benchmarks/README.md). The process checkpointer hands a save's
             files over together, so there it is one file unless set.
-        num_concurrent_uploads: with a URI: upload workers per rank.
-        use_procs: with a URI: upload workers as processes.
-        upload_priority: with a URI: the upload workers' CPU and I/O priority (``'idle'``,
-            ``'low'`` or ``'normal'``; see ``RemoteUploaderDownloader``).
         recycle_files: keep each shard file whose upload landed as a spare (up to two saves' bytes
             per rank, next to staging) and write the next save's shards over the spares instead of
             into new files, as databases recycle their log segments: writing over pages the page
@@ -162,62 +130,39 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             shapes and dtypes (otherwise replaced), and only once the previous save is over (if it
             is not, this save is staged into fresh memory, warned once). Off: torch's staging, a
             new copy per save.
+        **uploader_options: with a URI only: keyword arguments of the :class:`~dist_logging.upload.Uploader`
+            the writer builds (``UPLOADER_OPTIONS``): ``backend_kwargs`` (the store's, e.g.
+            ``{'endpoint_url': ...}``), ``upload_staging_folder`` (default: per run, in the system temp
+            dir; shards are written next to it, so it must have room for them), ``run_name`` (names the
+            default staging folder: use the same on every rank of a node), ``num_concurrent_uploads``,
+            ``num_attempts``, ``use_procs``, ``upload_priority`` (``'idle'``, ``'low'`` or ``'normal'``).
+
+    Attributes:
+        uploader: the :class:`~dist_logging.upload.Uploader` the shards go through.
+        timings: the last 100 :class:`SaveTiming` records of this rank.
 
     Raises:
         ValueError: a bad URI, ``keep_last``/``max_staged_bytes``/``commit_timeout`` out of
-            range, ``files_per_rank`` not a positive int, keyword arguments that only apply to a
-            URI given with an uploader, an uploader with a name template.
-        TypeError: a store without ``list``/``delete``, or a ``bucket`` of another type.
+            range, ``files_per_rank`` not a positive int, uploader options given with an uploader,
+            a destination with a name template, or a bad uploader option (as ``Uploader`` raises).
+        TypeError: a store without ``list``/``delete``, a ``bucket`` of another type, or an unknown
+            keyword argument.
     """
 
-    def __init__(self, bucket: Union[str, 'os.PathLike[str]', RemoteUploaderDownloader], *,
-                 keep_last: Optional[int] = None, backend_kwargs: Optional[dict] = None,
-                 upload_staging_folder: Optional[str] = None, run_name: Optional[str] = None,
+    def __init__(self, bucket: Union[str, 'os.PathLike[str]', Uploader, Any], *, keep_last: Optional[int] = None,
                  max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
                  sync_files: bool = False, thread_count: int = 1, files_per_rank: Optional[int] = None,
-                 num_concurrent_uploads: int = 4, use_procs: bool = False, upload_priority: str = 'idle',
-                 recycle_files: bool = True, cache_staged_state_dict: bool = True):
-        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
-            raise ValueError(f'CheckpointWriter: keep_last must be an int >= 1 or None, got {keep_last!r}')
-        if max_staged_bytes is not None and (isinstance(max_staged_bytes, bool) or not isinstance(max_staged_bytes, int)
-                                             or max_staged_bytes < 1):
-            raise ValueError(f'CheckpointWriter: max_staged_bytes must be a positive int or None, '
-                             f'got {max_staged_bytes!r}')
-        if files_per_rank is not None and (isinstance(files_per_rank, bool) or not isinstance(files_per_rank, int)
-                                           or files_per_rank < 1):
-            raise ValueError(f'CheckpointWriter: files_per_rank must be a positive int or None, got {files_per_rank!r}')
+                 recycle_files: bool = True, cache_staged_state_dict: bool = True, **uploader_options: Any):
+        for label, value in (('keep_last', keep_last), ('max_staged_bytes', max_staged_bytes),
+                             ('files_per_rank', files_per_rank)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f'CheckpointWriter: {label} must be a positive int or None, got {value!r}')
         if isinstance(commit_timeout, bool) or not isinstance(commit_timeout, (int, float)) or not commit_timeout > 0:
             raise ValueError(f'CheckpointWriter: commit_timeout must be a positive number, got {commit_timeout!r}')
-        if isinstance(bucket, RemoteUploaderDownloader):
-            given = {k: v for k, v in (('backend_kwargs', backend_kwargs), ('upload_staging_folder',
-                     upload_staging_folder), ('use_procs', use_procs or None),
-                     ('upload_priority', None if upload_priority == 'idle' else upload_priority)) if v}
-            if given or num_concurrent_uploads != 4:
-                raise ValueError(f'CheckpointWriter: {sorted(given) or ["num_concurrent_uploads"]} only apply to a '
-                                 'bucket URI; configure the RemoteUploaderDownloader instead')
-            self.uploader, self._owns_uploader = bucket, False
-            sync_files = bool(sync_files) or bucket.fsync
-            if bucket.file_path_format_string != '{remote_file_name}':
-                raise ValueError(f'CheckpointWriter: the uploader names objects with '
-                                 f'{bucket.file_path_format_string!r}; checkpoints need the plain '
-                                 "'{remote_file_name}' (put the prefix in the checkpoint id or the bucket URI)")
-        elif isinstance(bucket, (str, os.PathLike)):
-            self.uploader = RemoteUploaderDownloader(os.fspath(bucket), backend_kwargs=backend_kwargs,
-                                                     upload_staging_folder=upload_staging_folder,
-                                                     num_concurrent_uploads=num_concurrent_uploads,
-                                                     use_procs=use_procs, upload_priority=upload_priority)
-            self._owns_uploader = True
-            # The uploader's fsync flag already holds DIST_LOGGING_UPLOAD_FSYNC.
-            self.uploader.fsync = sync_files = self.uploader.fsync or bool(sync_files)
-        else:
-            raise TypeError(f'CheckpointWriter: bucket must be a URI or a RemoteUploaderDownloader, '
-                            f'got {type(bucket).__name__}')
+        self.uploader, self._owns_uploader = uploader_for(bucket, uploader_options, sync_files=bool(sync_files))
         store = self.uploader.object_store
-        for method in ('list', 'delete'):
-            if not callable(getattr(type(store), method, None)) or getattr(type(store), method) is getattr(
-                    _protocol_base(), method):
-                raise TypeError(f'CheckpointWriter: {store!r} has no {method}(); checkpoints need a store with '
-                                'list and delete (every dist_logging.object_store store has them)')
+        # The uploader's fsync flag already holds DIST_LOGGING_UPLOAD_FSYNC.
+        sync_files = bool(sync_files) or self.uploader.fsync
         super().__init__('.', single_file_per_rank=True, sync_files=sync_files, thread_count=thread_count,
                          overwrite=True)
         self.store = store
@@ -230,10 +175,6 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self.cache_staged_state_dict = bool(cache_staged_state_dict)
         self._staging_buffers = StagingBuffers(reuse=self.cache_staged_state_dict)
         self.logger = logger
-        self.run_name = run_name
-        self._backend_kwargs = persistable_kwargs(backend_kwargs)
-        if 'endpoint_url' not in self._backend_kwargs and getattr(store, 'endpoint_url', None):
-            self._backend_kwargs['endpoint_url'] = store.endpoint_url
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -252,8 +193,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self._owner_thread = threading.get_ident()
         self._committer_lock = threading.Lock()
         self._handoff: Optional[HandOff] = None
-        self._spares: list[tuple[str, int]] = []  # (path, size): shard files kept for the next save to write over
-        self._save_bytes = 0  # what this save handed over so far
+        self._spare_pool: Optional[SparePool] = None
         self.timings: collections.deque[SaveTiming] = collections.deque(maxlen=_TIMINGS_KEPT)
 
     # ------------------------------------------------------------------ pickling (process checkpointer)
@@ -286,14 +226,12 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 raise RuntimeError('this CheckpointWriter is closed')
             if self._started:
                 return
-            self.uploader.start(self.run_name)
-            rank_dir = self.uploader.staging_dir
-            self.staging_root = os.path.dirname(rank_dir)
-            self._files_dir = os.path.join(rank_dir, 'files')
-            rank_writes = os.path.join(self.staging_root, _WRITES_FOLDER, f'rank{dist.get_global_rank()}')
-            self._writes_dir = os.path.join(rank_writes, f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
-            self._intents_dir = os.path.join(self.staging_root, INTENTS_FOLDER)
-            remove_dead_writes(self.staging_root, dist.get_global_rank())
+            self.uploader.start()
+            self.staging_root = root = self.uploader.staging_folder
+            rank = dist.get_global_rank()
+            self._writes_dir = os.path.join(root, WRITES_FOLDER, f'rank{rank}', f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
+            self._intents_dir = os.path.join(root, INTENTS_FOLDER)
+            remove_dead_writes(root, rank)
             for attempt in range(3):
                 try:
                     os.makedirs(self._writes_dir, mode=0o700, exist_ok=True)
@@ -301,13 +239,13 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 except FileNotFoundError:  # another rank's closing writer removed the empty parent meanwhile
                     if attempt == 2:
                         raise
-            self._links = _links_work(self._writes_dir, self._files_dir)
-            self._spares_dir = os.path.join(self._writes_dir, 'spares')
+            self._links = self.uploader.can_link(self._writes_dir)
             if not self._links:
-                log.warning('CheckpointWriter: no hard links from %s to %s: shards are copied into staging (a '
-                            'second write of every byte)', self._writes_dir, self._files_dir)
-            self._handoff = HandOff(self, os.path.join(self.staging_root, PROCESS_FOLDER,
-                                                       f'rank{dist.get_global_rank()}'))
+                log.warning('CheckpointWriter: no hard links from %s into the staging folder %s: shards are copied '
+                            'into staging (a second write of every byte)', self._writes_dir, root)
+            self._spare_pool = SparePool(os.path.join(self._writes_dir, 'spares'), sync=self.sync_files,
+                                         enabled=self.recycle_files and self._links)
+            self._handoff = HandOff(_Target(self), os.path.join(root, PROCESS_FOLDER, f'rank{rank}'))
             self._started = True
         try:
             self._handoff.adopt_dead()
@@ -321,17 +259,13 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 self._committer = Committer(self.store, scratch_folder(self.staging_root), self.commit_timeout,
                                             self.uploader.failed_uploads, self._on_commit)
                 self.uploader.add_landed_listener(self._committer.nudge)
-                uri = self._bucket_uri()
+                uri = self.uploader.store_record.uri
                 for intent in read_intents(self._intents_dir):
                     if intent.bucket_uri == uri and uri is not None:
                         log.warning('resuming the commit of checkpoint %r left by an earlier process',
                                     intent.checkpoint_id)
                         self._committer.submit(intent, resumed=True)
             return self._committer
-
-    def _bucket_uri(self) -> Optional[str]:
-        uri = getattr(self.store, 'bucket_uri', None)
-        return persistable_uri(uri) if uri else None
 
     # ------------------------------------------------------------------ StorageWriter
     def reset(self, checkpoint_id: Union[str, 'os.PathLike[str]', None] = None) -> None:
@@ -386,12 +320,12 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         the rank's bytes, from ``ASYNC_FILES_PER_RANK`` to ``ASYNC_MAX_FILES_PER_RANK``).
         """
         self._wait_for_room()
-        handed = _HandOver(self)
+        handed = HandOverQueue(self._hand_over_file)
         files = self.files_per_rank
         if files is None:
             files = 1 if threading.get_ident() == self._owner_thread else _async_files(plan)
-        self._save_bytes = 0
-        write_rank_files(self, plan, planner, handed, files, create_stream=self._create_shard_stream)
+        self._spare_pool.start_save()  # type: ignore[union-attr]
+        write_rank_files(self, plan, planner, handed, files, create_stream=self._spare_pool.open)  # type: ignore[union-attr]
         results = handed.results()
         self._finish_hand_over(handed.total)
         future: Future = Future()
@@ -415,76 +349,21 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             if skip_missing and not os.path.exists(path):
                 continue
             check_file_size(path, size)
-            name = f'{cid}/{relative}'
             try:
                 # A hard link into staging (copy=False), or, where links do not work, a kernel copy:
                 # either way the staging name holds the bytes and ours can go at once.
-                self.uploader.upload_file(None, name, path, overwrite=True, copy=not self._links)
+                self.uploader.enqueue(path, f'{cid}/{relative}', copy=not self._links, overwrite=True, size=size)
             except UploadError as exc:  # earlier uploads failed; this file was queued all the same
                 with self._lock:
                     self._earlier.update(exc.failures)
                 warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
                               stacklevel=3)
-            finally:
-                # The uploader remembers every name it queued (to refuse a second overwrite=False call of
-                # it); shard names carry a per-save nonce and never come again: forgetting them keeps
-                # memory flat over any number of saves.
-                self.uploader._queued_names.discard(name)
             if recyclable:
-                self._keep_or_remove(path, size)
+                self._spare_pool.keep_or_remove(path, size, self._last_bytes, self.max_staged_bytes)  # type: ignore[union-attr]
             else:
                 os.unlink(path)
             total += size
         return total
-
-    # ------------------------------------------------------------------ recycled shard files
-    @contextlib.contextmanager
-    def _create_shard_stream(self, path: Union[str, 'os.PathLike[str]'], mode: str) -> Iterator[io.BufferedIOBase]:
-        """torch's file writer opens each shard file here: over a spare when one is free, else a new file."""
-        spare = self._take_spare()
-        if spare is None:
-            stream: io.BufferedIOBase = open(path, mode)
-        else:
-            os.rename(spare, path)
-            stream = _WrittenOver(path, self.sync_files)
-        with stream:
-            yield stream
-
-    def _take_spare(self) -> Optional[str]:
-        """The largest spare no other link points to any more (its upload landed), taken out of the pool."""
-        with self._lock:
-            best: Optional[tuple[str, int]] = None
-            for spare in list(self._spares):
-                try:
-                    links = os.stat(spare[0]).st_nlink
-                except FileNotFoundError:
-                    self._spares.remove(spare)  # removed by someone else: forget it
-                    continue
-                if links == 1 and (best is None or spare[1] > best[1]):
-                    best = spare
-            if best is None:
-                return None
-            self._spares.remove(best)
-            return best[0]
-
-    def _keep_or_remove(self, path: str, size: int) -> None:
-        """After a shard file's hand-over: keep it as a spare while the pool holds less than two saves, else delete it.
-
-        Two: when uploads run a save behind (saves as frequent as the uploads allow), the spares of the save
-        before the previous one are the ones free for the next.
-        """
-        with self._lock:
-            self._save_bytes += size
-            budget = _SPARE_SAVES * max(self._last_bytes, self._save_bytes)
-            if self.max_staged_bytes is not None:
-                budget = min(budget, self.max_staged_bytes)
-            if (self.recycle_files and self._links and sum(s for _, s in self._spares) + size <= budget):
-                os.makedirs(self._spares_dir, mode=0o700, exist_ok=True)
-                spare = os.path.join(self._spares_dir, uuid.uuid4().hex[:12])
-                os.rename(path, spare)
-                self._spares.append((spare, size))
-                return
-        os.unlink(path)
 
     def _finish_hand_over(self, total: int) -> None:
         shutil.rmtree(str(self.path), ignore_errors=True)
@@ -493,74 +372,50 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         if timing is not None:
             timing.local_s = time.monotonic() - self._t0
             timing.bytes_written = total
-            with self._lock:
-                self.timings.append(timing)
-            if self.logger is not None:
-                self._pending_metrics.append({'checkpoint/local_s': timing.local_s})
-                self._emit_metrics()
+            self._record_timing(timing)
+
+    def _record_timing(self, timing: SaveTiming) -> None:
+        with self._lock:
+            self.timings.append(timing)
+        if self.logger is not None:
+            self._pending_metrics.append({'checkpoint/local_s': timing.local_s})
+            self._emit_metrics()
 
     def _record_process_save(self, cid: str, started_at: float, t0: float, total: int) -> SaveTiming:
         """A process save's files are queued (hand-off watcher): its timing, measured from the pickle."""
         self._last_bytes = total
         timing = SaveTiming(cid, dist.get_global_rank(), started_at, local_s=time.monotonic() - t0,
                             bytes_written=total)
-        with self._lock:
-            self.timings.append(timing)
-        if self.logger is not None:
-            self._pending_metrics.append({'checkpoint/local_s': timing.local_s})
-            self._emit_metrics()
+        self._record_timing(timing)
         return timing
 
-    def _submit_process_commit(self, cid: str, files: dict[str, int], time_ns: int, metadata: bytes,
-                               timing: Optional[SaveTiming], t0: float) -> None:
-        """A process save's commit record (coordinator, hand-off watcher): as ``finish`` does in a thread save."""
+    def _submit_commit(self, cid: str, files: dict[str, int], time_ns: int, metadata: bytes,
+                       timing: Optional[SaveTiming], t0: float) -> None:
+        """Record the commit intent (coordinator) and hand it to the background committer (no I/O to the bucket)."""
         committer = self._start_committer()
-        intent = write_intent(self._intents_dir, cid, files, time_ns, metadata=metadata,
-                              bucket_uri=self._bucket_uri(), backend_kwargs=self._backend_kwargs,
-                              keep_last=self.keep_last, fsync=self.sync_files)
+        record = self.uploader.store_record
+        intent = write_intent(self._intents_dir, cid, files, time_ns, metadata=metadata, bucket_uri=record.uri,
+                              backend_kwargs=record.kwargs, keep_last=self.keep_last, fsync=self.sync_files)
         committer.submit(intent, timing=timing, t0=t0)
 
-    def _staged_bytes(self) -> int:
-        total = 0
-        try:
-            with os.scandir(self._files_dir) as entries:
-                for entry in entries:
-                    try:
-                        total += entry.stat(follow_symlinks=False).st_size
-                    except FileNotFoundError:
-                        pass
-        except FileNotFoundError:
-            pass
-        return total
-
     def _wait_for_room(self) -> None:
-        limit = self.max_staged_bytes
-        if limit is None:
-            return
-        need = self._last_bytes
-        staged = self._staged_bytes()
-        while staged and staged + need > limit:
-            if not self._warned_full:
-                self._warned_full = True
-                warnings.warn(f'CheckpointWriter: staging holds {staged} bytes not yet uploaded, the previous save '
-                              f'wrote {need}, max_staged_bytes={limit}: the save waits for uploads (warned once)',
-                              RuntimeWarning, stacklevel=4)
-            if self.uploader.wait_for_uploads(0.05):
-                return  # nothing in flight: what stays staged (failed uploads) will not free up by waiting
-            staged = self._staged_bytes()
+        if self.max_staged_bytes is not None:
+            self.uploader.wait_for_room(self._last_bytes, self.max_staged_bytes, on_wait=self._warn_full)
+
+    def _warn_full(self, staged: int, limit: int) -> None:
+        if not self._warned_full:
+            self._warned_full = True
+            warnings.warn(f'CheckpointWriter: staging holds {staged} bytes not yet uploaded, the previous save '
+                          f'wrote {self._last_bytes}, max_staged_bytes={limit}: the save waits for uploads (warned '
+                          'once)', RuntimeWarning, stacklevel=5)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Record the commit intent and hand it to the background committer (coordinator only; no I/O to the bucket)."""
         files = seal_metadata(metadata, results, self.storage_meta())
-        committer = self._start_committer()
-        intent = write_intent(self._intents_dir, self._cid, files, time.time_ns(), metadata=pickle.dumps(metadata),
-                              bucket_uri=self._bucket_uri(), backend_kwargs=self._backend_kwargs,
-                              keep_last=self.keep_last, fsync=self.sync_files)
-        committer.submit(intent, timing=self._timing, t0=self._t0)
+        self._submit_commit(self._cid, files, time.time_ns(), pickle.dumps(metadata), self._timing, self._t0)  # type: ignore[arg-type]
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self._cid, save_id=self.save_id)
-
 
     # ------------------------------------------------------------------ commits
     def _on_commit(self, intent: CommitIntent, error: Optional[BaseException], committed_at: float,
@@ -630,9 +485,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             if started:
                 self._handoff.close(self.commit_timeout)
                 self.uploader.wait_for_uploads()
-                with self._lock:
-                    self._spares.clear()
-                shutil.rmtree(self._spares_dir, ignore_errors=True)  # a spare still staged keeps its staging link
+                self._spare_pool.clear()  # type: ignore[union-attr]
             if started and self._committer is None and dist.get_global_rank() == 0 and read_intents(self._intents_dir):
                 self._start_committer()  # a restarted job that did not save again: finish what it left
             if self._committer is not None:
@@ -683,90 +536,30 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         return f'CheckpointWriter({self.uploader.bucket_uri or self.store!r}, keep_last={self.keep_last})'
 
 
-class _HandOver(queue.Queue):
-    """The result queue torch's file writer puts each file's write results in, once the file is closed:
-    the put hands that file to the uploader first, so its upload starts while the next files are written."""
+class _Target:
+    """The writer as its hand-off sees it (:class:`~dist_logging.checkpoint._handoff.HandOffTarget`)."""
 
     def __init__(self, writer: CheckpointWriter):
-        super().__init__()
-        self.writer = writer
-        self.total = 0
-        self._collected: list[WriteResult] = []
+        self._writer = writer
 
-    def put(self, item: list[WriteResult], block: bool = True, timeout: Optional[float] = None) -> None:
-        size = self.writer._hand_over_file(item)
-        with self.mutex:
-            self.total += size
-            self._collected.extend(item)
+    def info(self) -> TargetInfo:
+        writer = self._writer
+        record = writer.uploader.store_record
+        return TargetInfo(record.uri, dict(record.kwargs), writer.keep_last, writer.sync_files, writer._intents_dir,
+                          writer.max_staged_bytes,
+                          dict(files_per_rank=writer.files_per_rank, thread_count=writer.thread_count,
+                               sync_files=writer.sync_files, per_thread_copy_ahead=writer.per_thread_copy_ahead,
+                               serialization_format=writer.serialization_format))
 
-    def results(self) -> list[WriteResult]:
-        with self.mutex:
-            return list(self._collected)
+    def wait_for_room(self) -> None:
+        self._writer._wait_for_room()
 
+    def queue_files(self, folder: str, checkpoint_id: str, files: dict[str, int], *, skip_missing: bool = False) -> int:
+        return self._writer._queue_for_upload(folder, checkpoint_id, files, skip_missing=skip_missing)
 
-class _WrittenOver(io.BufferedWriter):
-    """A spare shard file written over from its start: closing it cuts it where the writing ended
-    (fsynced again when ``sync``), so it ends up exactly as a new file with the same bytes would."""
+    def saved(self, checkpoint_id: str, started_at: float, t0: float, total: int) -> SaveTiming:
+        return self._writer._record_process_save(checkpoint_id, started_at, t0, total)
 
-    def __init__(self, path: Union[str, 'os.PathLike[str]'], sync: bool):
-        super().__init__(io.FileIO(path, 'r+'))
-        self._sync = sync
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        try:
-            self.truncate()  # flushes, then cuts at the current position
-            if self._sync:
-                os.fsync(self.fileno())
-        finally:
-            super().close()
-
-
-def _async_files(plan: SavePlan) -> int:
-    """Shard files for a save off the training thread: one per ``ASYNC_FILE_BYTES`` of the plan, within bounds."""
-    planned = sum(math.prod(item.tensor_data.size) * item.tensor_data.properties.dtype.itemsize
-                  for item in plan.items if item.tensor_data is not None)  # tensors; byte items are small
-    return min(ASYNC_MAX_FILES_PER_RANK, max(ASYNC_FILES_PER_RANK, -(-planned // ASYNC_FILE_BYTES)))
-
-
-def _links_work(src_dir: str, dst_dir: str) -> bool:
-    """Whether a file in ``src_dir`` can be hard-linked into ``dst_dir`` (same filesystem, links allowed)."""
-    probe = os.path.join(src_dir, f'.link-probe-{uuid.uuid4().hex[:8]}')
-    target = os.path.join(dst_dir, os.path.basename(probe))
-    with open(probe, 'wb'):
-        pass
-    try:
-        os.link(probe, target)
-    except OSError:
-        return False
-    else:
-        os.unlink(target)
-        return True
-    finally:
-        os.unlink(probe)
-
-
-def remove_dead_writes(staging_root: str, rank: Optional[int] = None) -> None:
-    """Delete the local-write folders (``checkpoint-writes/rank{r}/<pid>-<token>``) of writers whose process
-    is gone, for ``rank`` or every rank: files of a save killed before their hand-over and spare files
-    (nothing queued refers to them: staging holds its own link or copy of every handed-over file)."""
-    writes = os.path.join(staging_root, _WRITES_FOLDER)
-    ranks = [f'rank{rank}'] if rank is not None else (os.listdir(writes) if os.path.isdir(writes) else [])
-    for rank_folder in ranks:
-        folder = os.path.join(writes, rank_folder)
-        try:
-            entries = os.listdir(folder)
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            pid = entry.split('-', 1)[0]
-            if not pid.isdigit() or int(pid) == os.getpid() or dist._process_alive(int(pid)):
-                continue
-            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
-
-
-def _protocol_base() -> type:
-    from dist_logging.object_store import ObjectStore
-
-    return ObjectStore
+    def commit(self, checkpoint_id: str, files: dict[str, int], time_ns: int, metadata: bytes, timing: Any,
+               t0: float) -> None:
+        self._writer._submit_commit(checkpoint_id, files, time_ns, metadata, timing, t0)

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from dist_logging.errors import UploadError
 from dist_logging.upload.journal import JOURNAL_NAME, QueuedRecord, read_journal
 from dist_logging.upload.retry import RetryPolicy
-from dist_logging.upload.staging import RankStaging, StagingBusyError, rank_dirs
+from dist_logging.upload.staging import FILES_FOLDER, RankStaging, StagingBusyError, rank_dirs
 from dist_logging.upload.workers import UploadScheduler, UploadTask
 
 __all__ = ['PendingUpload', 'DrainReport', 'StagingBusyError', 'list_pending', 'drain']
@@ -95,7 +95,7 @@ def _size(record: QueuedRecord, path: str) -> int:
 
 def _pending(rank: int, folder: str, record: QueuedRecord, stores: dict) -> PendingUpload:
     store = stores.get(record.sid)
-    path = record.src if record.src is not None else os.path.join(folder, 'files', str(record.id))
+    path = record.src if record.src is not None else os.path.join(folder, FILES_FOLDER, str(record.id))
     return PendingUpload(rank=rank, remote_name=record.name, size=_size(record, path),
                          bucket_uri=store.uri if store is not None else None, snapshot_path=path,
                          overwrite=record.overwrite, upload_id=record.id, queued_at=record.time,

@@ -22,9 +22,10 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import uuid
 from typing import Callable, Optional
 
-__all__ = ['copy_file', 'link_file', 'FICLONE']
+__all__ = ['copy_file', 'link_file', 'links_work', 'FICLONE']
 
 FICLONE = 0x40049409  # _IOW(0x94, 9, int), linux/fs.h
 
@@ -158,6 +159,27 @@ def link_file(src: str, dst: str) -> bool:
         if exc.errno in _LINK_UNSUPPORTED:
             return False
         raise
+
+
+def links_work(src_dir: str, dst_dir: str) -> bool:
+    """Whether a file in ``src_dir`` can be hard-linked into ``dst_dir`` (same filesystem, links allowed).
+
+    Raises:
+        FileNotFoundError: a folder does not exist.
+    """
+    probe = os.path.join(src_dir, f'.link-probe-{uuid.uuid4().hex[:8]}')
+    target = os.path.join(dst_dir, os.path.basename(probe))
+    with open(probe, 'wb'):
+        pass
+    try:
+        os.link(probe, target)
+    except OSError:
+        return False
+    else:
+        os.unlink(target)
+        return True
+    finally:
+        os.unlink(probe)
 
 
 def fsync_dir(path: str) -> None:

@@ -6,6 +6,11 @@ Layout::
     <staging>/rank{r}/journal.jsonl    queued/done records (see dist_logging.upload.journal)
     <staging>/rank{r}/files/<id>       snapshots (copies or hard links) waiting to be uploaded
 
+This module is the one place that names those folders (:data:`FILES_FOLDER`, :func:`rank_folder_name`)
+and the default staging folder of a run (:func:`default_staging_folder`). Other rooms that keep state
+next to the rank folders (the checkpoint writer's ``checkpoint-*`` folders) name their own folders in
+their own package and reach the staging folder only through :attr:`dist_logging.upload.Uploader.staging_folder`.
+
 Opening a :class:`RankStaging` takes the lock (failing at once if another live
 process holds it), reads the journal, deletes snapshots no pending record refers
 to (left by a process killed between snapshot and record, or after an upload
@@ -14,17 +19,78 @@ finished), and compacts the journal. Closing it with nothing pending deletes the
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import logging
 import os
+import re
 import stat
+from typing import Any, Mapping, Optional
 
+from dist_logging import _private_dirs
 from dist_logging._private_dirs import make_dirs
-from dist_logging.upload.journal import JOURNAL_NAME, Journal, JournalState, QueuedRecord, compact, read_journal
+from dist_logging.object_store import persistable_kwargs, persistable_uri
+from dist_logging.upload.journal import (JOURNAL_NAME, Journal, JournalState, QueuedRecord, StoreRecord, compact,
+                                         read_journal)
 
-__all__ = ['RankStaging', 'StagingBusyError', 'rank_dirs']
+__all__ = ['RankStaging', 'StagingBusyError', 'rank_dirs', 'FILES_FOLDER', 'rank_folder_name',
+           'default_staging_folder', 'remove_empty_default_folders', 'store_record']
 
 log = logging.getLogger(__name__)
+FILES_FOLDER = 'files'  # <staging>/rank{r}/files: the snapshots
+
+
+def rank_folder_name(rank: int) -> str:
+    """``rank{rank}``: a rank's folder inside the staging folder."""
+    return f'rank{rank}'
+
+
+def default_staging_folder(run_name: str) -> str:
+    """``<private base>/<run_name>/staging``: one per run, shared by the ranks of a node.
+
+    The private base is ``$DIST_LOGGING_TMPDIR`` or ``<system temp>/dist_logging-<user>``; it and
+    the two folders are created with mode 0o700 and checked to be this user's (see
+    :mod:`dist_logging._private_dirs`).
+
+    Raises:
+        PermissionError: one of the folders is not private to this user (names it, says why and
+            how to choose another place).
+    """
+    safe_run = re.sub(r'[^A-Za-z0-9._-]', '_', run_name).lstrip('.') or 'run'
+    try:
+        return _private_dirs.private_dir(safe_run, 'staging')
+    except PermissionError as exc:
+        raise PermissionError(f'{exc}; or pass upload_staging_folder= to choose where uploads are staged') from None
+
+
+def remove_empty_default_folders(staging_root: str) -> None:
+    """After the last rank folder of a default staging folder went: ``.../<run>/staging`` and ``.../<run>``
+    if empty (another rank or run may still be using them: rmdir removes only empty folders). The
+    per-user base stays: it is checked to be private when created, and must not be re-created
+    with the default permissions by a racing job."""
+    for folder in (staging_root, os.path.dirname(staging_root)):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+
+
+def store_record(store: Any, backend_kwargs: Optional[Mapping[str, Any]]) -> StoreRecord:
+    """What a journal records of ``store``: its URI and non-secret ``backend_kwargs`` (what ``drain``
+    rebuilds it from), or, for a store without ``bucket_uri``, its class name."""
+    uri = getattr(store, 'bucket_uri', None)
+    custom = None
+    if uri is None:
+        cls = type(store)
+        custom = f'{cls.__module__}.{cls.__qualname__}'
+        return StoreRecord('c' + hashlib.sha1(custom.encode()).hexdigest()[:10], None, {}, custom)
+    uri = persistable_uri(uri)
+    kwargs = persistable_kwargs(backend_kwargs)
+    if 'endpoint_url' not in kwargs and getattr(store, 'endpoint_url', None):
+        kwargs['endpoint_url'] = store.endpoint_url
+    digest = hashlib.sha1(json.dumps([uri, kwargs], sort_keys=True).encode()).hexdigest()[:10]
+    return StoreRecord('u' + digest, uri, kwargs, custom)
 
 
 class StagingBusyError(RuntimeError):
@@ -95,8 +161,8 @@ class RankStaging:
         self.root = os.path.abspath(root)
         self.rank = rank
         self.fsync = fsync
-        self.dir = os.path.join(self.root, f'rank{rank}')
-        self.files_dir = os.path.join(self.dir, 'files')
+        self.dir = os.path.join(self.root, rank_folder_name(rank))
+        self.files_dir = os.path.join(self.dir, FILES_FOLDER)
         self.journal_path = os.path.join(self.dir, JOURNAL_NAME)
         self._lock_path = os.path.join(self.dir, '.lock')
         # A closing owner with nothing pending deletes the folder, lock file included (see close):

@@ -28,7 +28,7 @@ def test_upload_folder_commits_after_every_file_and_uncommits_before_replacing(t
     rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'))
     logger = Logger(rud, run_name='r1')
     logger.upload_folder('{run_name}/hf/step10', hf_folder(tmp_path / 'a', 'a'))
-    assert rud.wait_for_uploads(30) and rud._committer.wait(30)
+    assert rud.wait_for_uploads(30)  # the uploads, then the folder's commit
     assert latest_checkpoint(store, 'r1/hf') == 'r1/hf/step10'
 
     store.gate.clear()  # the next version's big file stays in flight

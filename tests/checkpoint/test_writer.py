@@ -321,7 +321,7 @@ def test_a_landed_shard_file_is_written_over_by_the_next_save_and_cut_to_its_siz
         writer.uploader.wait_for_uploads(30)  # the staging link is gone once the upload landed
     assert len(inodes) == 3 and len(set(inodes)) == 1, inodes  # one file, written over twice
     spares = tmp_path / 'staging'
-    assert len(writer._spares) == 1 and list(spares.rglob('spares/*'))
+    assert len(writer._spare_pool.spares) == 1 and list(spares.rglob('spares/*'))
     writer.close()
     assert not list(spares.rglob('spares'))  # close deletes the spares
     for cid, sd in states.items():
@@ -349,7 +349,7 @@ def test_recycling_off_writes_every_shard_into_a_new_file(tmp_path, kwargs):
     for step in (1, 2):
         dcp.save({'w': torch.arange(10_000.0) * step}, checkpoint_id=f'r/s{step}', storage_writer=writer)
         assert writer.wait_for_commits(30)
-    assert writer._spares == [] and not list((tmp_path / 'staging').rglob('spares'))
+    assert writer._spare_pool.spares == [] and not list((tmp_path / 'staging').rglob('spares'))
     writer.close()
 
 

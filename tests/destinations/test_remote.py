@@ -95,9 +95,9 @@ def test_logger_uploads_snapshots(tmp_path, use_procs):
 
 
 def test_copy_false_across_filesystems_uses_the_file_in_place(tmp_path, monkeypatch):
-    from dist_logging.destinations import remote
+    from dist_logging.upload import uploader
 
-    monkeypatch.setattr(remote, 'link_file', lambda src, dst: False)  # as on EXDEV
+    monkeypatch.setattr(uploader, 'link_file', lambda src, dst: False)  # as on EXDEV
     store = test_store(tmp_path)
     rud = make(tmp_path, store)
     rud.upload_file(State('r'), 'ckpt.pt', write(tmp_path / 'ckpt.pt', b'weights'), copy=False)
@@ -383,10 +383,64 @@ def test_post_close_takes_no_arguments_as_in_composer(tmp_path):
 
 
 def test_the_journal_records_the_bucket_uri_without_its_password():
-    from dist_logging.destinations.remote import _store_record
+    from dist_logging.upload.staging import store_record as _store_record
 
     class SftpLike:
         bucket_uri = 'sftp://alice:s3cr3t@host/runs'
 
     record = _store_record(SftpLike(), {'port': 22, 'password': 's3cr3t'})
     assert record.uri == 'sftp://alice@host/runs' and record.kwargs == {'port': 22}
+
+
+# ---------------------------------------------------------------------------- memory
+class NullStore:
+    """Accepts every upload and keeps nothing: what stays in memory is the uploader's own."""
+
+    bucket_uri = None
+
+    def upload_object(self, name, path, overwrite=False, callback=None):
+        pass
+
+    def download_object(self, name, path, overwrite=False, callback=None):
+        raise FileNotFoundError(name)
+
+    def get_object_size(self, name):
+        raise FileNotFoundError(name)
+
+    def get_uri(self, name):
+        return f'null://{name}'
+
+
+@pytest.mark.timeout(300)
+def test_memory_stays_flat_over_100_000_uploads(tmp_path):
+    """Nothing the destination keeps grows with the number of uploads (it kept every name it ever queued)."""
+    import gc
+    import tracemalloc
+
+    rud = make(tmp_path, NullStore(), num_concurrent_uploads=1)
+    src = write(tmp_path / 'line.txt', b'x')
+    state = State('r')
+
+    def upload(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            rud.upload_file(state, f'logs/{i}.txt', src, copy=False)  # a new name each time, overwrite=False
+            if i % 250 == 249:
+                assert rud.wait_for_uploads(60)  # what is in flight is not what this test measures
+
+    def ours() -> int:
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, '*/dist_logging/*')])
+        return sum(stat.size for stat in snapshot.statistics('filename'))
+
+    upload(0, 70_000)  # untraced (tracing doubles the cost of an upload)
+    tracemalloc.start()
+    try:
+        upload(70_000, 75_000)  # what the uploader keeps of recent names is all allocated while traced
+        before = ours()
+        upload(75_000, 100_000)
+        grown = ours() - before
+    finally:
+        tracemalloc.stop()
+    rud.shutdown()
+    assert rud.uploaded_count == 100_000
+    assert grown < 16 * 1024, f'dist_logging holds {grown} bytes more after 25,000 more uploads'

@@ -130,7 +130,7 @@ def test_journal_short_write_leaves_no_half_record(tmp_path, monkeypatch):
     logger, rud = _logger(tmp_path, tmp_path / 'staging')
     first = os.urandom(1000)
     logger.upload_file('first.bin', write(tmp_path / 'first.bin', first))
-    journal_fd = rud._staging.journal._fd
+    journal_fd = rud.uploader._staging.journal._fd
     real_write = os.write
     state = {'full': True}
 

@@ -110,7 +110,7 @@ def test_a_reported_leftover_failure_is_dropped_by_the_new_call(tmp_path):
     still_failing = TestStore(str(tmp_path / 'bucket'), str(tmp_path / 'state-2'), fail_first=1, error='denied',
                               fail_prefix='ckpt')
     rud = uploader(tmp_path, still_failing)
-    rud._start('r')  # the leftover resumes and fails before the job's first call
+    rud.start('r')  # the leftover resumes and fails before the job's first call
     rud.wait_for_uploads(30)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', RuntimeWarning)
