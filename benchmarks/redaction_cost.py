@@ -8,7 +8,8 @@ Launch::
 Every rank times the same lines (redaction has no collective; more ranks only add load). Modes are
 interleaved round by round (the order rotated), each round timing ``--inner`` back-to-back calls per
 line and dividing. ``at_29372ac`` is the package's ``_redact.py`` and its two rule tables as they were at
-that commit, read with ``git show`` and run as one module (so the table changes of issue 35 are not in it);
+that commit, read with ``git show`` and run as one module (``tools/redaction_at.py``, so the table
+changes of issue 35 are not in it);
 ``ratio_vs_29372ac`` is issue 35's target (at most 1.5 on plain lines). Lines: plain training log lines
 (what almost every call sees), a line with a long path component and one with a UUID (they pass the
 cheap check and pay the keyword scan), and lines that do hold a credential (a URL password, a Hugging
@@ -24,16 +25,16 @@ which is checked) against ours.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
-import types
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tools'))
 
 import _common as C  # noqa: E402
 import _redact_v1  # noqa: E402
+import redaction_at  # noqa: E402
 
 from dist_logging.redaction import redact_text  # noqa: E402
 
@@ -53,26 +54,8 @@ PLAIN = ('plain_metrics', 'plain_logging', 'plain_path')
 BASELINE_COMMIT = '29372ac'
 
 
-def redact_text_at(commit: str) -> Callable[[str], str]:
-    """``redact_text`` of the package at ``commit`` (its ``_redact.py`` with the rule tables of that commit)."""
-    def show(path: str) -> str:
-        return subprocess.run(['git', '-C', str(C.REPO_ROOT), 'show', f'{commit}:{path}'], check=True,
-                              capture_output=True, text=True).stdout
-
-    namespace: dict[str, Any] = {}
-    for table in ('_gitleaks_formats', '_extra_formats'):
-        module = types.ModuleType(f'_at_{commit}_{table}')
-        exec(compile(show(f'dist_logging/{table}.py'), f'{commit}:{table}.py', 'exec'), module.__dict__)
-        namespace[table] = module
-    module = types.ModuleType(f'_redact_at_{commit}')
-    sys.modules[module.__name__] = module
-    module.__dict__.update(namespace)
-    source = show('dist_logging/_redact.py').replace('from dist_logging import _extra_formats, _gitleaks_formats', '')
-    exec(compile(source, f'{commit}:_redact.py', 'exec'), module.__dict__)
-    return module.redact_text
-
-
-MODES = {'before': _redact_v1.redact_text, 'at_29372ac': redact_text_at(BASELINE_COMMIT), 'after': redact_text}
+MODES = {'before': _redact_v1.redact_text, 'at_29372ac': redaction_at.module_at(BASELINE_COMMIT).redact_text,
+         'after': redact_text}
 GIT_SHA = '01c7f73d771dfac7d292323805ebc428287df4f9'
 _DETECT_SECRETS_SETTINGS: Any = None
 

@@ -534,6 +534,7 @@ ISSUE_35_CREDENTIAL_NAMED = [
     ('authressToken="sc_1m71mqlqp6.44i6.acc_r37f5ypiu5.6y_78wfuh5rascjfkr5tnktyga-227-jpam0eyxf"',
      'authressToken="***"'),
     ('planetScale_token: pscale_pw_k2=9.xq_0vh3-mzt8=r1a.bc4w7yde5=gfs6', 'planetScale_token: ***'),
+    ('sumoToken="suUrKthWqVykTK"', 'sumoToken="***"'),  # letters alone, drawn at random
 ]
 # ML settings under token- and key-ending names, and other values the value rule must leave alone.
 ISSUE_35_KEPT = [
@@ -543,7 +544,8 @@ ISSUE_35_KEPT = [
     'key = jetbrains.mps.v8_elimination', 'schemaKey = "DOC_Vector_5_32"', 'hf_token_path: /data/hf/token2024',
     'cache_key: 5f0c3a9e8b7d4c2e9a1f3e6d2b8c7a40', 'sort_key=created_at_2024', 'run_id: ' + UUID,
     'dataset_id=' + UUID, 'revision: ' + GIT_SHA, 'output_key: checkpoints/llama2_7b/ep3-ba1200',
-    'tokens/s=51234 loss=1.2345', 'api_token: ${API_TOKEN}', 'url: https://huggingface.co/meta-llama/Llama-3.1-8B',
+    'tokens/s=51234 loss=1.2345', 'api_token: ${API_TOKEN}', 'tokenizer_token: PreTrainedTokenizerFast',
+    'pad_token: EndOfTextToken', 'eos_token: abcdefghijklmnop', 'url: https://huggingface.co/meta-llama/Llama-3.1-8B',
 ]
 
 

@@ -2,7 +2,7 @@
 
 Usage (a gitleaks git directory, e.g. a bare clone, and the commit its formats were imported from)::
 
-    python benchmarks/tools/gitleaks_coverage.py GITLEAKS_GIT_DIR [--commit b58d3f10...] [--root TREE]
+    python benchmarks/tools/gitleaks_coverage.py GITLEAKS_GIT_DIR [--commit b58d3f10...] [--code-at 29372ac]
         [--json out.json] [--misses 20]
 
 Every example of every rule (``cmd/generate/config/rules/*.go``, read by ``gitleaks_examples``) is
@@ -13,8 +13,8 @@ commit, translated by ``import_gitleaks_rules.to_python``) captures, or, where t
 not match in Python, the secret the example was generated from. False positives are counted as
 changed or not (informational: the issue allows redacting placeholders).
 
-``--root`` imports ``dist_logging`` from another tree (``git archive 29372ac dist_logging | tar -x -C
-/tmp/before``) to measure the code before a change with the same examples (same seed).
+``--code-at COMMIT`` scores the redaction code of an earlier commit of this repository instead (read
+with ``git show`` by ``redaction_at.py``), on the same examples (same seed): the "before" column.
 
 The cause of a miss is read from how the example was written: a ``GenerateSampleSecrets`` template
 the pair rule reads (INI, JSON, YAML, C#, Java, Kotlin, Python, Make ``=``) -> *credential-named key*;
@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib
 import json
 import os
 import re
 import sys
 import tomllib
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gitleaks_examples  # noqa: E402
+import redaction_at  # noqa: E402
 from import_gitleaks_rules import to_python  # noqa: E402
 
 PINNED_COMMIT = 'b58d3f102cf3a2c84cb7f923d05c25c9b1aed84b'  # the commit _gitleaks_formats.py was generated from
@@ -85,23 +86,20 @@ def secret_of(example: gitleaks_examples.Example, regexes: dict) -> tuple[str, s
     return '', 'none'
 
 
-def redactor_from(root: str):
-    """The Logger's default redactor of the ``dist_logging`` under ``root`` (this tree by default)."""
-    sys.path.insert(0, root)
-    for name in [m for m in sys.modules if m == 'dist_logging' or m.startswith('dist_logging.')]:
-        del sys.modules[name]
-    try:
-        module = importlib.import_module('dist_logging.redaction')
-    except ImportError:
-        module = importlib.import_module('dist_logging._redact')  # before issue 33 moved it
-    return module.build_redactor(True)
+def redactor_from(commit: Optional[str]):
+    """The Logger's default redactor: of this tree, or of an earlier ``commit`` of this repository."""
+    if commit is None:
+        from dist_logging.redaction import build_redactor
+    else:
+        build_redactor = redaction_at.module_at(commit).build_redactor
+    return build_redactor(True)
 
 
-def measure(git_dir: str, commit: str, root: str, seed: int = 35) -> dict:
-    """Per-example results and the per-cause summary."""
+def measure(git_dir: str, commit: str, code_at: Optional[str] = None, seed: int = 35) -> dict:
+    """Per-example results and the per-cause summary (of this tree's code, or of commit ``code_at``'s)."""
     rules = gitleaks_examples.load(git_dir, commit, seed)
     regexes = rule_regexes(git_dir, commit)
-    redact = redactor_from(root)
+    redact = redactor_from(code_at)
     rows = []
     for rule in rules:
         for example in rule.examples:
@@ -120,7 +118,7 @@ def measure(git_dir: str, commit: str, root: str, seed: int = 35) -> dict:
     totals = collections.Counter(cause_of(gitleaks_examples.Example(r['rule'], r['text'], True, r['syntax'], None))
                                  for r in positives)
     return {
-        'commit': commit, 'seed': seed, 'root': root, 'rules': len(rules),
+        'commit': commit, 'seed': seed, 'code_at': code_at or 'this tree', 'rules': len(rules),
         'skipped': {r.rule: r.skipped for r in rules if r.skipped},
         'positives': len(positives), 'redacted': len(positives) - len(misses),
         'percent': round(100 * (len(positives) - len(misses)) / len(positives), 2),
@@ -136,12 +134,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('git_dir')
     parser.add_argument('--commit', default=PINNED_COMMIT)
-    parser.add_argument('--root', default=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    parser.add_argument('--code-at', help='score the redaction code of this earlier commit (before issue 33)')
     parser.add_argument('--seed', type=int, default=35)
     parser.add_argument('--json')
     parser.add_argument('--misses', type=int, default=0, help='print this many missed examples per cause')
     args = parser.parse_args()
-    result = measure(args.git_dir, args.commit, args.root, args.seed)
+    result = measure(args.git_dir, args.commit, args.code_at, args.seed)
     print(f"{result['redacted']} of {result['positives']} true positives redacted ({result['percent']} %), "
           f"{result['rules']} rules; false positives changed: {result['false_positives_changed']} of "
           f"{result['false_positives']}")

@@ -183,6 +183,16 @@ def names_credential_by_value(key: str) -> bool:
     return True
 
 
+def _random_letters(value: str) -> bool:
+    """Letters alone read as a credential only when drawn at random: 12 or more, both cases, split at case
+    changes into pieces of under 3 letters on average (``suUrKthWqVykTK``: su Ur Kth Wq Vyk TK), where a
+    camel-case name splits into words (``PreTrainedTokenizerFast``: Pre Trained Tokenizer Fast)."""
+    if len(value) < 12 or value.islower() or value.isupper():
+        return False
+    words = _WORD.findall(value)
+    return len(value) < 3 * len(words) and _entropy(value) >= 3.0
+
+
 def credential_value(value: str) -> bool:
     """Whether a string under a credential-ending key (:func:`names_credential_by_value`) reads as a credential.
 
@@ -190,7 +200,8 @@ def credential_value(value: str) -> bool:
     or quotes, so no special-token string such as ``<pad>``, ``</s>``, ``[PAD]``), not a path (a value with ``/`` counts
     only when it holds ``+`` or ``=`` or is base64 of both cases and digits), not a number shorter than 12
     digits (``50256``; 16 digits is a client id), with a digit or a character outside letters, ``_ . -``
-    (gitleaks' generic rule allows values of letters and ``_ . -`` alone), not a dotted or snake-case name
+    (gitleaks' generic rule allows values of letters and ``_ . -`` alone; letters alone count when they
+    read as drawn at random: both cases, no camel-case words), not a dotted or snake-case name
     whose words are letters, letters then digits, or numbers, and a Shannon entropy of at
     least 3 bits per character (2.5 below 12 characters), so ``aaaaaaaa1`` or ``1.0.0-rc1`` are not.
     """
@@ -203,6 +214,8 @@ def credential_value(value: str) -> bool:
             _BASE64_WITH_SLASH.fullmatch(value) and any(c.isupper() for c in value)
             and any(c.islower() for c in value) and any(c.isdigit() for c in value)):
         return False  # a path (``data/train_v2``), unless base64 says otherwise (``+``, ``=``, mixed case)
+    if value.isascii() and value.isalpha():
+        return _random_letters(value)
     if value.replace('_', '').replace('.', '').replace('-', '').isalpha() or _IDENTIFIER.fullmatch(value):
         return False  # words and names (``jetbrains.mps.v8_elimination``, ``encoder.layer.11.output``)
     return _entropy(value) >= (3.0 if size >= 12 else 2.5)
