@@ -212,15 +212,19 @@ def redact_text(text: str) -> str:
 
     Replaces a URL's user-info password (``postgres://alice:***@db:5432/x``), every credential format
     of gitleaks' default rules (AWS, GCP, Azure, Hugging Face, OpenAI, Anthropic, Databricks, GitHub,
-    GitLab, npm, PyPI, Stripe, Slack, Twilio, SendGrid, JWTs ... each exactly as tight as gitleaks has
-    it: length, alphabet, entropy, allowed placeholders) plus a few it lacks (Discord and Slack
-    webhook secrets, Azure SAS ``sig=``, Replicate, Groq, LangSmith, Neptune, OpenAI-compatible
-    ``sk-`` keys), ``Authorization`` header values, ``--user name:password``, PEM private-key blocks
-    (keeping their BEGIN/END lines), and the value of a pair whose name is a credential by
-    :func:`is_secret_key`: ``name=value`` (also ``:=``, ``?=``, ``=>``), ``'name': 'value'``,
-    ``name: value``, ``--name value``, ``("NAME", "value")`` and ``<name>value</name>``. Git commit
-    hashes and UUIDs are kept. Strings without any credential marker or credential-named pair are
-    answered by a few substring searches.
+    GitLab, npm, PyPI, Stripe, Slack, Twilio, SendGrid, JWTs and base64-wrapped JWTs ... each as
+    tight as gitleaks has it: length, alphabet, entropy; no word allowlists such as ``...EXAMPLE``)
+    plus a few it lacks (Discord and Slack webhook secrets, Azure SAS ``sig=``, Replicate, Groq,
+    LangSmith, Neptune, ``hf_`` + 30 or more letters and digits, OpenAI-compatible ``sk-`` keys),
+    ``Authorization`` header values, ``--user name:password``, PEM private-key blocks (keeping their
+    BEGIN/END lines), and the value of a pair whose name is a credential by :func:`is_secret_key`, or
+    ends in a credential word (``asanaToken``, ``codecov_token``) and whose value reads as a credential
+    (``_keys.credential_value``: not ``<pad>``, a path, a name or a short number): ``name=value``
+    (also ``:=``, ``::=``, ``?=``, ``=>``, ``.=``, Go backtick strings), ``'name': 'value'``,
+    ``name: value``, ``--name value``, ``("NAME", "value")``, ``<name>value</name>`` (the value on a
+    line of its own too) and ``key="NAME" value="..."``. Git commit hashes and UUIDs are kept.
+    Strings without any credential marker or credential-named pair are answered by a few substring
+    searches.
 
     Args:
         text: any string (a log message, a config value).
