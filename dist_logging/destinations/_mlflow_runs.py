@@ -74,14 +74,14 @@ def open_run(client: Any, *, run_id: Optional[str], experiment_name: str, artifa
         return run, False
     experiment_id = os.environ.get('MLFLOW_EXPERIMENT_ID') or None  # as in Composer: wins over the name
     if experiment_id is None:
-        experiment = client.get_experiment_by_name(experiment_name)
+        experiment = client.get_experiment_by_name(name=experiment_name)
         if experiment is not None:
             experiment_id = experiment.experiment_id
         else:
             try:
                 experiment_id = client.create_experiment(experiment_name, artifact_location=artifact_location)
             except MlflowException:  # created meanwhile by another job
-                experiment_id = client.get_experiment_by_name(experiment_name).experiment_id
+                experiment_id = client.get_experiment_by_name(name=experiment_name).experiment_id
     if resume:
         searches = [(experiment_id, RUN_NAME_TAG, key)]
         if job_run:  # a run Composer's MLFlowLogger created for this job
@@ -89,7 +89,7 @@ def open_run(client: Any, *, run_id: Optional[str], experiment_name: str, artifa
             searches.append((experiment_id, COMPOSER_RUN_NAME_TAG, composer_name))
             if default_experiment and 'MLFLOW_EXPERIMENT_ID' not in os.environ:
                 # Composer's runs are in its own default experiment unless it was given another name.
-                composer_experiment = client.get_experiment_by_name(COMPOSER_DEFAULT_EXPERIMENT_NAME)
+                composer_experiment = client.get_experiment_by_name(name=COMPOSER_DEFAULT_EXPERIMENT_NAME)
                 if composer_experiment is not None:
                     searches.append((composer_experiment.experiment_id, COMPOSER_RUN_NAME_TAG, composer_name))
         for search_experiment, tag, value in searches:

@@ -212,13 +212,12 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
         from mlflow.entities import RunTag
-        from mlflow.tracking import MlflowClient
 
         if self.client is not None:  # already open: a second INIT must not open a second run
             return
 
         self._state = state
-        client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
+        client = self._new_client()
         template = self.run_name_template
         self.run_name = format_name_with_dist(template, state.run_name) if template else state.run_name
         # As Composer: the job's run name as a tag (MosaicML's platform sets RUN_NAME).
@@ -447,11 +446,14 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         return self.ranks == 'all' or dist.get_local_rank() == 0
 
     def _registry_client(self) -> Any:
-        if self.client is not None:
-            return self.client
-        from mlflow.tracking import MlflowClient
+        return self.client if self.client is not None else self._new_client()
 
-        return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
+    def _new_client(self) -> Any:
+        import mlflow
+
+        # mlflow.MlflowClient looked up at each use, as Composer's logger does: code (and tests) that
+        # substitute it reach this destination too.
+        return mlflow.MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.model_registry_uri)
 
     def _model_name(self, name: str) -> str:
         if not isinstance(name, str) or not name:
