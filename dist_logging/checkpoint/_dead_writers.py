@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from dist_logging.checkpoint._intents import write_intent
 from dist_logging.checkpoint._paths import WRITES_FOLDER
+from dist_logging.upload.staging import rank_folder_name
 
 __all__ = ['STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'WRITER_INFO', 'read_json', 'process_alive',
            'remove_dead_writes', 'LeftSave', 'take_left_saves']
@@ -67,7 +68,7 @@ def remove_dead_writes(staging_root: str, rank: Optional[int] = None) -> None:
     is gone, for ``rank`` or every rank: files of a save killed before their hand-over and spare files
     (nothing queued refers to them: staging holds its own link or copy of every handed-over file)."""
     writes = os.path.join(staging_root, WRITES_FOLDER)
-    ranks = [f'rank{rank}'] if rank is not None else (os.listdir(writes) if os.path.isdir(writes) else [])
+    ranks = [rank_folder_name(rank)] if rank is not None else (os.listdir(writes) if os.path.isdir(writes) else [])
     for rank_folder in ranks:
         folder = os.path.join(writes, rank_folder)
         try:

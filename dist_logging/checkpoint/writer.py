@@ -44,6 +44,7 @@ from dist_logging.checkpoint._staging import StagingBuffers
 from dist_logging.checkpoint._timing import SaveTiming
 from dist_logging.checkpoint._uploader import UPLOADER_OPTIONS, uploader_for  # noqa: F401 - UPLOADER_OPTIONS: docs
 from dist_logging.errors import UploadError
+from dist_logging.upload.staging import rank_folder_name
 from dist_logging.upload.uploader import Uploader
 
 __all__ = ['CheckpointWriter', 'SaveTiming', 'remove_dead_writes']
@@ -229,7 +230,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             self.uploader.start()
             self.staging_root = root = self.uploader.staging_folder
             rank = dist.get_global_rank()
-            self._writes_dir = os.path.join(root, WRITES_FOLDER, f'rank{rank}', f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
+            self._writes_dir = os.path.join(root, WRITES_FOLDER, rank_folder_name(rank),
+                                            f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
             self._intents_dir = os.path.join(root, INTENTS_FOLDER)
             remove_dead_writes(root, rank)
             for attempt in range(3):
@@ -245,7 +247,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                             'into staging (a second write of every byte)', self._writes_dir, root)
             self._spare_pool = SparePool(os.path.join(self._writes_dir, 'spares'), sync=self.sync_files,
                                          enabled=self.recycle_files and self._links)
-            self._handoff = HandOff(_Target(self), os.path.join(root, PROCESS_FOLDER, f'rank{rank}'))
+            self._handoff = HandOff(_Target(self), os.path.join(root, PROCESS_FOLDER, rank_folder_name(rank)))
             self._started = True
         try:
             self._handoff.adopt_dead()
