@@ -16,7 +16,7 @@ from dist_logging.destination import LoggerDestination
 from dist_logging.errors import UploadError
 from dist_logging.naming import DIST_PLACEHOLDERS, format_name_with_dist, validate_object_name, validate_template
 from dist_logging.object_store import ObjectStore
-from dist_logging.upload.retry import RetryPolicy, call_with_retries
+from dist_logging.upload.retry import call_with_retries
 from dist_logging.upload.staging import default_staging_folder
 from dist_logging.upload.uploader import Uploader
 
