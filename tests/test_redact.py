@@ -587,6 +587,9 @@ ISSUE_35_PAIR_SYNTAXES = [
      'System.setProperty("ADAFRUIT_TOKEN", "***")'),
     ('<add key="Password" value="CleartextPassword1" />', '<add key="Password" value="***" />'),
     ('<entry name="asanaToken" value="z9lkxw5skvp16r80utfkh9hmh79o6gmp" />', '<entry name="asanaToken" value="***" />'),
+    ('curl -H "X-Octopus-ApiKey: 3a16750d-d363-41a4-8ebd-035408f7730f" https://h',
+     'curl -H "X-Octopus-ApiKey: ***" https://h'),
+    ("curl --header 'Token: 3fea6af1349166ea' -d x=1", "curl --header 'Token: ***' -d x=1"),
 ]
 
 
@@ -599,7 +602,9 @@ def test_pair_syntaxes_keep_special_tokens_and_go_code():
     for text in ('<pad_token>\n  <pad>\n</pad_token>', '<eos_token></s></eos_token>', 'padToken := "<pad>"',
                  'maxTokens := 512', 'x := `multi word string`', '"eosToken" => "</s>"',
                  '<add key="pad_token" value="&lt;pad&gt;" />', '<add key="Environment" value="prod" />',
-                 '<param name="max_tokens" value="512"/>'):
+                 '<param name="max_tokens" value="512"/>', 'curl -H "Accept: application/json" -H "X-Request-Id: 42" u',
+                 'curl -H "X-Api-Key: $API_KEY" u', 'curl -H "Authorization: Bearer <Openverse API token>" u',
+                 'curl -H "Authorization: Bearer $(gcloud auth print-access-token)" u', 'curl -H "Token: <token>" u'):
         assert redact_text(text) is text, text
 
 

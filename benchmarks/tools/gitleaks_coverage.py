@@ -64,7 +64,10 @@ def rule_regexes(git_dir: str, commit: str) -> dict[str, tuple[re.Pattern, int]]
             compiled = re.compile(to_python(rule['regex']))
         except re.error:
             continue
-        group = rule.get('secretGroup') or (1 if compiled.groups else 0)
+        # gitleaks' secret: ``secretGroup``, else the first group, else the match; a rule with named groups
+        # only (``jwt-base64``'s header names) names parts of its secret, which is the whole match.
+        unnamed = compiled.groups > len(compiled.groupindex)
+        group = rule.get('secretGroup') or (1 if unnamed else 0)
         out[rule['id']] = (compiled, group)
     return out
 

@@ -66,7 +66,9 @@ def _may_hold_shape(text: str) -> bool:
 # 5. ``("NAME", "value")`` (``System.setProperty``, ``os.environ.setdefault``, ``getenv`` defaults);
 # 6. ``<name>value</name>`` (XML: Maven settings, .NET config), also with the value on a line of its own;
 # 7. ``key="NAME" value="..."`` / ``name="NAME" value="..."`` (XML attributes: .NET appSettings, NuGet, Ant),
-#    tried first (``key="..."`` alone would read as pair 1).
+#    tried first (``key="..."`` alone would read as pair 1);
+# 8. ``-H "Name: value"`` / ``--header 'Name: value'`` (curl, httpie, wget headers: ``X-Api-Key``, ``Token``),
+#    tried before pair 4 (``--header`` alone would read as a flag).
 # A bare value ends at an escaped line end (``"A_TOKEN=<v>\\nNEXT=1"`` inside a JSON string), as gitleaks' rules end.
 # The value never starts on the next line (``GITHUB_API_KEY=\nNEXT=`` is two empty values).
 _QUOTED = r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|`[^`\n]*`'
@@ -79,6 +81,8 @@ _BARE1 = _BARE_CHAR + r'+(?:\\(?![nr])' + _BARE_CHAR + r'*)*|(?:\\(?![nr])' + _B
 _ASSIGNMENT = re.compile(
     r'(?P<head7>(?<![A-Za-z0-9_])(?:key|name)[ \t]*=[ \t]*(?P<q7>["\'])(?P<name7>[A-Za-z_][A-Za-z0-9_.\-:]*)(?P=q7)'
     r'[ \t]+value[ \t]*=[ \t]*)(?P<value7>' + _QUOTED + r')'
+    r'|(?P<head8>(?<!\S)(?:-H|--header)(?:[ \t]+|=)(?P<q8>["\'])(?P<name8>[A-Za-z][A-Za-z0-9_\-]*):[ \t]*)'
+    r'(?P<value8>[^"\'\n]+?)(?=(?P=q8))'
     r'|'
     r'(?P<head1>(?<![A-Za-z0-9_.])(?P<name1>[A-Za-z_][A-Za-z0-9_.\-]*)'
     r'(?:[ \t]+(?:string|String|str|\[\]byte))?["\'\]]*[ \t]*(?::{1,3}=|\?=|=>|\.=|=)(?![=>])[ \t]*)'
@@ -97,7 +101,7 @@ _ASSIGNMENT = re.compile(
 # ``name: value`` reads at most 8 words per match, so a name that is no credential costs a bounded
 # look ahead (a line of many ``x: y`` stays linear); a credential's value takes the rest of the line.
 _MORE_WORDS = re.compile(r'(?:[ \t]+[^\s,;}\]]+)*')
-_GROUPS = tuple(('name' + n, 'value' + n, 'head' + n) for n in '1234567')
+_GROUPS = tuple(('name' + n, 'value' + n, 'head' + n) for n in '12345678')
 
 # Every key the default rule calls a credential contains one of these (lower-cased) fragments.
 # Most frequent in log lines first (``tokens/s``, ``key_dim``): the ``in`` chain stops at the first one found.
@@ -169,6 +173,8 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
         value = match.group(value_group)
         if value in _NOT_SECRET_VALUES or REDACTED in value or _is_reference(value):
             pass
+        elif head_group == 'head8' and (_is_placeholder(value) or name.lower().endswith('authorization')):
+            pass  # a header template (``<token>``, ``$(cmd)``); ``Authorization`` values are the shapes' job
         elif is_secret(name):
             parts.append(text[position:match.start()] + match.group(head_group) + _quoted_or_bare(value))
             position = match.end()
