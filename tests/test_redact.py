@@ -630,6 +630,9 @@ def test_vendor_prefixes_with_unusual_alphabets():
     for text in (f'flyToken="{fly}"', f'fly_token: {fly}', f'planetscale_password: {pscale}', f'dsn: {pscale}'):
         out = redact_text(text)
         assert fly not in out and pscale not in out, out
+    # the same prefixes without a secret's length, and base64 that is not a JWT, are kept
+    for text in ('dsn: pscale_pw_short', 'fm2_abc', 'fio-u-config', 'blob: ' + 'SGVsbG8sIHRoaXMgaXMgYSBsb25nIGJh' * 2):
+        assert redact_text(text) is text, text
 
 
 def test_regressions_of_the_last_wave_are_redacted():
