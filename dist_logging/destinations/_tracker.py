@@ -29,6 +29,10 @@ class TrackerDestination(LoggerDestination):
     """
 
     tracker_owner = 'TrackerDestination'
+    # Composer's CometMLLogger creates its experiment in its constructor (its NeptuneLogger the run on first
+    # access), so code written for them calls the hooks of one no Logger opened. A subclass that sets this
+    # opens its run at such a first call.
+    opens_on_first_use = False
     _worker: Optional[SerialWorker] = None
     _state: Optional['State'] = None
     _ended = False  # the run was ended (close); a later init opens a new one
@@ -68,6 +72,23 @@ class TrackerDestination(LoggerDestination):
         self._state, self._ended = state, False
         self._worker = SerialWorker(self.tracker_owner)
 
+    def _open_if_alone(self) -> None:
+        """Open the run for a first call made without a Logger (see ``opens_on_first_use``): on a rank the
+        ``ranks`` policy includes, named from the environment (``DIST_LOGGING_RUN_NAME`` or the launcher's
+        job id, else a generated name: no collective is issued). Not after close, never twice.
+
+        Raises:
+            RuntimeError: the run cannot be named without a collective (several ranks, no shared job id).
+        """
+        if self._worker is not None or self._ended or not self.opens_on_first_use:
+            return
+        from dist_logging._routing import rank_included
+        from dist_logging._run_name import resolve_run_name
+        from dist_logging.state import State
+
+        if rank_included(self.ranks):
+            self.init(State(resolve_run_name(None, _NoCollective(self.tracker_owner))), None)
+
     def _check_open(self) -> None:
         """Raise unless the run is open; raise the background failures recorded so far.
 
@@ -76,6 +97,9 @@ class TrackerDestination(LoggerDestination):
                 tracker call failed (its error is the cause).
         """
         worker = self._worker
+        if worker is None and self.opens_on_first_use:
+            self._open_if_alone()
+            worker = self._worker
         if worker is None or self._ended:
             raise RuntimeError(f'{self.tracker_owner} is not open: it is opened by the Logger (init) '
                                'and closed at close()')
@@ -138,3 +162,14 @@ class TrackerDestination(LoggerDestination):
         worker.close()
         self._worker_stopped()
         worker.raise_errors()
+
+
+class _NoCollective:
+    """Stands in for the logging group where no collective may run: a destination used without a Logger."""
+
+    def __init__(self, owner: str):
+        self.owner = owner
+
+    def broadcast_object(self, obj: object, what: str) -> object:
+        raise RuntimeError(f'{self.owner} used without a Logger on several ranks cannot agree on a run name '
+                           '(no collective without a Logger): set DIST_LOGGING_RUN_NAME, or build a Logger')

@@ -85,6 +85,7 @@ class CometMLLogger(TrackerDestination):
     """
 
     tracker_owner = 'CometMLLogger'
+    opens_on_first_use = True  # as Composer's, whose experiment exists from its constructor
 
     def __init__(self, workspace: Optional[str] = None, project_name: Optional[str] = None, log_code: bool = False,
                  log_graph: bool = False, name: Optional[str] = None, rank_zero_only: bool = True,
@@ -182,17 +183,23 @@ class CometMLLogger(TrackerDestination):
 
     # ------------------------------------------------------------------ data hooks
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
+        if self._worker is None:
+            self._open_if_alone()
         parameters = jsonable(hyperparameters)  # a copy the caller cannot change
         experiment = self.experiment
         self._submit(lambda: experiment.log_parameters(parameters))
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
+        if self._worker is None:
+            self._open_if_alone()
         values = {str(k): metric_scalar(str(k), v) for k, v in metrics.items()}  # NaN stays a float NaN
         at = self._training_step(step)
         experiment = self.experiment
         self._submit(lambda: experiment.log_metrics(values, step=at))
 
     def log_traces(self, traces: dict[str, Any]) -> None:
+        if self._worker is None:
+            self._open_if_alone()
         numbers, others = {}, {}
         for key, value in jsonable(dict(traces)).items():
             if _is_number(value) or isinstance(value, bool):
@@ -212,6 +219,8 @@ class CometMLLogger(TrackerDestination):
 
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
                   step: Optional[int] = None) -> None:
+        if self._worker is None:
+            self._open_if_alone()
         text = table_json([str(c) for c in columns], [list(r) for r in rows], ascii=False)
         at = self._training_step(step)
         experiment = self.experiment
@@ -230,6 +239,8 @@ class CometMLLogger(TrackerDestination):
         from dist_logging._images import encode_png, overlay_masks, snapshot_images
 
         del use_table, mask_class_labels  # W&B-only options, as in Composer
+        if self._worker is None:
+            self._open_if_alone()
         batch, mask_batches = snapshot_images(images, channels_last, masks)
         at = self._training_step(step)
         experiment = self.experiment

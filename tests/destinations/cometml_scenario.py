@@ -68,7 +68,18 @@ def main(offline_dir: str) -> None:
     restored.load_state_dict(saved)
     with Logger(restored, run_name='resumed') as logger:
         logger.log_metrics({'loss': 0.125}, step=4)
+    # Used on its own, as Composer's tests use Composer's (whose experiment exists from its constructor):
+    # the first call opens the experiment; after post_close() a call is refused.
+    alone = CometMLLogger(exp_kwargs={'offline_directory': offline_dir + '-alone'})
+    alone.log_metrics({'alone': 1.0}, step=1)
+    alone.post_close()
+    try:
+        alone.log_metrics({'alone': 2.0}, step=2)
+        refused_after_close = False
+    except RuntimeError:
+        refused_after_close = True
     print(json.dumps({'experiment_key': destination.experiment.get_key(), 'returned_in': returned_in,
+                      'alone_key': alone.experiment.get_key(), 'alone_refused_after_close': refused_after_close,
                       'saved': saved, 'restored_key': restored.experiment.get_key(),
                       'restored_type': type(restored.experiment).__name__,
                       'image': (np.clip(np.moveaxis(image, 0, -1), 0, 1) * 255 + 0.5).astype(np.uint8).tolist()}))

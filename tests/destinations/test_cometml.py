@@ -53,9 +53,15 @@ def test_constructor_validates_and_maps_rank_zero_only():
     assert destination.online is True and CometMLLogger(online=False).online is False
     assert CometMLLogger(exp_kwargs={'offline_directory': 'runs'}).online is False
     assert not destination.can_upload_files()
+    destination.post_close()  # nothing to end: a no-op, as in Composer
+
+
+def test_used_without_a_logger_on_an_excluded_rank_opens_nothing(fake_rank):
+    fake_rank(rank=1, world_size=2)
+    destination = CometMLLogger(online=False)  # ranks='zero': a first call here opens no experiment
     with pytest.raises(RuntimeError, match='not open'):
         destination.log_metrics({'loss': 1.0})
-    destination.post_close()  # nothing to end: a no-op, as in Composer
+    assert destination.experiment is None and 'comet_ml' not in sys.modules
 
 
 def test_experiment_names(fake_rank):
@@ -99,6 +105,8 @@ def test_offline_experiment_round_trip(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report['returned_in']['log_metrics'] < 5  # returned while the worker was held (a bound, not a benchmark)
 
+    (alone,) = os.listdir(f'{offline_dir}-alone')  # used without a Logger: opened at its first call
+    assert alone == f'{report["alone_key"]}.zip' and report['alone_refused_after_close']
     (archive,) = os.listdir(offline_dir)
     assert archive == f'{report["experiment_key"]}.zip'
     with zipfile.ZipFile(offline_dir / archive) as z:
