@@ -284,22 +284,11 @@ def _read(source: ConfigSource) -> tuple[Any, str]:
 
 
 def load_config(source: ConfigSource, environ: Optional[Mapping[str, str]], logger_cls: type) -> LoggerConfig:
-    """Read and check a config (a YAML file path or a mapping) without building anything.
-
-    Args:
-        source: a path to a YAML file, or the config as a mapping.
-        environ: the variables for ``${VAR}`` interpolation (None: ``os.environ``).
-        logger_cls: the Logger class whose keyword arguments the top-level keys are.
-
-    Returns:
-        The checked :class:`LoggerConfig`.
+    """:func:`dist_logging.config.load_config`, with the Logger class whose keyword arguments the top-level
+    keys are given as ``logger_cls`` (``environ`` None: ``os.environ``).
 
     Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: invalid YAML, an unknown key or destination type, a missing required
-            key, a bad ``ranks`` policy or bucket URI, an unset environment variable; the
-            message starts with the key path.
-        ImportError: a destination's module cannot be imported.
+        FileNotFoundError, ValueError, ImportError: as :func:`dist_logging.config.load_config`.
     """
     data, where = _read(source)
     if not isinstance(data, Mapping):
