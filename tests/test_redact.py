@@ -545,7 +545,8 @@ ISSUE_35_KEPT = [
     'cache_key: 5f0c3a9e8b7d4c2e9a1f3e6d2b8c7a40', 'sort_key=created_at_2024', 'run_id: ' + UUID,
     'dataset_id=' + UUID, 'revision: ' + GIT_SHA, 'output_key: checkpoints/llama2_7b/ep3-ba1200',
     'tokens/s=51234 loss=1.2345', 'api_token: ${API_TOKEN}', 'tokenizer_token: PreTrainedTokenizerFast',
-    'pad_token: EndOfTextToken', 'eos_token: abcdefghijklmnop', 'url: https://huggingface.co/meta-llama/Llama-3.1-8B',
+    'pad_token: EndOfTextToken', 'eos_token: abcdefghijklmnop', 'manifest_key: hf://datasets/c4?split=train2',
+    'ckpt_key: C:\\runs\\llama2_7b\\ep3', 'url: https://huggingface.co/meta-llama/Llama-3.1-8B',
 ]
 
 

@@ -196,20 +196,23 @@ def _random_letters(value: str) -> bool:
 def credential_value(value: str) -> bool:
     """Whether a string under a credential-ending key (:func:`names_credential_by_value`) reads as a credential.
 
-    Decided by the value alone: one word of 8 to 1,000 characters (no spaces, no ``< > [ ] { } ( ) | & ; ,``
-    or quotes, so no special-token string such as ``<pad>``, ``</s>``, ``[PAD]``), not a path (a value with ``/`` counts
-    only when it holds ``+`` or ``=`` or is base64 of both cases and digits), not a number shorter than 12
-    digits (``50256``; 16 digits is a client id), with a digit or a character outside letters, ``_ . -``
-    (gitleaks' generic rule allows values of letters and ``_ . -`` alone; letters alone count when they
-    read as drawn at random: both cases, no camel-case words), not a dotted or snake-case name
-    whose words are letters, letters then digits, or numbers, and a Shannon entropy of at
-    least 3 bits per character (2.5 below 12 characters), so ``aaaaaaaa1`` or ``1.0.0-rc1`` are not.
+    Decided by the value alone: one word of 8 to 1,000 characters (no spaces, no
+    ``< > [ ] { } ( ) | & ; ,`` or quotes, so no special-token string such as ``<pad>``, ``</s>``,
+    ``[PAD]``); not a URL or a Windows path; not a path (a value with ``/`` counts only when it holds
+    ``+`` or ``=`` or is base64 of both cases and digits); not a number shorter than 12 digits
+    (``50256``; 16 digits is a client id); with a digit or a character outside letters and ``_ . -``
+    (gitleaks' generic rule allows values of letters and ``_ . -`` alone; letters alone count when
+    they read as drawn at random: both cases, no camel-case words); not a dotted or snake-case name
+    whose words are letters, letters then digits, or numbers; and a Shannon entropy of at least 3 bits
+    per character (2.5 below 12 characters), so ``aaaaaaaa1`` or ``1.0.0-rc1`` are not.
     """
     size = len(value)
     if size < 8 or size > 1000 or not _NOT_CREDENTIAL_CHARS.isdisjoint(value):
         return False
     if value.isdigit():
         return size >= 12
+    if '://' in value or (value[1:3] == ':\\' and value[0].isalpha()):
+        return False  # a URL (its password and query secrets are the shapes' and pairs' job), a Windows path
     if '/' in value and '+' not in value and '=' not in value and not (
             _BASE64_WITH_SLASH.fullmatch(value) and any(c.isupper() for c in value)
             and any(c.islower() for c in value) and any(c.isdigit() for c in value)):
