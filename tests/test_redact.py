@@ -706,3 +706,15 @@ def test_which_keys_are_decided_by_their_value():
     for key in ('passkey', 'monkey', 'bypass', 'torch_compat', 'sort_key', 'cache_key', 'max_new_tokens',
                 'bos_token_id', 'tokenizer', 'token_path', 'hf_token_file', 'key_dim', 'tokens'):
         assert not names_credential_by_value(key), key
+
+
+def test_kubernetes_secret_manifests_are_concealed():
+    """``kind: Secret``: every value under ``data``/``stringData`` is a secret, whatever its key."""
+    manifest = {'apiVersion': 'v1', 'kind': 'Secret', 'metadata': {'name': 'hf-credentials'},
+                'type': 'Opaque', 'data': {'extra': 'YWRtaW46cGFzc3dvcmQ=', '.dockercfg': 'eyJhdXRocyI6e30K'},
+                'stringData': {'config.yaml': 'user: admin'}}
+    got = build_redactor(True)({'manifests': [manifest]})['manifests'][0]
+    assert got == {**manifest, 'data': {'extra': REDACTED, '.dockercfg': REDACTED},
+                   'stringData': {'config.yaml': REDACTED}}
+    config_map = {'apiVersion': 'v1', 'kind': 'ConfigMap', 'data': {'extra': 'lr=3e-4'}}
+    assert build_redactor(True)(config_map) == config_map

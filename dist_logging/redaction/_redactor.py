@@ -23,6 +23,7 @@ RedactOption = Union[bool, str, Pattern[str], Iterable[Union[str, Pattern[str]]]
 _NAME_FIELDS = ('name', 'Name', 'NAME', 'key', 'Key', 'KEY')
 _VALUE_FIELDS = ('value', 'Value', 'VALUE')
 _FLAG = re.compile(r'--?[A-Za-z]')
+_SECRET_MANIFEST_FIELDS = ('data', 'stringData')
 
 
 class Redactor:
@@ -30,8 +31,11 @@ class Redactor:
 
     The value of a credential-named key is replaced by ``'***'``: a string or number becomes
     ``'***'``; a mapping or list keeps its shape with every leaf replaced; ``None``, booleans and
-    empty strings are kept (they hold no secret and say whether one is set). Every other string is
-    passed through the value rule. Nested dataclass instances and ``argparse.Namespace`` /
+    empty strings are kept (they hold no secret and say whether one is set). So is the value of a
+    credential-ending key that reads as a credential (``{'codecov_token': '<random>'}``), the item
+    after a credential-named flag, the ``value`` of a ``{name: <credential name>, value: ...}``
+    mapping, and everything under ``data``/``stringData`` of a Kubernetes ``kind: Secret`` manifest.
+    Every other string is passed through the value rule. Nested dataclass instances and ``argparse.Namespace`` /
     ``SimpleNamespace`` objects become (redacted) dicts of their fields, so their secrets cannot
     leak through their repr. The input is never modified.
 
@@ -93,9 +97,12 @@ class Redactor:
 
     def _mapping(self, data: Mapping[Any, Any]) -> dict[Any, Any]:
         named = self._named_value(data)
+        # A Kubernetes Secret manifest: every value under ``data``/``stringData`` is a secret, whatever its key.
+        secret_manifest = isinstance(data.get('kind'), str) and data['kind'].lower() == 'secret'
         out = {}
         for key, value in data.items():
-            if (isinstance(key, str) and self.is_secret_key(key)) or (named is not None and key == named):
+            if ((isinstance(key, str) and self.is_secret_key(key)) or (named is not None and key == named)
+                    or (secret_manifest and key in _SECRET_MANIFEST_FIELDS)):
                 out[self._key(key)] = self._conceal(value)
             elif type(value) is str and type(key) is str and _by_value(key, value):
                 out[self._key(key)] = REDACTED
