@@ -82,7 +82,7 @@ class RankReportMethods:
 
     def _timed_flush(self, flush: Callable[[int], Any], batch: int) -> None:
         """Run ``batch_end``'s flush, counting its time as the Logger's own collective (not busy)."""
-        if self._ranks is None:
+        if self._ranks is None or self._ranks.timer.work_marked:  # busy time comes from sections: no need
             flush(batch)
             return
         started = time.perf_counter()

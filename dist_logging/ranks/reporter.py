@@ -27,7 +27,7 @@ import torch
 
 from dist_logging import dist
 from dist_logging.ranks.history import HISTORY_NAME, HistoryWriter, private_history_path, read_history
-from dist_logging.ranks.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, record_of,
+from dist_logging.ranks.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, per_step, record_of,
                                        report_metrics, straggler_line, table_rows)
 from dist_logging.ranks.stats import VerdictTracker, Verdicts
 from dist_logging.ranks.timer import Section, SectionTimer, check_section_name
@@ -42,6 +42,7 @@ __all__ = ['RankReportOptions', 'RankReporter', 'check_report_every', 'check_rep
 log = logging.getLogger('dist_logging.ranks')
 
 MAX_SECTIONS = 64  # bounds the record, and so every report's bytes
+_HOST = socket.gethostname()
 HOST_BYTES = 64
 _UPLOAD_EVERY_REPORTS = 10  # the history is also uploaded every this many reports, not only at close
 
@@ -230,17 +231,18 @@ class RankReporter:
     def _report(self, logger: LoggerLike, batch: int) -> RankReport:
         totals = self.timer.take()
         unknown = sorted(set(totals.sections) - set(self._layout))
-        minima, maxima, anyone_new = self._reduce(totals, bool(unknown))
+        record = record_of(totals, self._layout)
+        minima, maxima, anyone_new = self._reduce(record, bool(unknown))
         if anyone_new:
             self._agree_on(unknown)
-            minima, maxima, _ = self._reduce(totals, False)
-        record = record_of(totals, self._layout)
+            record = record_of(totals, self._layout)
+            minima, maxima, _ = self._reduce(record, False)
         if self._window == 0:
             self._gather_hosts()
         table = self._gather(record)
         window, self._window = self._window, self._window + 1
         if self._rank != 0:
-            self._last = build_partial(record, self._layout, minima, maxima, self._tracker, socket.gethostname(),
+            self._last = build_partial(record, self._layout, minima, maxima, self._tracker, _HOST,
                                        self._rank, self._world, batch, window)
             return self._last
         report, self._previous_ratio = build_report(table, self._layout, self._hosts, self._tracker,
@@ -249,15 +251,9 @@ class RankReporter:
         self._emit(logger, report, table, batch)
         return report
 
-    def _series_count(self) -> int:
-        return 3 + len(self._layout)  # busy, step, memory and each section
-
-    def _reduce(self, totals: Any, has_new: bool) -> tuple[np.ndarray, np.ndarray, bool]:
+    def _reduce(self, record: np.ndarray, has_new: bool) -> tuple[np.ndarray, np.ndarray, bool]:
         """One MAX all-reduce of ``[v, -v, new-names flag]``: every series' max and min on every rank."""
-        from dist_logging.ranks.report import per_step
-
-        values = per_step(record_of(totals, self._layout)[None, :], self._layout)
-        column = np.array([v[0] for v in values.values()], dtype=np.float64)
+        column = np.array([v[0] for v in per_step(record[None, :], self._layout).values()], dtype=np.float64)
         both = np.concatenate([column, -column, [1.0 if has_new else 0.0]])
         both[np.isnan(both)] = -np.inf  # a rank without a value must not win the MAX
         tensor = torch.from_numpy(both)
@@ -279,7 +275,7 @@ class RankReporter:
         self._layout.extend(new[:room])
 
     def _gather_hosts(self) -> None:
-        name = socket.gethostname().encode()[:HOST_BYTES]
+        name = _HOST.encode()[:HOST_BYTES]
         padded = torch.zeros(HOST_BYTES, dtype=torch.uint8)
         padded[: len(name)] = torch.frombuffer(bytearray(name), dtype=torch.uint8)
         rows = self._gather_tensor(padded, 'gathering host names for the rank report')

@@ -281,6 +281,11 @@ class SectionTimer:
         return self._steps
 
     @property
+    def work_marked(self) -> bool:
+        """Whether a work section closed in this window (busy time then comes from sections alone)."""
+        return self._work_seen
+
+    @property
     def open_sections(self) -> list[str]:
         """Names of the sections open now, outermost first."""
         return [frame[0] for frame in self._stack]
