@@ -14,11 +14,11 @@ import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging import dist
-from dist_logging._config_load import build_logger
 from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
-from dist_logging._handover import file_names, folder_names, hand_file, hand_folder
-from dist_logging._routing import CLOSED_MESSAGE, ClosedRoutes, Router
-from dist_logging._run_name import resolve_run_name
+from dist_logging._logger.config_load import build_logger
+from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
+from dist_logging._logger.routing import CLOSED_MESSAGE, ClosedRoutes, Router
+from dist_logging._logger.run_name import resolve_run_name
 from dist_logging._values import check_metric_key, check_table, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
 from dist_logging.ranks.api import RankReportMethods
@@ -101,7 +101,7 @@ class Logger(RankReportMethods):
         self._closing = False
         self._warned_no_upload = False
 
-        # Rank policy, applied once (see _routing). The hot path reads the routing table from
+        # Rank policy, applied once (see _logger.routing). The hot path reads the routing table from
         # attributes of the Logger itself: per log level, the destinations taking that level.
         self._router = Router(self.destinations)
         self._is_global_zero = self._router.is_global_zero
@@ -166,7 +166,7 @@ class Logger(RankReportMethods):
                 raise TypeError(f'hyperparameter names must be str, got {type(key).__name__} {key!r}')
         redacted = self._redact(hparams)
         if check_consistency:
-            from dist_logging._consistency import check_hyperparameters
+            from dist_logging._logger.consistency import check_hyperparameters
 
             differences = check_hyperparameters(redacted, self._group)
             if differences and self._is_global_zero:

@@ -249,7 +249,7 @@ def _run_name(run_name: Optional[str], logger: Optional['Logger'], template: str
         return logger.run_name
     if run_name is None and 'run_name' not in template_placeholders(template):
         return '<unused>'
-    from dist_logging._run_name import resolve_run_name
+    from dist_logging._logger.run_name import resolve_run_name
 
     # The Logger's own derivation (argument, environment, torchrun's run id), so both name the same folder.
     return resolve_run_name(run_name, _NoCollective())  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import stat
 import warnings
 from typing import Any, Optional, Sequence, Union
 
-from dist_logging._routing import Router
+from dist_logging._logger.routing import Router
 from dist_logging.destination import LoggerDestination
 from dist_logging.errors import UploadError
 from dist_logging.naming import format_name_with_dist_and_time, validate_object_name

@@ -82,8 +82,8 @@ class TrackerDestination(LoggerDestination):
         """
         if self._worker is not None or self._ended or not self.opens_on_first_use:
             return
-        from dist_logging._routing import rank_included
-        from dist_logging._run_name import resolve_run_name
+        from dist_logging._logger.routing import rank_included
+        from dist_logging._logger.run_name import resolve_run_name
         from dist_logging.state import State
 
         if rank_included(self.ranks):

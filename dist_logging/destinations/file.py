@@ -158,7 +158,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self._tees: list[tuple[str, StreamTee]] = []
         # As Composer: output is copied from here on, so what is printed before the Logger exists is kept
         # too; only where the Logger will open this log (the Logger's own rank-policy test).
-        from dist_logging._routing import rank_included
+        from dist_logging._logger.routing import rank_included
 
         capture_here = (self.capture_stdout or self.capture_stderr) and rank_included(self.ranks)
         for stream, wanted in (('stdout', self.capture_stdout), ('stderr', self.capture_stderr)):
