@@ -16,7 +16,7 @@ import torch.distributed as torch_dist
 
 from dist_logging import DistributedLoggingError, Logger
 from dist_logging import _gather
-from dist_logging._consistency import canonical_json, check_hyperparameters
+from dist_logging._logger.consistency import canonical_json, check_hyperparameters
 from dist_logging._gather import MetricGatherer
 from dist_logging.destinations.in_memory import InMemoryLogger
 from dist_logging.dist import LoggingGroup
