@@ -281,6 +281,7 @@ def main() -> int:
     if args.quick:
         args.slowed_steps, args.even_steps, args.rounds, args.round_steps = 500, 1000, 2, 300
     d = C.init_distributed(args.backend)
+    load_start = os.getloadavg()  # this machine is shared: the load says how much the figures can be trusted
     grad = torch.ones(256 * 1024, device=d.device)  # 1 MiB of float32 "gradients"
     d.log(f'{d.world_size} rank(s): slowed run ({args.slowed_steps} steps)')
     slowed = detection(d, args, grad, args.slowed_steps, d.world_size - 1 if d.world_size > 1 else None)
@@ -296,6 +297,7 @@ def main() -> int:
         'config': {k: getattr(args, k) for k in ('every', 'cpu_ms', 'device_ms', 'slowdown', 'slowed_steps',
                                                  'even_steps', 'rounds', 'round_steps')},
         'slowed': slowed, 'even': even, 'overhead': cost, 'simulated': simulated,
+        'load_average_1m': {'start': load_start[0], 'end': os.getloadavg()[0], 'cpus': os.cpu_count()},
     }
     if d.is_zero:
         targets: dict[str, Any] = {}
