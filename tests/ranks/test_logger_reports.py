@@ -5,7 +5,6 @@ simulated 4,096-rank world on torch's fake process group (collectives and bytes 
 import json
 import time
 
-import numpy as np
 import pytest
 import torch.distributed as torch_dist
 
