@@ -718,3 +718,26 @@ def test_kubernetes_secret_manifests_are_concealed():
                    'stringData': {'config.yaml': REDACTED}}
     config_map = {'apiVersion': 'v1', 'kind': 'ConfigMap', 'data': {'extra': 'lr=3e-4'}}
     assert build_redactor(True)(config_map) == config_map
+
+
+def test_gitleaks_true_positives_are_redacted_at_least_95_percent():
+    """Issue 35's target on gitleaks' own rule examples (needs a gitleaks git directory: GITLEAKS_GIT_DIR,
+    e.g. ``git clone --bare https://github.com/gitleaks/gitleaks``; nothing of gitleaks is in this repository)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    git_dir = os.environ.get('GITLEAKS_GIT_DIR')
+    if not git_dir:
+        pytest.skip('GITLEAKS_GIT_DIR is not set (a gitleaks git directory holding the pinned commit)')
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / 'benchmarks' / 'tools'))
+    import gitleaks_coverage
+
+    if subprocess.run(['git', '--git-dir', git_dir, 'cat-file', '-e', gitleaks_coverage.PINNED_COMMIT],
+                      capture_output=True).returncode:
+        pytest.skip(f'{git_dir} does not hold commit {gitleaks_coverage.PINNED_COMMIT}')
+    result = gitleaks_coverage.measure(git_dir, gitleaks_coverage.PINNED_COMMIT)
+    assert result['positives'] > 6000 and not result['skipped']
+    assert result['percent'] >= 95, result['missed_by_rule']
+    assert result['by_cause']['credential-named key']['missed'] <= 20 and result['by_cause']['pair syntax']['missed'] <= 20
