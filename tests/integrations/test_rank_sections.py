@@ -45,6 +45,7 @@ def test_lightning_fit_marks_data_forward_backward_optimizer(tmp_path):
                       callbacks=[RankSections(adapter)], default_root_dir=str(tmp_path), enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=False)
     trainer.fit(Tiny(), DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4))
+    assert len(built) == 1  # the hooks ran before finalize closed it: no second Logger was built
     logger = built[0]
     report = logger.rank_report()
     assert report is not None and report.window == 1 and report.batch == 10  # reports at the 5th and 10th batch
