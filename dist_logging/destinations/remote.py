@@ -118,6 +118,7 @@ class RemoteUploaderDownloader(LoggerDestination):
         self._plain_names = file_path_format_string == '{remote_file_name}'
         self.commit_timeout = 600.0
         self._folders: Any = None  # FolderCommits for upload_folder(commit=True), made on first use
+        self._started = False  # a plain flag: upload_file checks it on every call
         self._folders_lock = threading.Lock()
 
     # ------------------------------------------------------------------ the uploader's settings
@@ -179,7 +180,7 @@ class RemoteUploaderDownloader(LoggerDestination):
         return True
 
     def init(self, state: 'State', logger: 'Logger') -> None:
-        self.uploader.start(state.run_name)
+        self.start(state.run_name)
 
     def start(self, run_name: Optional[str] = None) -> None:
         """Open this rank's staging folder and start the workers now (``init`` or the first upload otherwise
@@ -190,6 +191,7 @@ class RemoteUploaderDownloader(LoggerDestination):
             StagingBusyError: another live process holds this rank's staging folder.
         """
         self.uploader.start(run_name)
+        self._started = True
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         """Nothing: uploads are awaited in :meth:`post_close`, after every destination's close had its say."""
@@ -263,10 +265,9 @@ class RemoteUploaderDownloader(LoggerDestination):
             UploadError: earlier uploads failed (this call's file was still queued).
             RuntimeError: the uploader is closed.
         """
-        uploader = self.uploader
-        if uploader.staging_dir is None:
-            uploader.start(state.run_name if state is not None else None)
-        uploader.enqueue(file_path, self._object_name(remote_file_name), copy=copy, overwrite=overwrite)
+        if not self._started:
+            self.start(state.run_name if state is not None else None)
+        self.uploader.enqueue(file_path, self._object_name(remote_file_name), copy=copy, overwrite=overwrite)
 
     # ------------------------------------------------------------------ folders
     def upload_folder(self, state: 'State', remote_prefix: str, local_dir: Union[str, 'pathlib.Path'], *,
@@ -306,8 +307,8 @@ class RemoteUploaderDownloader(LoggerDestination):
 
         files = folder_files(local_dir)
         prefix = check_folder_id(remote_prefix)
-        if self.uploader.staging_dir is None:
-            self.uploader.start(state.run_name if state is not None else None)
+        if not self._started:
+            self.start(state.run_name if state is not None else None)
         cid = self._object_name(prefix)
         names = {rel: self._object_name(f'{prefix}/{rel}') for rel in files}
         outside = [name for name in names.values() if not name.startswith(cid + '/')]

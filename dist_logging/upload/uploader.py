@@ -38,10 +38,10 @@ __all__ = ['Uploader', 'UploadCallback', 'default_staging_folder']
 log = logging.getLogger(__name__)
 
 UploadCallback = Callable[[str, Optional[BaseException]], None]
-# Names whose overwrite=False upload landed that a second overwrite=False enqueue is still refused at the call
-# for. Older ones (and names that landed with overwrite=True) are refused by the store when that upload runs
-# (an UploadError at the next call): remembering every name ever queued would grow by one per upload for the
-# life of the process.
+# The last names enqueued with overwrite=False, for which a second overwrite=False enqueue is refused at the
+# call even once the first landed. Older ones (and names queued with overwrite=True, once landed) are refused
+# by the store when that upload runs (an UploadError at a later call): remembering every name ever queued
+# would grow by one per upload for the life of the process.
 RECENT_NAMES = 1024
 
 
@@ -159,11 +159,11 @@ class Uploader:
         self._staging: Optional[RankStaging] = None
         self._scheduler: Optional[UploadScheduler] = None
         self._closed = False
-        # Names: a second overwrite=False enqueue of one is refused while an upload of it is pending (count),
-        # failed, or among the RECENT_NAMES last landed; see RECENT_NAMES. Memory stays flat over any run.
+        # Names: a second overwrite=False enqueue of one is refused while an upload of it is pending (the
+        # scheduler knows), failed, or among the RECENT_NAMES last claimed. Memory stays flat over any run.
         self._names_lock = threading.Lock()
-        self._pending_names: dict[str, int] = {}
-        self._recent_names: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._recent_names: dict[str, None] = {}
+        self._recent_order: collections.deque[str] = collections.deque()  # the same names, oldest first
         self._leftover_names: set[str] = set()  # queued by an earlier process, not yet superseded by a call
         self._failed: dict[str, tuple[UploadTask, BaseException]] = {}  # name -> newest failure
         self._unraised: dict[str, BaseException] = {}
@@ -254,9 +254,7 @@ class Uploader:
                 staging.journal.append_done(record.id)
                 staging.journal.append_queued(record.id, record.name, record.size, record.overwrite,
                                               self.store_record.sid, record.src, record.owned)
-            with self._names_lock:
-                self._pending_names[record.name] = self._pending_names.get(record.name, 0) + 1
-                self._leftover_names.add(record.name)
+            self._leftover_names.add(record.name)
             self._scheduler.submit(UploadTask(record.id, record.name, staging.path_of(record), record.size,  # type: ignore[union-attr]
                                               record.overwrite, resumed=True,
                                               owned=record.owned and record.src is None,
@@ -284,7 +282,7 @@ class Uploader:
 
         Raises:
             FileExistsError: ``overwrite=False`` and this uploader has an upload of the name pending or
-                failed, or the name is among the last ``RECENT_NAMES`` (1,024) that landed with
+                failed, or the name is among the last ``RECENT_NAMES`` (1,024) enqueued with
                 ``overwrite=False`` (a name an earlier process left queued is superseded instead, with a
                 ``RuntimeWarning``). Other existing names are refused by the store when the upload
                 runs (an ``UploadError`` at a later call).
@@ -301,7 +299,7 @@ class Uploader:
             raise RuntimeError('this Uploader is closed')
         if name in self._leftover_names:
             self._supersede_leftover(name, staging)
-        elif not overwrite and (name in self._pending_names or name in self._recent_names or name in self._failed):
+        elif not overwrite and (scheduler.is_pending(name) or name in self._recent_names or name in self._failed):
             raise FileExistsError(f'upload of {name!r} with overwrite=False: this rank already queued that name')
         path = os.fspath(path)
         if copy and self.max_staged_bytes is not None:
@@ -334,10 +332,16 @@ class Uploader:
             exc.add_note(f'upload of {name!r}: could not stage {path!r} in {staging.dir}; '  # type: ignore[union-attr]
                          'nothing was queued')
             raise
-        with self._names_lock:
-            self._pending_names[name] = self._pending_names.get(name, 0) + 1
-            if callback is not None:
-                self._callbacks[upload_id] = callback
+        if not overwrite and name not in self._recent_names:
+            # A name claimed with overwrite=False: a repeat is refused at the call (RECENT_NAMES). No lock on
+            # this path: a race between two producer threads can only make the window forget a name early.
+            self._recent_names[name] = None
+            order = self._recent_order
+            order.append(name)
+            if len(order) > RECENT_NAMES:
+                self._recent_names.pop(order.popleft(), None)
+        if callback is not None:
+            self._callbacks[upload_id] = callback
         if size > 0:
             with self._budget:
                 self._staged_bytes += size
@@ -442,18 +446,12 @@ class Uploader:
         return self._scheduler.wait(timeout) if self._scheduler is not None else True
 
     def _finish(self, task: UploadTask, error: Optional[BaseException]) -> None:
-        """What every end of an upload does: release its staged bytes, its name, its callback."""
+        """What every end of an upload does: release its staged bytes and its callback."""
         if task.id in self._counted:
             with self._budget:
                 self._staged_bytes -= self._counted.pop(task.id, 0)
                 self._budget.notify_all()
-        with self._names_lock:
-            left = self._pending_names.get(task.name, 1) - 1
-            if left > 0:
-                self._pending_names[task.name] = left
-            else:
-                self._pending_names.pop(task.name, None)
-            callback = self._callbacks.pop(task.id, None)
+        callback = self._callbacks.pop(task.id, None) if self._callbacks else None
         if callback is not None:
             try:
                 callback(task.name, error)
@@ -464,12 +462,6 @@ class Uploader:
         self._staging.finish(task.id, task.path)  # type: ignore[union-attr]
         self.uploaded_count += 1
         with self._names_lock:
-            if not task.overwrite:  # a name claimed with overwrite=False (see RECENT_NAMES)
-                recent = self._recent_names
-                recent[task.name] = None
-                recent.move_to_end(task.name)
-                if len(recent) > RECENT_NAMES:
-                    recent.popitem(last=False)
             earlier = self._failed.get(task.name)
             if earlier is not None and earlier[0].id < task.id:
                 # A newer upload of the name landed: the older failure has nothing left to deliver.

@@ -586,6 +586,10 @@ class UploadScheduler:
         except Exception:  # noqa: BLE001 - a bookkeeping error must not kill a worker
             log.exception('upload bookkeeping callback %r failed', callback)
 
+    def is_pending(self, name: str) -> bool:
+        """Whether an upload of ``name`` is running or waiting (its result callback has not returned yet)."""
+        return name in self._inflight
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until nothing is outstanding; returns False on timeout."""
         with self._cond:
