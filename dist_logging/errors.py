@@ -31,18 +31,30 @@ class DistributedLoggingError(RuntimeError):
     """A logging collective could not complete on every rank (a rank is missing or failed).
 
     Attributes:
-        missing_ranks: The ranks that did not reach the collective, when known.
-        left_ranks: The ranks known to have left the job (their process ended), a subset of
-            ``missing_ranks``; empty when none is known to have left.
+        missing_ranks: The ranks that did not reach the collective, when known (the union of
+            the three kinds below, plus ranks torch itself named); empty when unknown.
+        left_ranks: The ranks known to have left the job (their process ended).
+        unreachable_ranks: The ranks that went silent (their host cut off or frozen, or the
+            process frozen or ended without a trace).
+        late_ranks: The ranks that are alive but did not call (stuck in the user's code, or in
+            an earlier logging call).
+        hosts: Rank -> host name, as each rank announced itself at start, for the ranks named.
     """
 
-    def __init__(self, message: str, missing_ranks: Iterable[int] = (), left_ranks: Iterable[int] = ()):
+    def __init__(self, message: str, missing_ranks: Iterable[int] = (), left_ranks: Iterable[int] = (),
+                 unreachable_ranks: Iterable[int] = (), late_ranks: Iterable[int] = (),
+                 hosts: Optional[Mapping[int, str]] = None):
         self.left_ranks = tuple(sorted(set(left_ranks)))
-        self.missing_ranks = tuple(sorted(set(missing_ranks) | set(self.left_ranks)))
+        self.unreachable_ranks = tuple(sorted(set(unreachable_ranks)))
+        self.late_ranks = tuple(sorted(set(late_ranks)))
+        self.missing_ranks = tuple(sorted(set(missing_ranks) | set(self.left_ranks) | set(self.unreachable_ranks)
+                                          | set(self.late_ranks)))
+        self.hosts = dict(hosts or {})
         super().__init__(message)
 
     def __reduce__(self):
-        return (type(self), (str(self), self.missing_ranks, self.left_ranks))
+        return (type(self), (str(self), self.missing_ranks, self.left_ranks, self.unreachable_ranks,
+                             self.late_ranks, self.hosts))
 
     @classmethod
     def from_runtime_error(cls, what: str, exc: BaseException, timeout: float) -> 'DistributedLoggingError':

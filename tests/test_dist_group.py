@@ -1,11 +1,21 @@
 """LoggingGroup in one process: no-op collectives without a world, and naming missing ranks from the store."""
 
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+
 import pytest
 import torch
 import torch.distributed as torch_dist
 
 from dist_logging import DistributedLoggingError
 from dist_logging.dist import LoggingGroup
+from dist_logging.dist._watch import HOST, StoreLine, beat_period
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -28,137 +38,214 @@ def test_without_a_world_collectives_return_at_once():
     assert group.collective_count == 0
 
 
-def test_missing_ranks_are_the_ones_whose_arrival_mark_differs(monkeypatch):
+def _line(world_size, rank=0, store=None):
+    """A StoreLine over an in-process store (no clone: a HashStore has no connection to copy)."""
+    return StoreLine(store if store is not None else torch_dist.HashStore(), rank, world_size, 'p/', clone=False,
+                     period=0.5)
+
+
+def _beat(store, rank, count, group_id, sequence, idle=0.0, waiting=False):
+    store.set(f'p/beat/{rank}', f'{count} {time.time():.3f} {idle} {int(waiting)} {group_id}:{sequence}')
+
+
+class _Beating(threading.Thread):
+    """Keeps the beats of ``ranks`` moving (those ranks are alive) until stopped."""
+
+    def __init__(self, store, ranks, group_id, sequence, idle=0.0):
+        super().__init__(daemon=True)
+        self.store, self.ranks, self.args, self.stop = store, ranks, (group_id, sequence, idle), threading.Event()
+
+    def run(self):
+        count = 0
+        while not self.stop.is_set():
+            count += 1
+            for rank in self.ranks:
+                group_id, sequence, idle = self.args
+                _beat(self.store, rank, count, group_id, sequence, idle)
+            self.stop.wait(0.05)
+
+
+def test_missing_ranks_are_the_ones_behind_or_without_a_beat(monkeypatch):
     group = LoggingGroup(timeout=1)
     store = torch_dist.HashStore()
-    group._store = store
-    monkeypatch.setattr(torch_dist, 'get_world_size', lambda group=None: 4)
-    # ranks 0 and 2 reached collective #3; rank 1 is still at #2; rank 3 never wrote a mark
-    store.set(f'{group._prefix}1', '2')
-    store.set(f'{group._prefix}2', '3')
+    group._line = _line(4, store=store)
+    # ranks 0 and 2 reached collective #3; rank 1 is still at #2; rank 3 never beat
+    _beat(store, 1, 1, group._id, 2)
+    _beat(store, 2, 1, group._id, 3)
     group._sequence = 2
-    group._arrive()  # this process is rank 0
-    assert group._sequence == 3 and store.get(f'{group._prefix}0') == b'3'
+    group._arrive()  # this process is rank 0: in memory only, no store call on this thread
+    assert group._sequence == 3 and group._line.sequences[group._id] == 3
     assert group.missing_ranks() == [1, 3]
-    error = group._failure('flush at step 7', RuntimeError('Operation timed out!'))
-    assert isinstance(error, DistributedLoggingError)
-    assert error.missing_ranks == (1, 3)
-    assert 'flush at step 7' in str(error) and '[1, 3]' in str(error)
 
 
 def test_missing_ranks_unknown_without_a_store():
     group = LoggingGroup()
-    group._store = False
+    group._line = False
     assert group.missing_ranks() is None
     error = group._failure('flush', RuntimeError('Operation timed out!'))
-    assert error.missing_ranks == () and 'not every rank arrived' in str(error)
+    assert error.missing_ranks == () and 'cannot tell which' in str(error)
 
 
-def test_each_group_has_its_own_store_prefix():
-    assert LoggingGroup()._prefix != LoggingGroup()._prefix
+def test_each_group_has_its_own_id():
+    assert LoggingGroup()._id != LoggingGroup()._id
+
+
+def test_a_failure_names_who_left_who_is_silent_and_who_is_late_with_their_hosts():
+    """Issue 31: left (process ended on this host), a silent host (every rank on it), a silent rank on a
+    host whose other rank answers, and a live rank that is late. Rank 2 had reached the collective
+    (its last beat says so) before going silent: it is named all the same."""
+    ended = subprocess.Popen([sys.executable, '-c', 'pass'])
+    ended.wait()  # reaped: its pid names no process now
+    store = torch_dist.HashStore()
+    group = LoggingGroup(timeout=2)  # beats every 0.5 s: the two reads are 0.75 s apart
+    group._line = line = _line(6, store=store)
+    group._sequence = 5
+    line.roster.update({1: (HOST, ended.pid), 2: ('hostB', 11), 3: ('hostB', 12), 4: ('hostC', 13),
+                        5: ('hostC', 14)})
+    _beat(store, 2, 7, group._id, 5)  # arrived, then silent
+    _beat(store, 3, 7, group._id, 4)  # never arrived, silent
+    _beat(store, 5, 3, group._id, 4)  # silent while rank 4 on the same host answers
+    alive = _Beating(store, [4], group._id, 4, idle=40.0)  # alive, not calling for 40 s
+    alive.start()
+    try:
+        t0 = time.monotonic()
+        error = group._failure('flush at step 9', None)
+        took = time.monotonic() - t0
+    finally:
+        alive.stop.set()
+    assert isinstance(error, DistributedLoggingError)
+    assert error.left_ranks == (1,) and error.unreachable_ranks == (2, 3, 5) and error.late_ranks == (4,)
+    assert error.missing_ranks == (1, 2, 3, 4, 5)
+    assert error.hosts == {1: HOST, 2: 'hostB', 3: 'hostB', 4: 'hostC', 5: 'hostC'}
+    text = str(error)
+    assert text.startswith('flush at step 9: ') and 'timed out after 2 s' in text
+    assert f'rank 1 (pid {ended.pid} on {HOST}, this host) ended' in text
+    assert 'host hostB (ranks [2, 3]) silent' in text and 'rank 5 on hostC silent' in text
+    assert re.search(r'rank 4 on hostC is alive but has not entered a logging collective for 4\d s', text)
+    assert took < 0.75 + 1.0  # 1.5 beat periods between the two reads, plus the reads
+
+
+def test_a_rank_cut_off_from_the_store_says_it_cannot_tell_and_names_a_stopped_local_rank():
+    """The store does not answer (its host cut off or frozen): the error comes within the 2 s answer
+    limit, says plainly that this rank cannot tell, and still names what /proc shows on this host."""
+    stopped = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        group = LoggingGroup(timeout=1)
+        group._line = line = _line(3, store=_SilentStore())
+        line.roster.update({1: (HOST, stopped.pid), 2: ('hostB', 7)})
+        t0 = time.monotonic()
+        error = group._failure('flush at step 4', None)
+        assert time.monotonic() - t0 < 3
+    finally:
+        stopped.kill()
+        stopped.wait()
+    text = str(error)
+    assert 'cannot tell which other ranks are missing' in text and f'this host ({HOST}) may be the one cut off' in text
+    assert 'hostB: rank 2' in text
+    assert f'rank 1 (pid {stopped.pid} on {HOST}, this host) is stopped (SIGSTOP)' in text
+    assert error.unreachable_ranks == (1,) and error.late_ranks == () and error.left_ranks == ()
+
+
+class _SilentStore:
+    """A store whose every call blocks, like a TCPStore whose server's host was cut off."""
+
+    def __getattr__(self, name):
+        def block(*args, **kwargs):
+            threading.Event().wait()
+        return block
 
 
 class _Work:
-    def __init__(self, outcome):
-        self.outcome, self.timeouts = outcome, []
+    """A Work that completes when ``done`` is set, then returns ``outcome`` or raises it."""
+
+    def __init__(self, outcome=True, done=True):
+        self.outcome, self.finished = outcome, threading.Event()
+        if done:
+            self.finished.set()
+
+    def get_future(self):
+        return types.SimpleNamespace(done=self.finished.is_set)
 
     def wait(self, timeout=None):
-        self.timeouts.append(timeout)
         if isinstance(self.outcome, BaseException):
             raise self.outcome
         return self.outcome
 
 
-def test_wait_all_waits_until_the_deadline_and_never_without_a_timeout():
-    import datetime
-    import time
+def test_wait_all_raises_at_the_deadline_even_when_the_store_hangs():
+    group = LoggingGroup(timeout=30)
+    group._line = _line(2, store=_SilentStore())
+    group.wait_all([_Work()], 'flush')  # completed: returns
+    t0 = time.monotonic()
+    with pytest.raises(DistributedLoggingError, match='flush at step 3: .*cannot tell'):
+        group.wait_all([_Work(done=False)], 'flush at step 3', deadline=time.monotonic() + 0.3)
+    assert time.monotonic() - t0 < 0.3 + 2 + 0.5  # the deadline, plus the store's answer limit
+
+
+def test_a_failed_work_raises_named_and_the_group_is_abandoned():
+    group = LoggingGroup(timeout=30)
+    group._line = False
+    with pytest.raises(DistributedLoggingError, match='flush at step 3.*Connection reset by peer'):
+        group.wait_all([_Work(RuntimeError('Connection reset by peer'))], 'flush at step 3')
+    t0 = time.monotonic()
+    with pytest.raises(DistributedLoggingError, match='flush at step 4: the logging group was abandoned'):
+        group._collective('flush at step 4', lambda: pytest.fail('a collective was issued'))
+    assert time.monotonic() - t0 < 0.1
+
+
+def test_a_signal_handler_runs_while_a_collective_waits():
+    """The wait is Python-side (short sleeps), so FileLogger's SIGTERM handler is not held off."""
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted
 
     group = LoggingGroup(timeout=30)
-    group._store = False
-    done, late = _Work(True), _Work(True)
-    group.wait_all([done], 'flush', deadline=time.monotonic() + 10)
-    assert 9 < done.timeouts[0].total_seconds() <= 10
-    group.wait_all([late], 'flush', deadline=time.monotonic() - 5)  # past: still a positive timeout
-    assert late.timeouts[0] == datetime.timedelta(milliseconds=1)  # timedelta(0) would mean "forever" to c10d
-    for outcome in (RuntimeError('Operation timed out!'), False):
-        with pytest.raises(DistributedLoggingError, match='flush at step 3'):
-            group.wait_all([_Work(outcome)], 'flush at step 3')
+    group._line = False
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(Interrupted):
+            group.wait_all([_Work(done=False)], 'flush')
+        assert time.monotonic() - t0 < 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_long_wait_warns_naming_the_late_rank_before_the_timeout():
+    """Hang detection: past half the timeout (at most WATCH_AFTER_SECONDS) the waiting rank names a
+    rank that is alive but has not called the Logger, with its host and how long, then raises at the timeout."""
+    store = torch_dist.HashStore()
+    group = LoggingGroup(timeout=3)
+    group._line = line = _line(2, store=store)
+    line.roster[1] = ('hostB', 5)
+    group._sequence = 2
+    alive = _Beating(store, [1], group._id, 1, idle=100.0)
+    alive.start()
+    try:
+        with pytest.warns(RuntimeWarning, match=r'flush at step 8: still waiting after \d s: late: rank 1 on hostB '
+                                                r'is alive but has not entered a logging collective for 1\d\d s'):
+            with pytest.raises(DistributedLoggingError, match='late: rank 1 on hostB') as info:
+                group.wait_all([_Work(done=False)], 'flush at step 8')
+    finally:
+        alive.stop.set()
+    assert info.value.late_ranks == (1,) and info.value.hosts == {1: 'hostB'}
 
 
 def test_exit_hook_drops_the_groups_of_loggers_never_closed():
-    """At interpreter exit (atexit), a LoggingGroup never destroyed lets go of its dedicated group
-    and store, so they are not freed during finalization (which aborts a gloo process)."""
-    from dist_logging.dist import _group as dist
+    """At interpreter exit (atexit), a LoggingGroup never destroyed lets go of its dedicated group, so it
+    is not freed during finalization (which aborts a gloo process)."""
+    from dist_logging.dist import _group
 
     group = LoggingGroup()
-    dedicated, store = object(), object()
-    group._group, group._store = dedicated, store
-    dist._release_process_groups()
-    assert group._group is None and group._store is None
+    group._group = object()
+    _group._release_process_groups()
+    assert group._group is None
 
 
-def test_a_failed_collective_names_the_ranks_that_left(monkeypatch):
-    """Issue 21: rank 1 (this host, process ended) left; rank 2 (another host) does not answer the roll
-    call; rank 3 (another host) answers: it is a survivor, not named."""
-    import subprocess
-    import sys
-
-    from dist_logging.dist import _group as dist
-
-    ended = subprocess.Popen([sys.executable, '-c', 'pass'])
-    ended.wait()  # reaped: its pid names no process now
-    group = LoggingGroup(timeout=30)
-    store = torch_dist.HashStore()
-    group._store = store
-    monkeypatch.setattr(torch_dist, 'get_world_size', lambda group=None: 4)
-    monkeypatch.setattr(dist, '_ROLL_CALL_SECONDS', 0.5)
-    group._announce()  # rank 0, this process
-    store.set(f'{dist._PROC_PREFIX}1', f'{dist._HOST} {ended.pid}')
-    store.set(f'{dist._PROC_PREFIX}2', 'other-host 4242')
-    store.set(f'{dist._PROC_PREFIX}3', 'third-host 4343')
-    store.set(f'{group._prefix}rollcall{group._sequence}/3', '1')
-    error = group._failure('flush at step 2', RuntimeError('Read error [10.0.0.2]:4802: Connection reset by peer'))
-    assert isinstance(error, DistributedLoggingError)
-    assert error.left_ranks == (1,) and error.missing_ranks == (1, 2)
-    assert f'rank(s) [1] left the job (their process ended: rank 1: pid {ended.pid} on {dist._HOST})' in str(error)
-    assert 'rank(s) [2] on other hosts did not answer' in str(error) and 'within' in str(error)
-    assert 'not every rank arrived' not in str(error)
-
-
-def test_a_live_rank_on_this_host_is_not_said_to_have_left(monkeypatch):
-    import os
-
-    from dist_logging.dist import _group as dist
-
-    group = LoggingGroup(timeout=30)
-    store = torch_dist.HashStore()
-    group._store = store
-    monkeypatch.setattr(torch_dist, 'get_world_size', lambda group=None: 2)
-    store.set(f'{dist._PROC_PREFIX}1', f'{dist._HOST} {os.getppid()}')  # alive
-    error = group._failure('flush', RuntimeError('Connection closed by peer [127.0.0.1]:1'))
-    assert error.left_ranks == () and 'a rank left or failed' in str(error)
-
-
-def test_a_rank_that_arrived_and_ended_after_a_timeout_is_not_blamed(monkeypatch):
-    """Rank 1 reached the collective, timed out first and exited; rank 3 never arrived: a timeout names
-    rank 3 (from the arrival marks), not rank 1 (seen under load: the 4-rank gather scenario)."""
-    import subprocess
-    import sys
-
-    from dist_logging.dist import _group as dist
-
-    ended = subprocess.Popen([sys.executable, '-c', 'pass'])
-    ended.wait()
-    group = LoggingGroup(timeout=3)
-    store = torch_dist.HashStore()
-    group._store = store
-    monkeypatch.setattr(torch_dist, 'get_world_size', lambda group=None: 4)
-    group._announce()
-    group._arrive()  # this rank (0) reached collective 1
-    store.set(f'{dist._PROC_PREFIX}1', f'{dist._HOST} {ended.pid}')
-    for rank in (1, 2):
-        store.set(f'{group._prefix}{rank}', str(group._sequence))
-    error = group._failure('flush at step 0', RuntimeError('[../third_party/gloo/...] Timed out waiting 3000ms'))
-    assert error.left_ranks == ()
-    assert error.missing_ranks == (3,), str(error)
-    assert 'left the job' not in str(error)
+def test_beat_period_is_a_tenth_of_the_timeout_within_bounds():
+    assert beat_period(5) == 0.5 and beat_period(30) == 3.0 and beat_period(300) == 5.0 and beat_period(1) == 0.5

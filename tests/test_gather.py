@@ -3,6 +3,7 @@ a fake world of threads whose group reduces in memory, the device-native packing
 stand-ins, and a simulated 4,096-rank world on torch's fake process group (the real thing
 runs under torchrun in tests/multiprocess/test_gather.py)."""
 
+import datetime
 import gc
 import math
 import re
@@ -670,24 +671,36 @@ def _reaches(root, target) -> bool:
     return False
 
 
-def test_the_logger_never_holds_the_default_process_group(fake_process_group, monkeypatch):
-    """A reference kept past the user's destroy_process_group() has gloo's threads torn down
-    at interpreter exit, which aborts the process ("terminate called without an active
-    exception"): the group is looked up at each flush, never kept."""
+def test_the_logger_runs_in_a_group_of_its_own_and_never_holds_the_default_group(fake_process_group, monkeypatch):
+    """Issue 31: even when the training group is gloo, the Logger's collectives run in a gloo group of
+    their own whose timeout is sync_timeout, so abandoning it after a failure leaves the user's group
+    untouched and work left in flight ends by itself. The default group is never referenced: a
+    reference kept past the user's destroy_process_group() has gloo's threads torn down at
+    interpreter exit, which aborts the process."""
     monkeypatch.setattr(LoggingGroup, 'group', REAL_GROUP_LOOKUP)
     monkeypatch.setattr(torch_dist, 'get_backend', lambda group=None: 'gloo')  # the default group is gloo
     fake_process_group(2, 0)
+    created = []
+    real_new_group = torch_dist.new_group
+
+    def new_group(backend=None, timeout=None, **kwargs):
+        created.append((backend, timeout))
+        return real_new_group(backend='fake', timeout=timeout)  # a real group of torch's fake backend
+
+    monkeypatch.setattr(torch_dist, 'new_group', new_group)
     world = torch_dist.group.WORLD
-    logger = Logger(InMemoryLogger(), run_name='held', flush_every=1)
+    logger = Logger(InMemoryLogger(), run_name='held', flush_every=1, sync_timeout=42)
     logger.log_metrics({'loss': 1.0}, reduce='mean')
     logger.flush()
+    assert created == [('gloo', datetime.timedelta(seconds=42))]
+    assert logger._group.group() is not world
     assert logger._gatherer.flushes_issued == 1 and not _reaches(logger, world)
     for _ in range(3):
         logger.log_metrics({'loss': 1.0}, reduce='mean')
-        logger.batch_end()  # issued asynchronously: the flush in flight holds it until completed
+        logger.batch_end()  # issued asynchronously: the flush in flight holds its group until completed
     assert logger._gatherer.in_flight
     logger.close()
-    assert not _reaches(logger, world)
+    assert not _reaches(logger, world) and len(created) == 1
 
 
 def test_flush_every_from_config():

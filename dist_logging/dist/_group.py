@@ -5,20 +5,36 @@ from __future__ import annotations
 import atexit
 import datetime
 import itertools
-import os
 import re
-import socket
 import threading
+import time
+import warnings
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as torch_dist
 
-from dist_logging.dist._facts import get_global_rank, is_initialized, select_reduction_device
+from dist_logging.dist._diagnose import Read, diagnose
+from dist_logging.dist._facts import get_attempt, get_global_rank, is_initialized, select_reduction_device
+from dist_logging.dist._watch import STORE_ANSWER_SECONDS, StoreLine, StoreUnreachable, beat_period, line_for
+from dist_logging.dist._watch import HOST, process_state
 from dist_logging.errors import DistributedLoggingError
 
-__all__ = ['LoggingGroup']
+__all__ = ['LoggingGroup', 'WATCH_AFTER_SECONDS']
+
+# How gloo and TCP report a peer that went away.
+_CONNECTION_LOST = re.compile(
+    r'Connection (reset|closed) by peer|Broken pipe|remote process exited|Socket closed|connection closed', re.I)
+
+#: A wait this long (or half of ``sync_timeout``, if shorter) looks at the other ranks' beats and
+#: warns, naming the ranks it waits for (alive but not calling, or silent), before the timeout.
+WATCH_AFTER_SECONDS = 60.0
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host (a zombie, ended but not yet reaped by its launcher, has ended)."""
+    return process_state(pid) is not None
 
 
 def _rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
@@ -30,48 +46,20 @@ def _rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
 
 
 _GROUP_INSTANCES = itertools.count()
-_DEFAULT_GROUP = object()  # LoggingGroup._group when the default group is used: looked up, never held
 _LIVE_GROUPS: 'weakref.WeakSet[LoggingGroup]' = weakref.WeakSet()
-
-
-_PROC_PREFIX = 'dist_logging/proc/'  # rank -> 'host pid', set once per process (see LoggingGroup._announce)
-_ANNOUNCED: set[int] = set()
-_HOST = socket.gethostname()
-_ROLL_CALL_SECONDS = 5.0
-# How gloo, NCCL and TCP report a peer that went away.
-_CONNECTION_LOST = re.compile(
-    r'Connection (reset|closed) by peer|Broken pipe|remote process exited|Socket closed|connection closed', re.I)
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs on this host (a zombie, ended but not yet reaped by its launcher, has ended)."""
-    try:
-        with open(f'/proc/{pid}/stat', 'rb') as handle:
-            state = handle.read().rsplit(b')', 1)[1].split()[0]
-        return state not in (b'Z', b'X')
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 @atexit.register
 def _release_process_groups() -> None:
-    """At interpreter exit, drop our references to the dedicated groups and stores of Loggers
-    never closed (no torch call: nothing here may block at exit).
+    """At interpreter exit, drop our references to the dedicated groups of Loggers never closed
+    (no torch call: nothing here may block at exit).
 
     atexit runs while the interpreter is whole; a process group's C++ object freed later,
     during finalization, takes the process down with SIGABRT.
     """
     for group in list(_LIVE_GROUPS):
         with group._lock:
-            group._group = group._store = None
+            group._group = None
 
 
 class LoggingGroup:
@@ -79,19 +67,32 @@ class LoggingGroup:
 
     All methods are collectives: every rank must call them in the same order.
     With a world of one (or no process group) they return at once without
-    communicating. The group is created on first use; its creation is itself a
-    collective and obeys the same timeout.
+    communicating. The group is created on first use (always a group of its own, never the
+    training group, so abandoning it leaves the user's group untouched); its creation is itself
+    a collective and obeys the same timeout.
 
-    Naming the ranks that did not arrive: before each collective, a rank writes the
-    collective's sequence number under its own key in the rendezvous store (a
-    one-way ``set``: a few microseconds, no round trip, not a collective). When a
-    collective fails or times out, the ranks that did arrive read those keys and
-    name the ranks whose number differs. The steady state therefore still costs
-    exactly one collective per call; the store is only read on failure.
+    Bounded waits: every wait (the group's creation, each collective) is a poll on the calling
+    thread with a deadline, so a signal handler (FileLogger's SIGTERM flush) runs within
+    milliseconds; the group's own gloo timeout is ``timeout`` too, so work left in flight
+    after a failure ends by itself by then, and interpreter exit does not wait longer for it.
+    No store operation runs on the calling thread: the store is only read through the
+    process's :class:`~dist_logging.dist._watch.StoreLine`, with a deadline.
+
+    Naming the ranks that did not arrive: each rank's line beats in the store (proof of
+    life, and how far the rank got); after a failure, or during a long wait, the waiting ranks
+    read the beats and name who left, who went silent (and on which host), and who is alive but
+    late (see :mod:`dist_logging.dist._diagnose`). The steady state costs exactly one
+    collective per call and no store operation on the calling thread.
+
+    After a collective failed (timed out, or a peer failed), the group is abandoned: its later
+    collectives raise at once, naming the first failure, instead of waiting again.
 
     Args:
         timeout: Seconds each collective may wait for the slowest rank before
             raising :class:`DistributedLoggingError`.
+
+    Raises:
+        ValueError: ``timeout`` is not a positive number.
 
     Attributes:
         collective_count: How many collectives this group issued (tests use it to
@@ -106,10 +107,12 @@ class LoggingGroup:
         self._lock = threading.Lock()
         self.collective_count = 0  # counted so tests can prove "one collective per flush"
         # Every rank builds its Loggers in the same order, so the index names the same group everywhere.
-        self._prefix = f'dist_logging/group{next(_GROUP_INSTANCES)}/arrived/'
+        self._id = next(_GROUP_INSTANCES)
         self._sequence = 0
-        self._store: Any = None
+        self._line: Any = None  # this process's StoreLine, False without a store
         self._device: Optional[torch.device] = None
+        self._failed: Optional[DistributedLoggingError] = None
+        self._reads: list[Read] = []  # beat reads made during the current wait
         _LIVE_GROUPS.add(self)
 
     @property
@@ -131,8 +134,10 @@ class LoggingGroup:
         With an NCCL default group and CUDA available, the default group on the current
         CUDA device (device-native: no gloo group, no host synchronization until values
         are read). Otherwise the logging gloo group on the CPU. The choice depends only
-        on the backend, which every rank shares, so every rank picks the same one; it is
-        made once, the group is looked up at each call (see :meth:`group`).
+        on the backend, which every rank shares, so every rank picks the same one.
+
+        Raises:
+            DistributedLoggingError: creating the group failed or timed out, or the group was abandoned.
         """
         if self._device is None:
             self._device = select_reduction_device(torch_dist.get_backend(), torch.cuda.is_available())
@@ -141,184 +146,215 @@ class LoggingGroup:
         return self.group(), self._device
 
     def group(self) -> Any:
-        """The logging gloo group; the first call creates it (a collective).
+        """The logging gloo group; the first call creates it (a collective, bounded by the timeout).
 
-        When the default group already is gloo it is used (a second one would only cost
-        ports and threads; our own ``Work.wait(timeout)`` bounds each call), and it is
-        looked up at every call rather than held: a reference kept after the user's
-        ``destroy_process_group()`` leaves gloo's threads to be torn down at interpreter
-        exit, which aborts the process ("terminate called without an active exception").
+        ``new_group`` reads and writes the store on the thread that calls it, so it runs on a
+        helper thread while this one waits with a deadline.
+
+        Raises:
+            DistributedLoggingError: creating the group failed or timed out, or the group was abandoned.
         """
         with self._lock:
+            self._check_usable('creating the logging gloo process group')
             if self._group is None:
                 what = 'creating the logging gloo process group'
-                self._announce()
+                self._get_line()
                 self._arrive()
-                try:
-                    if torch_dist.get_backend() == 'gloo':
-                        self._group = _DEFAULT_GROUP
-                    else:
-                        self._group = torch_dist.new_group(backend='gloo', timeout=self._timedelta())
-                except RuntimeError as exc:
-                    raise self._failure(what, exc) from exc
-            return torch_dist.group.WORLD if self._group is _DEFAULT_GROUP else self._group
+                outcome: dict[str, Any] = {}
 
-    # ------------------------------------------------------------------ arrival marks
+                def create() -> None:
+                    try:
+                        outcome['group'] = torch_dist.new_group(backend='gloo', timeout=self._timedelta())
+                    except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                        outcome['error'] = exc
+
+                helper = threading.Thread(target=create, name='dist_logging-new-group', daemon=True)
+                helper.start()
+                self._poll(lambda: not helper.is_alive(), time.monotonic() + self.timeout, what)
+                if 'error' in outcome:
+                    raise self._failure(what, outcome['error']) from outcome['error']
+                self._group = outcome['group']
+            return self._group
+
+    # ------------------------------------------------------------------ the store, off this thread
     def arrive(self) -> None:
-        """Mark (in the rendezvous store) that this rank reached the next collective step.
+        """Note that this rank reached the next collective step (in memory; the line's beat carries it).
 
         Call it once before a batch of collectives issued with :meth:`start_all_reduce` /
-        :meth:`start_gather`; the synchronous collectives below mark their own arrival.
+        :meth:`start_gather`; the synchronous collectives below note their own arrival.
         """
         self._arrive()
 
-    def _get_store(self) -> Any:
-        if self._store is None:
+    def _arrive(self) -> None:
+        self._sequence += 1
+        line = self._get_line()
+        if line:
+            line.entered(self._id, self._sequence)
+
+    def _get_line(self) -> Any:
+        if self._line is None:
             try:
                 from torch.distributed import distributed_c10d
 
-                self._store = distributed_c10d._get_default_store()
-            except Exception:  # noqa: BLE001 - diagnostics are best effort
-                self._store = False
-        return self._store
+                store = distributed_c10d._get_default_store()
+                self._line = line_for(store, get_global_rank(), torch_dist.get_world_size(), get_attempt(),
+                                      beat_period(self.timeout))
+            except Exception:  # noqa: BLE001 - no store (no process group): nothing to name ranks with
+                self._line = False
+        return self._line
 
-    def _arrive(self) -> None:
-        """Record in the store that this rank reached collective number ``_sequence + 1``."""
-        self._sequence += 1
-        store = self._get_store()
-        if store:
-            try:
-                store.set(f'{self._prefix}{get_global_rank()}', str(self._sequence))
-            except Exception:  # noqa: BLE001 - a store hiccup must not fail logging
-                pass
+    def _read(self, line: StoreLine) -> Read:
+        return line.call(line.read_beats, STORE_ANSWER_SECONDS)
 
     def missing_ranks(self) -> Optional[list[int]]:
-        """Ranks that have not reached this rank's latest collective (None when unknown).
+        """Ranks not known to have reached this rank's latest collective (None when the store does not tell).
 
-        Reads every rank's arrival mark from the rendezvous store (no collective).
+        Reads every rank's beat (no collective; bounded by a couple of seconds).
         """
-        store = self._get_store()
-        if not store:
+        line = self._get_line()
+        if not line:
             return None
-        missing = []
         try:
-            for rank in range(torch_dist.get_world_size()):
-                key = f'{self._prefix}{rank}'
-                if not store.check([key]) or int(store.get(key)) != self._sequence:
-                    missing.append(rank)
+            _, beats, _ = self._read(line)
         except Exception:  # noqa: BLE001 - the store may be gone with the failed rank's host
             return None
-        return missing
+        return [r for r in range(line.world_size)
+                if r != line.rank and (r not in beats or beats[r].sequences.get(self._id, 0) < self._sequence)]
 
-    # ------------------------------------------------------------------ who left
-    def _announce(self) -> None:
-        """Write ``host pid`` under this rank's key once per process and store (one ``set``), so that a
-        failed collective can tell which ranks' processes have ended."""
-        store = self._get_store()
-        if not store or id(store) in _ANNOUNCED:
-            return
-        try:
-            store.set(f'{_PROC_PREFIX}{get_global_rank()}', f'{_HOST} {os.getpid()}')
-            _ANNOUNCED.add(id(store))
-        except Exception:  # noqa: BLE001 - diagnostics only
-            pass
+    # ------------------------------------------------------------------ failures
+    def _check_usable(self, what: str) -> None:
+        if self._failed is not None:
+            first = self._failed
+            raise DistributedLoggingError(
+                f'{what}: the logging group was abandoned after an earlier failure ({first}); end this process '
+                '(see docs/gather.md)', left_ranks=first.left_ranks, unreachable_ranks=first.unreachable_ranks,
+                late_ranks=first.late_ranks, hosts=first.hosts)
 
-    def departed_ranks(self, connection_lost: bool = False) -> tuple[list[int], list[int], dict[int, str]]:
-        """After a failed collective: ``(left, silent, where)``.
+    def _failure(self, what: str, exc: Optional[BaseException]) -> DistributedLoggingError:
+        """Name who is missing after ``what`` failed (``exc``; None: it timed out), and abandon the group.
 
-        ``left``: ranks on this host whose process has ended (checked in ``/proc``: exact, immediate).
-        ``silent``: only when ``connection_lost``, ranks on other hosts that did not answer a roll
-        call in the store within a few seconds (the survivors of the same failure all answer).
-        ``where``: rank -> ``'host pid'`` as the ranks announced themselves. Reads one key per rank
-        from the store (on failure only); never raises.
+        Takes at most two store reads (:data:`~dist_logging.dist._watch.STORE_ANSWER_SECONDS` each)
+        1.5 beat periods apart beyond the deadline; one read when a peer closed its connection and
+        ``/proc`` shows a rank on this host that ended (that rank is the cause, and the launcher is
+        about to stop this process too).
         """
-        store = self._get_store()
-        if not store:
-            return [], [], {}
-        me, world = get_global_rank(), torch_dist.get_world_size()
-        import time
-
-        where: dict[int, str] = {}
-        local: dict[int, int] = {}
-        remote: list[int] = []
-        try:
-            for rank in range(world):
-                key = f'{_PROC_PREFIX}{rank}'
-                if rank == me or not store.check([key]):
-                    continue
-                where[rank] = store.get(key).decode()
-                host, _, pid = where[rank].partition(' ')
-                if host != _HOST:
-                    remote.append(rank)
-                else:
-                    local[rank] = int(pid)
-        except Exception:  # noqa: BLE001 - the store may have gone with the failed host
-            pass
-        left = [rank for rank, pid in local.items() if not _process_alive(pid)]
-        # A closed connection comes from a process that is exiting: the kernel closes its sockets a
-        # moment before the process shows as ended. Look again, briefly.
-        deadline = time.monotonic() + 1.0
-        while connection_lost and local and not left and time.monotonic() < deadline:
-            time.sleep(0.05)
-            left = [rank for rank, pid in local.items() if not _process_alive(pid)]
-        silent: list[int] = []
-        if connection_lost and remote:
-            silent = self._roll_call(store, remote)
-        return left, silent, where
-
-    def _roll_call(self, store: Any, ranks: list[int]) -> list[int]:
-        """Answer and wait (at most ``_ROLL_CALL_SECONDS``) for ``ranks`` to answer too; the silent ones."""
-        import time
-
-        prefix = f'{self._prefix}rollcall{self._sequence}/'
-        try:
-            store.set(f'{prefix}{get_global_rank()}', '1')
-            deadline = time.monotonic() + min(_ROLL_CALL_SECONDS, self.timeout)
-            pending = list(ranks)
-            while pending and time.monotonic() < deadline:
-                pending = [r for r in pending if not store.check([f'{prefix}{r}'])]
-                if pending:
-                    time.sleep(0.1)
-            return pending
-        except Exception:  # noqa: BLE001
-            return []
-
-    def _failure(self, what: str, exc: BaseException) -> DistributedLoggingError:
-        text = str(exc)
-        first = text.splitlines()[0] if text else type(exc).__name__
-        connection_lost = bool(_CONNECTION_LOST.search(text))
-        left, silent, where = self.departed_ranks(connection_lost)
-        if left:
-            # A rank that reached this collective and ended afterwards (e.g. it timed out first and exited)
-            # is not the cause: keep the ranks that never arrived, when the arrival marks tell.
-            missing = self.missing_ranks()
-            if missing is not None:
-                arrived_then_ended = [rank for rank in left if rank not in missing]
-                if len(arrived_then_ended) < len(left) or not connection_lost:
-                    left = [rank for rank in left if rank in missing]
-        if left or silent:
-            parts = []
-            if left:
-                parts.append(f'rank(s) {left} left the job (their process ended: '
-                             + ', '.join(f'rank {r}: pid {where[r].split(" ")[1]} on {where[r].split(" ")[0]}'
-                                         for r in left) + ')')
-            if silent:
-                parts.append(f'rank(s) {silent} on other hosts did not answer within {_ROLL_CALL_SECONDS:g} s '
-                             'after the connection closed (they left, or hang)')
-            cause = 'a peer closed its connection' if connection_lost else 'the collective failed'
-            return DistributedLoggingError(f'{what}: {"; ".join(parts)}; {cause} ({first})',
-                                           missing_ranks=silent, left_ranks=left)
-        if connection_lost:
-            return DistributedLoggingError(f'{what}: a peer closed its connection: a rank left or failed (none '
-                                           f'of the ranks this one can check has ended) ({first})')
-        error = DistributedLoggingError.from_runtime_error(what, exc, self.timeout)
-        if not error.missing_ranks:
-            missing = self.missing_ranks()
-            if missing:
-                error = DistributedLoggingError(
-                    f'{what}: ranks {missing} did not reach it within {self.timeout:g} s, or failed ({first})',
-                    missing)
+        text = str(exc) if exc is not None else ''
+        cause = text.splitlines()[0] if text else (type(exc).__name__ if exc is not None
+                                                  else f'timed out after {self.timeout:g} s')
+        line = self._get_line()
+        if not line:
+            error = DistributedLoggingError(f'{what}: not every rank arrived within {self.timeout:g} s, or one '
+                                            f'failed; without a store this rank cannot tell which ({cause})')
+        else:
+            if len(line.roster) < line.world_size:  # a failure in the first beat period: who runs where
+                try:
+                    line.call(line.read_roster, STORE_ANSWER_SECONDS)
+                except Exception:  # noqa: BLE001 - the diagnosis says what the store did not tell
+                    pass
+            quick = bool(_CONNECTION_LOST.search(text)) and self._local_rank_ended(line)
+            reads, problem = self._two_reads(line, quick)
+            error = diagnose(line.rank, line.world_size, dict(line.roster), self._id, self._sequence, reads,
+                             problem).error(what, cause)
+        self._abandon(error)
         return error
+
+    @staticmethod
+    def _local_rank_ended(line: StoreLine) -> bool:
+        """Whether a rank on this host has ended; looks again for up to a second (a process closes its
+        sockets a moment before it shows as ended)."""
+        local = [pid for rank, (host, pid) in list(line.roster.items()) if host == HOST and rank != line.rank]
+        deadline = time.monotonic() + 1.0
+        while local:
+            if any(process_state(pid) is None for pid in local):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)  # the launcher notices the same exit within ~0.1 s and stops this process
+        return False
+
+    def _two_reads(self, line: StoreLine, quick: bool = False) -> tuple[Optional[tuple[Read, Read]], Optional[str]]:
+        """Two beat reads at least 1.5 beat periods apart (one made during the wait counts); with
+        ``quick``, none (``/proc`` told who left; nobody is called silent or late)."""
+        if quick:  # no store read: the launcher is about to stop this process too (~0.1 s)
+            empty: Read = (time.monotonic(), {}, set())
+            return (empty, empty), None
+        try:
+            reads = self._reads + [self._read(line)]
+            spacing = 1.5 * line.period
+            if reads[-1][0] - reads[0][0] < spacing:
+                time.sleep(max(reads[0][0] + spacing - time.monotonic(), 0.0))  # a signal interrupts it
+                reads.append(self._read(line))
+            return (reads[0], reads[-1]), None
+        except StoreUnreachable as exc:
+            return None, str(exc)
+        except Exception as exc:  # noqa: BLE001 - any store failure means the same here
+            return None, f'{type(exc).__name__}: {exc}'
+
+    def _abandon(self, error: DistributedLoggingError) -> None:
+        """Refuse this group's later collectives; let gloo end what is in flight (its timeout is ours)."""
+        self._failed = error
+        group = self._group
+        if group is not None:
+            try:
+                group.abort()  # a no-op for gloo in torch 2.13; NCCL/others stop their in-flight work
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+
+    # ------------------------------------------------------------------ waiting
+    def _poll(self, done: Callable[[], bool], deadline: float, what: str) -> None:
+        """Wait until ``done()`` or raise at ``deadline``, sleeping in short steps (signals get through).
+
+        Past :data:`WATCH_AFTER_SECONDS` (or half the timeout, if shorter) it reads the other
+        ranks' beats twice and warns once, naming the ranks it waits for.
+        """
+        if done():
+            return
+        line = self._get_line()
+        started = time.monotonic()
+        watch_at = started + min(self.timeout / 2, WATCH_AFTER_SECONDS)
+        self._reads, pending, warned, delay = [], None, False, 0.0
+        if line:
+            line.waiting += 1
+        try:
+            while not done():
+                now = time.monotonic()
+                if now >= deadline:
+                    raise self._failure(what, None)
+                if line and not warned and now >= watch_at:
+                    pending, warned = self._watch(line, pending, what, now - started)
+                time.sleep(delay)
+                delay = min(delay * 2 or 0.00005, 0.005)
+        finally:
+            if line:
+                line.waiting -= 1
+
+    def _watch(self, line: StoreLine, pending: Any, what: str, waited: float) -> tuple[Any, bool]:
+        """One step of the long-wait check: queue a beat read, or take its answer; warn once."""
+        if pending is not None:
+            if not pending.done.is_set():
+                return pending, False
+            if pending.error is not None:
+                return None, True  # the store does not answer now: the failure will say so
+            self._reads.append(pending.result)
+            pending = None
+        if self._reads and self._reads[-1][0] - self._reads[0][0] >= 1.5 * line.period:
+            found = diagnose(line.rank, line.world_size, dict(line.roster), self._id, self._sequence,
+                             (self._reads[0], self._reads[-1]))
+            if found.names_someone:
+                warnings.warn(f'{what}: still waiting after {waited:.0f} s: {found.describe()}; raising at '
+                              f'{self.timeout:g} s (sync_timeout)', RuntimeWarning, stacklevel=5)
+            return None, True
+        if not self._reads or time.monotonic() - self._reads[-1][0] >= 1.5 * line.period:
+            pending = line.submit(line.read_beats)
+        return pending, False
+
+    def _wait_work(self, work: Any, deadline: float, what: str) -> None:
+        try:
+            done = work.get_future().done  # gloo, NCCL and torch's fake group all keep one
+        except (AttributeError, RuntimeError):  # a backend without futures
+            done = work.is_completed
+        self._poll(done, deadline, what)
+        work.wait()  # completed: returns, or raises the work's error
 
     # ------------------------------------------------------------------ collectives
     def _collective(self, what: str, issue: Callable[[], Any], wait: bool = False) -> Any:
@@ -326,19 +362,20 @@ class LoggingGroup:
 
         Args:
             what: what the collective is for (the error message starts with it).
-            issue: issues the collective; returns its Work (or None for a blocking one).
+            issue: issues the collective with ``async_op=True``; returns its Work.
             wait: wait for the Work within the timeout before returning.
 
         Returns:
-            What ``issue`` returned (the Work of an asynchronous collective).
+            What ``issue`` returned (the Work).
 
         Raises:
             DistributedLoggingError: the collective failed or timed out (names the ranks when known).
         """
+        self._check_usable(what)
         try:
             work = issue()
             if wait:
-                self._wait(work, what)
+                self._wait_work(work, time.monotonic() + self.timeout, what)
             return work
         except DistributedLoggingError:
             raise
@@ -350,18 +387,21 @@ class LoggingGroup:
     def barrier(self, what: str) -> None:
         """Wait until every rank arrives, or raise naming the ranks that did not.
 
-        Uses ``monitored_barrier`` on the gloo group, which reports the ranks that
-        failed to arrive within the timeout.
+        An all_reduce of one number on the logging group (an interruptible, bounded wait).
+
+        Raises:
+            DistributedLoggingError: as :meth:`all_reduce`.
         """
         if not self.active:
             return
-        group = self.group()
-        self._arrive()
-        self._collective(what, lambda: torch_dist.monitored_barrier(group=group, timeout=self._timedelta(),
-                                                                    wait_all_ranks=True))
+        self.all_reduce(torch.zeros(1), torch_dist.ReduceOp.SUM, what)
 
     def all_reduce(self, tensor: torch.Tensor, op: Any, what: str) -> torch.Tensor:
-        """All-reduce a CPU tensor in place on the logging group and return it."""
+        """All-reduce a CPU tensor in place on the logging group and return it.
+
+        Raises:
+            DistributedLoggingError: a rank did not arrive within the timeout or failed (named).
+        """
         if not self.active:
             return tensor
         group = self.group()
@@ -378,6 +418,9 @@ class LoggingGroup:
         Args:
             group: the process group (default: the logging gloo group, CPU tensors); pass
                 the group of :meth:`reduction_target` with tensors on its device.
+
+        Raises:
+            DistributedLoggingError: as :meth:`all_reduce`.
         """
         if not self.active:
             return [tensor]
@@ -394,6 +437,9 @@ class LoggingGroup:
 
         Nothing waits here: complete it with :meth:`wait_all`. Every rank must issue the
         same collectives, with tensors of the same size, in the same order.
+
+        Raises:
+            DistributedLoggingError: issuing failed, or the group was abandoned.
         """
         return self._collective(what, lambda: torch_dist.all_reduce(tensor, op=op, group=group, async_op=True))
 
@@ -403,6 +449,9 @@ class LoggingGroup:
         Returns:
             ``(work, outputs)``: ``outputs`` holds one tensor per rank on ``dst`` (filled once
             the work completes) and is empty elsewhere.
+
+        Raises:
+            DistributedLoggingError: issuing failed, or the group was abandoned.
         """
         outputs = _rows(tensor, torch_dist.get_world_size()) if get_global_rank() == dst else []
         work = self._collective(what, lambda: torch_dist.gather(tensor, gather_list=outputs or None, dst=dst,
@@ -414,21 +463,17 @@ class LoggingGroup:
 
         Raises:
             DistributedLoggingError: some work failed or did not finish in time; names the
-                ranks that did not arrive when the store says which.
+                ranks that did not arrive, where they run and why, as far as this rank can tell.
         """
-        import time
-
         if deadline is None:
             deadline = time.monotonic() + self.timeout
         for work in works:
-            # timedelta(0) would mean "no timeout" to c10d: always pass at least a millisecond.
-            remaining = max(deadline - time.monotonic(), 0.001)
             try:
-                finished = work.wait(timeout=datetime.timedelta(seconds=remaining))
+                self._wait_work(work, deadline, what)
+            except DistributedLoggingError:
+                raise
             except RuntimeError as exc:
                 raise self._failure(what, exc) from exc
-            if finished is False:
-                raise self._failure(what, RuntimeError('timed out'))
 
     def all_gather_bytes(self, payload: bytes, length: int, lengths: Optional[Sequence[int]], what: str,
                          group: Any = None, device: Any = None) -> list[bytes]:
@@ -440,6 +485,9 @@ class LoggingGroup:
             lengths: every rank's payload length, by rank; None to strip trailing NUL bytes
                 instead (for payloads that never end with one, e.g. JSON text).
             group, device: see :meth:`all_gather` (default: the gloo group, CPU).
+
+        Raises:
+            DistributedLoggingError: as :meth:`all_reduce`.
         """
         if not self.active:
             return [payload]
@@ -460,6 +508,9 @@ class LoggingGroup:
 
         Implemented as two tensor all-gathers (sizes, then padded bytes) so the
         timeout applies, which ``torch.distributed.all_gather_object`` lacks.
+
+        Raises:
+            DistributedLoggingError: as :meth:`all_reduce`.
         """
         if not self.active:
             return [obj]
@@ -471,26 +522,22 @@ class LoggingGroup:
         return [pickle.loads(g) for g in gathered]
 
     def broadcast_object(self, obj: Any, what: str, src: int = 0) -> Any:
-        """Return rank ``src``'s object on every rank."""
+        """Return rank ``src``'s object on every rank.
+
+        Raises:
+            DistributedLoggingError: as :meth:`all_reduce`.
+        """
         if not self.active:
             return obj
         return self.all_gather_object(obj if get_global_rank() == src else None, what)[src]
 
-    def _wait(self, work: Any, what: str) -> None:
-        try:
-            finished = work.wait(timeout=self._timedelta())
-        except RuntimeError as exc:
-            raise self._failure(what, exc) from exc
-        if finished is False:
-            raise self._failure(what, RuntimeError('timed out'))
-
     def destroy(self) -> None:
-        """Release the dedicated group (not the default group)."""
+        """Release the dedicated group. An abandoned group is only let go of: destroying it would
+        wait for the work it still has in flight."""
         with self._lock:
             group, self._group = self._group, None
             self._device = None
-            self._store = None
-        if group is not None and group is not _DEFAULT_GROUP and is_initialized():
+        if group is not None and self._failed is None and is_initialized():
             try:
                 torch_dist.destroy_process_group(group)
             except (RuntimeError, ValueError):

@@ -40,7 +40,7 @@ def test_restart_keeps_both_attempts_marks_them_and_names_the_rank_that_left(tmp
 
     error = json.loads((tmp_path / 'error-attempt0-rank0.json').read_text())
     assert error['left'] == [1] and error['missing'] == [1], error
-    assert 'rank(s) [1] left the job' in error['message'] and 'within' not in error['message'], error
+    assert 'left the job: rank 1 (pid ' in error['message'] and 'timed out' not in error['message'], error
 
     for rank in (0, 1):
         expected = [f'[metric][batch={s - 1}]: attempt0_step{s}_rank{rank}: {s} ' for s in (1, 2)]
