@@ -40,7 +40,8 @@ Modes (interleaved: segments of ``--saves`` saves per mode, the order rotating e
   ``ours_async_normal``: ours' ``dcp.async_save`` with ``upload_priority='normal'`` (upload workers
   at the training thread's priority instead of ``SCHED_IDLE``); ``ours_async_8files``: with
   ``files_per_rank=8``; ``ours_async_fresh``: with ``cache_staged_state_dict=False`` (a new staged copy
-  every save, as torch's writers stage).
+  every save, as torch's writers stage); ``ours_save_zstd`` / ``ours_async_zstd``: with torch's
+  ``_extensions=[ZStandard()]`` (compressed shards; ``bytes_written`` in the timings is the compressed size).
 
 Every async mode uses a separate gloo process group for the checkpoint's collectives (the
 background thread must not share the training group's collectives), waits for the previous
@@ -108,7 +109,7 @@ ALL_MODES = ('none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', '
              's3tc_async')
 # Not by default: ours with sync_files=True, and ours with 4 shard files per rank (upload overlapping the write).
 EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files', 'ours_async_1file', 'ours_async_process',
-               'ours_async_normal', 'ours_async_8files', 'ours_async_fresh')
+               'ours_async_normal', 'ours_async_8files', 'ours_async_fresh', 'ours_save_zstd', 'ours_async_zstd')
 POLL_S = 0.05
 
 
@@ -353,6 +354,8 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                 if m.startswith('ours'):
                     skipped[m] = f'dist_logging.checkpoint.CheckpointWriter not importable: {exc}'
         else:
+            from torch.distributed.checkpoint._extension import ZStandard
+
             for mode in ('ours_save', 'ours_async', *EXTRA_MODES):
                 if mode not in wanted:
                     continue
@@ -363,7 +366,8 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                                           files_per_rank=(4 if mode.endswith('_4files') else 8 if mode.endswith('_8files')
                                                           else 1 if mode.endswith('_1file') else None),
                                           upload_priority='normal' if mode.endswith('_normal') else 'idle',
-                                          cache_staged_state_dict=not mode.endswith('_fresh'))
+                                          cache_staged_state_dict=not mode.endswith('_fresh'),
+                                          _extensions=[ZStandard()] if mode.endswith('_zstd') else None)
                 closers.append(writer.close)
 
                 def ours_committed(cid: str, t0: float, writer: Any = writer) -> Optional[float]:

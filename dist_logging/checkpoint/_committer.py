@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Optional
 
 from dist_logging.checkpoint._intents import CommitIntent, read_intents, remove_intent
-from dist_logging.checkpoint.commit import NotLanded, commit_checkpoint
+from dist_logging.checkpoint.commit import CorruptCheckpoint, NotLanded, commit_checkpoint
 from dist_logging.checkpoint.retention import apply_retention
 
 __all__ = ['Committer', 'commit_intent']
@@ -172,6 +172,8 @@ class Committer:
             try:
                 commit_intent(self.store, intent, self.scratch)
                 return None
+            except CorruptCheckpoint as exc:
+                return _corrupt_error(intent, exc)
             except NotLanded as exc:
                 failed = self._failed_uploads()
                 dead = {name: failed[name] for name in exc.missing if name in failed}
@@ -198,4 +200,16 @@ def _not_landed_error(intent: CommitIntent, exc: NotLanded, dead: dict, when: st
     cause = 'its upload failed' if dead else f'not landed {when}'.strip()
     error.add_note(f'checkpoint {intent.checkpoint_id!r} stays uncommitted (invisible): {len(exc.missing)} file(s) '
                    f'{cause}; once they land, `dist-logging drain <staging folder>` commits it from {intent.path}')
+    return error
+
+
+def _corrupt_error(intent: CommitIntent, exc: CorruptCheckpoint) -> BaseException:
+    """A checkpoint whose landed objects hold other bytes than were written: it can never commit, so its intent
+    goes (no later job or drain tries again); the error names each object."""
+    from dist_logging.errors import UploadError
+
+    remove_intent(intent)
+    error = UploadError(dict(exc.mismatches))
+    error.add_note(f'checkpoint {intent.checkpoint_id!r} is not committed (invisible): {len(exc.mismatches)} '
+                   "object(s) landed with other bytes than their writer wrote (CRC32C mismatch); it was dropped")
     return error

@@ -110,9 +110,10 @@ class LeftSave:
         assert self.commit is not None
         with open(os.path.join(self.folder, COMMIT_METADATA), 'rb') as handle:
             metadata = handle.read()
+        checksums = self.commit.get('checksums')
         write_intent(intents_dir, self.checkpoint_id, self.commit['files'], int(self.commit['time_ns']),
                      metadata=metadata, bucket_uri=bucket_uri, backend_kwargs=backend_kwargs, keep_last=keep_last,
-                     fsync=fsync)
+                     fsync=fsync, extra={'checksums': checksums} if checksums else None)
 
 
 def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]]) -> None:

@@ -48,19 +48,25 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
 
     Args:
         folder: the save's hand-off folder (made by the trainer's writer; private to it).
-        files_per_rank, thread_count, sync_files, per_thread_copy_ahead, serialization_format:
-            as the trainer's writer has them.
+        files_per_rank, thread_count, sync_files, per_thread_copy_ahead, serialization_format,
+            single_file_per_rank, extensions, overwrite: as the trainer's writer has them.
+        intents_dir: the trainer's commit intents (``overwrite=False`` refuses an id waiting there).
+        bucket_uri, backend_kwargs: the bucket (``overwrite=False`` lists the checkpoint's folder).
     """
 
     def __init__(self, folder: str, *, files_per_rank: int, thread_count: int, sync_files: bool,
-                 per_thread_copy_ahead: int, serialization_format: Any):
-        super().__init__(folder, single_file_per_rank=True, sync_files=sync_files, thread_count=thread_count,
-                         per_thread_copy_ahead=per_thread_copy_ahead, overwrite=True,
-                         serialization_format=serialization_format)
+                 per_thread_copy_ahead: int, serialization_format: Any, single_file_per_rank: bool = True,
+                 extensions: Optional[list] = None, overwrite: bool = True, intents_dir: Optional[str] = None,
+                 bucket_uri: Optional[str] = None, backend_kwargs: Optional[dict] = None):
+        super().__init__(folder, single_file_per_rank=single_file_per_rank, sync_files=sync_files,
+                         thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead, overwrite=overwrite,
+                         _extensions=extensions, serialization_format=serialization_format)
         self.folder = folder
         self.files_per_rank = files_per_rank
         self._config = dict(files_per_rank=files_per_rank, thread_count=thread_count, sync_files=sync_files,
-                            per_thread_copy_ahead=per_thread_copy_ahead, serialization_format=serialization_format)
+                            per_thread_copy_ahead=per_thread_copy_ahead, serialization_format=serialization_format,
+                            single_file_per_rank=single_file_per_rank, extensions=extensions, overwrite=overwrite,
+                            intents_dir=intents_dir, bucket_uri=bucket_uri, backend_kwargs=backend_kwargs)
         self._is_coordinator = False
 
     def __reduce__(self) -> Any:
@@ -91,7 +97,20 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        """Name each rank's files ``__{rank}_{nonce}_{n}.distcp``, as the trainer's writer does."""
+        """Name each rank's files ``__{rank}_{nonce}_{n}.distcp``, as the trainer's writer does (and with
+        ``overwrite=False`` refuse an existing checkpoint first, as it does; RuntimeError)."""
+        config = self._config
+        if not self.overwrite and config['bucket_uri'] is not None:
+            from dist_logging.checkpoint._intents import read_intents
+            from dist_logging.checkpoint._options import refuse_existing
+            from dist_logging.object_store import store_from_uri
+
+            store = store_from_uri(config['bucket_uri'], config['backend_kwargs'])
+            try:
+                pending = [intent.checkpoint_id for intent in read_intents(config['intents_dir'] or '')]
+                refuse_existing(store, self._cid, pending, config['bucket_uri'])  # type: ignore[arg-type]
+            finally:
+                store.close()
         return name_rank_files(plans)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
@@ -121,9 +140,9 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Publish the commit info: the ``.metadata`` then ``commit.json`` (coordinator only; no I/O to the bucket)."""
-        files = seal_metadata(metadata, results, self.storage_meta())
+        files, checksums = seal_metadata(metadata, results, self.storage_meta())
         publish(os.path.join(self.folder, COMMIT_METADATA), pickle.dumps(metadata), self.sync_files)
-        record = {'checkpoint_id': self._cid, 'files': files, 'time_ns': time.time_ns()}
+        record = {'checkpoint_id': self._cid, 'files': files, 'checksums': checksums, 'time_ns': time.time_ns()}
         publish(os.path.join(self.folder, COMMIT), json.dumps(record, sort_keys=True).encode(), self.sync_files)
 
     def storage_meta(self) -> Optional[StorageMeta]:

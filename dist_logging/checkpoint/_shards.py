@@ -19,6 +19,8 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
+from dist_logging.checkpoint._checksums import ChecksummedResults, file_checksums, plain_results, summing_streams
+
 __all__ = ['SHARD_NAME', 'name_rank_files', 'write_rank_files', 'seal_metadata', 'file_sizes', 'no_checkpoint_id',
            'check_role', 'check_file_size', 'HandOverQueue', 'async_files']
 
@@ -44,24 +46,32 @@ def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results:
     balanced by size. torch's writer puts each file's write results in ``results`` once the file is closed.
 
     ``writer`` is a torch ``FileSystemWriter`` with ``files_per_rank`` (None: one file), used when
-    ``files`` is not given. ``create_stream(path, mode)`` opens each file (default: ``writer.fs``'s).
+    ``files`` is not given; with ``single_file_per_rank=False`` every item gets a file of its own, as torch
+    writes then. ``create_stream(path, mode)`` opens each file (default: ``writer.fs``'s). Every file is
+    written through a CRC32C (``_checksums``): its results reach ``results`` carrying the file's checksum.
     Raises what a writer thread raised.
     """
     if files is None:
         files = writer.files_per_rank or 1
     prefix: _StoragePrefix = plan.storage_data
     queued: queue.Queue = queue.Queue()
-    buckets = [bucket for bucket in _split_by_size_and_type(max(files, writer.thread_count), plan.items) if bucket]
+    if writer.single_file_per_rank:
+        buckets = [bucket for bucket in _split_by_size_and_type(max(files, writer.thread_count), plan.items) if bucket]
+    else:
+        buckets = [[item] for item in plan.items]
     for n, bucket in enumerate(buckets):
         name = f'{prefix.prefix}{n}{DEFAULT_SUFFIX}'
         queued.put((writer.fs.concat_path(writer.path, name), name, bucket))
     errors: list[BaseException] = []
+    sums: dict[str, str] = {}
+    lock = threading.Lock()
+    opener = summing_streams(create_stream or writer.fs.create_stream, sums, lock)
+    checked = ChecksummedResults(results, sums, lock)
 
     def write() -> None:
         try:
-            _write_files_from_queue(create_stream or writer.fs.create_stream, queued, results, planner, writer.transforms,
-                                    writer.per_thread_copy_ahead, writer.sync_files, writer.thread_count,
-                                    writer.serialization_format)
+            _write_files_from_queue(opener, queued, checked, planner, writer.transforms, writer.per_thread_copy_ahead,
+                                    writer.sync_files, writer.thread_count, writer.serialization_format)
         except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
             errors.append(exc)
 
@@ -77,16 +87,15 @@ def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results:
 
 
 def seal_metadata(metadata: Metadata, results: list[list[WriteResult]],
-                  storage_meta: Optional[StorageMeta]) -> dict[str, int]:
+                  storage_meta: Optional[StorageMeta]) -> tuple[dict[str, int], dict[str, str]]:
     """Fill ``metadata`` as torch's ``FileSystemWriter.finish`` does (version, storage data of every rank's
-    results, ``storage_meta``); return every shard file's relative name -> size."""
+    results, ``storage_meta``), with torch's own ``_StorageInfo`` (the checksums stay out of the ``.metadata``);
+    return every shard file's relative name -> size, and -> checksum."""
     metadata.version = CURRENT_DCP_VERSION
-    storage = {}
-    for rank_results in results:
-        storage.update({result.index: result.storage_data for result in rank_results})
-    metadata.storage_data = storage
+    everything = [result for rank_results in results for result in rank_results]
+    metadata.storage_data = {result.index: result.storage_data for result in plain_results(everything)}
     metadata.storage_meta = storage_meta
-    return file_sizes([result for rank_results in results for result in rank_results])
+    return file_sizes(everything), file_checksums(everything)
 
 
 def file_sizes(results: list[WriteResult]) -> dict[str, int]:

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional, Union
 
 from dist_logging.checkpoint._layout import Marker, markers_by_checkpoint, missing_files
 from dist_logging.checkpoint._paths import scratch_folder
-from dist_logging.checkpoint.commit import read_record, retry
+from dist_logging.checkpoint.commit import landed_mismatches, read_record, retry
 from dist_logging.object_store import ObjectInfo, ObjectStore, check_prefix, store_from_uri
 
 __all__ = ['latest_checkpoint', 'list_checkpoints', 'committed_markers', 'open_store']
@@ -74,7 +74,10 @@ def latest_checkpoint(bucket: Union[str, ObjectStore, Any], prefix: str = '', *,
     checkpoints or shards. Folders without a marker (being written, half-deleted, partial,
     or not checkpoints at all) are skipped. The marker's file list is checked against the
     listing; a checkpoint with a file missing or of another size (deleted by hand, or a
-    marker copied from elsewhere) is skipped with a warning, costing one more read.
+    marker copied from elsewhere) is skipped with a warning, costing one more read. Where the
+    store keeps each object's checksum (S3: one ``HeadObject`` per file of the candidate; the local
+    store: an extended attribute), a checkpoint whose objects' checksums differ from those its marker
+    recorded is skipped too.
 
     Args:
         bucket: a bucket URI (``'s3://b/p'``, a local path), an object store, or a
@@ -107,6 +110,11 @@ def latest_checkpoint(bucket: Union[str, ObjectStore, Any], prefix: str = '', *,
             if wrong:
                 log.warning('latest_checkpoint: skipping %r, committed but incomplete now: %s', marker.checkpoint_id,
                             sorted(wrong.items())[:5])
+                continue
+            corrupt = landed_mismatches(store, marker.checkpoint_id, record.get('checksums') or {})
+            if corrupt:
+                log.warning('latest_checkpoint: skipping %r, its objects do not hold the bytes its marker records: %s',
+                            marker.checkpoint_id, '; '.join(str(error) for error in list(corrupt.values())[:3]))
                 continue
             return marker.checkpoint_id
         return None

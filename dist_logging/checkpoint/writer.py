@@ -21,9 +21,9 @@ import uuid
 import warnings
 from torch.futures import Future
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
@@ -31,9 +31,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 from dist_logging import dist
 from dist_logging.checkpoint._committer import Committer
 from dist_logging.checkpoint._dead_writers import remove_dead_writes
-from dist_logging.checkpoint._handoff import HandOff, TargetInfo
-from dist_logging.checkpoint._intents import CommitIntent, read_intents, write_intent
+from dist_logging.checkpoint._handoff import HandOff, WriterTarget
+from dist_logging.checkpoint._intents import CommitIntent, read_intents, remove_intent, write_intent
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
+from dist_logging.checkpoint._options import check_torch_options, probe_bucket, refuse_existing
 from dist_logging.checkpoint._paths import INTENTS_FOLDER, PROCESS_FOLDER, WRITES_FOLDER, scratch_folder
 from dist_logging.checkpoint._shards import (ASYNC_FILE_BYTES, ASYNC_FILES_PER_RANK, ASYNC_MAX_FILES_PER_RANK,  # noqa: F401
                                              SHARD_NAME, HandOverQueue, check_file_size, check_role, file_sizes,
@@ -131,6 +132,16 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             shapes and dtypes (otherwise replaced), and only once the previous save is over (if it
             is not, this save is staged into fresh memory, warned once). Off: torch's staging, a
             new copy per save.
+        overwrite, single_file_per_rank, per_thread_copy_ahead, _extensions, serialization_format: torch's
+            ``FileSystemWriter`` arguments with torch's meaning (table in ``docs/checkpoints.md``).
+            ``overwrite=False`` refuses an id committed in the bucket or waiting for its commit here
+            (``Checkpoint already exists``, one listing by the coordinator) before any shard is written.
+            ``_extensions`` (e.g. ``[ZStandard()]``) transform each item's bytes as in torch's writer.
+            ``serialization_format`` must be ``TORCH_SAVE`` (torch's readers cannot read safetensors shards).
+        validate_bucket: at construction, write one empty object (``.dist_logging-write-probe`` at the
+            bucket URI's root, rewritten by each writer; local rank 0 of each node only), so a missing bucket,
+            a wrong URI or wrong credentials fail here, naming the bucket, not at the first commit. False
+            skips it (e.g. a job that starts offline).
         **uploader_options: with a URI only: keyword arguments of the :class:`~dist_logging.upload.Uploader`
             the writer builds (``UPLOADER_OPTIONS``): ``backend_kwargs`` (the store's, e.g.
             ``{'endpoint_url': ...}``), ``upload_staging_folder`` (default: per run, in the system temp
@@ -145,7 +156,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     Raises:
         ValueError: a bad URI, ``keep_last``/``max_staged_bytes``/``commit_timeout`` out of
             range, ``files_per_rank`` not a positive int, uploader options given with an uploader,
-            a destination with a name template, or a bad uploader option (as ``Uploader`` raises).
+            a destination with a name template, a bad uploader option (as ``Uploader`` raises), or one
+            of torch's arguments it cannot honour (``serialization_format=SAFETENSORS``), saying why.
+        RuntimeError: ``validate_bucket`` and the bucket cannot be written (naming it and the store's error).
         TypeError: a store without ``list``/``delete``, a ``bucket`` of another type, or an unknown
             keyword argument.
     """
@@ -153,19 +166,35 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def __init__(self, bucket: Union[str, 'os.PathLike[str]', Uploader, Any], *, keep_last: Optional[int] = None,
                  max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
                  sync_files: bool = False, thread_count: int = 1, files_per_rank: Optional[int] = None,
-                 recycle_files: bool = True, cache_staged_state_dict: bool = True, **uploader_options: Any):
+                 recycle_files: bool = True, cache_staged_state_dict: bool = True, overwrite: bool = True,
+                 single_file_per_rank: bool = True, per_thread_copy_ahead: int = 10_000_000,
+                 _extensions: Optional[Sequence[Any]] = None,
+                 serialization_format: SerializationFormat = SerializationFormat.TORCH_SAVE,
+                 validate_bucket: bool = True, **uploader_options: Any):
         for label, value in (('keep_last', keep_last), ('max_staged_bytes', max_staged_bytes),
                              ('files_per_rank', files_per_rank)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f'CheckpointWriter: {label} must be a positive int or None, got {value!r}')
         if isinstance(commit_timeout, bool) or not isinstance(commit_timeout, (int, float)) or not commit_timeout > 0:
             raise ValueError(f'CheckpointWriter: commit_timeout must be a positive number, got {commit_timeout!r}')
+        check_torch_options(single_file_per_rank=single_file_per_rank, per_thread_copy_ahead=per_thread_copy_ahead,
+                            overwrite=overwrite, extensions=_extensions, serialization_format=serialization_format,
+                            thread_count=thread_count)
         self.uploader, self._owns_uploader = uploader_for(bucket, uploader_options, sync_files=bool(sync_files))
         store = self.uploader.object_store
+        if validate_bucket and dist.get_local_rank() == 0:
+            try:
+                probe_bucket(store, self.uploader.bucket_uri or repr(store))
+            except RuntimeError:
+                if self._owns_uploader:
+                    self.uploader.shutdown()
+                raise
         # The uploader's fsync flag already holds DIST_LOGGING_UPLOAD_FSYNC.
         sync_files = bool(sync_files) or self.uploader.fsync
-        super().__init__('.', single_file_per_rank=True, sync_files=sync_files, thread_count=thread_count,
-                         overwrite=True)
+        super().__init__('.', single_file_per_rank=single_file_per_rank, sync_files=sync_files,
+                         thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead, overwrite=overwrite,
+                         _extensions=_extensions, serialization_format=serialization_format)
+        self._extensions = list(_extensions or ())
         self.store = store
         self.keep_last = keep_last
         self.max_staged_bytes = max_staged_bytes
@@ -195,6 +224,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self._committer_lock = threading.Lock()
         self._handoff: Optional[HandOff] = None
         self._spare_pool: Optional[SparePool] = None
+        self._staged_async = False  # stage() ran: the next save runs on async_save's thread
+        self._async = False  # this save runs on async_save's thread
         self.timings: collections.deque[SaveTiming] = collections.deque(maxlen=_TIMINGS_KEPT)
 
     # ------------------------------------------------------------------ pickling (process checkpointer)
@@ -212,6 +243,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         """
         self._start()
         self._staging_buffers.claim()  # torch's thread that sends the save waits for the process to finish it
+        self._staged_async = False  # this staged save runs in the checkpoint process, not in our reset()
         return self._handoff.send().__reduce__()
 
     def __copy__(self) -> Any:
@@ -247,7 +279,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                             'into staging (a second write of every byte)', self._writes_dir, root)
             self._spare_pool = SparePool(os.path.join(self._writes_dir, 'spares'), sync=self.sync_files,
                                          enabled=self.recycle_files and self._links)
-            self._handoff = HandOff(_Target(self), os.path.join(root, PROCESS_FOLDER, rank_folder_name(rank)))
+            self._handoff = HandOff(WriterTarget(self), os.path.join(root, PROCESS_FOLDER, rank_folder_name(rank)))
             self._started = True
         try:
             self._handoff.adopt_dead()
@@ -283,6 +315,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self._armed = True
         self._t0 = time.monotonic()
         self._timing = SaveTiming(cid, dist.get_global_rank(), time.time())
+        self._async, self._staged_async = self._staged_async, False
         local = os.path.join(self._writes_dir, uuid.uuid4().hex[:12])
         os.makedirs(local, mode=0o700)
         self.path = Path(local)
@@ -294,7 +327,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         state has the same layout and that save is over; otherwise into fresh memory (as torch stages).
         """
         self._emit_metrics()
-        return self._staging_buffers.stage(state_dict)
+        staged = self._staging_buffers.stage(state_dict)
+        self._staged_async = True  # async_save stages, then runs the save on its own thread
+        return staged
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record the role (all ranks). Raises ValueError for ``use_collectives=False`` (no coordinator to commit)."""
@@ -310,7 +345,17 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        """Name each rank's files ``__{rank}_{nonce}_{n}.distcp`` (coordinator; the nonce is fresh per save)."""
+        """Name each rank's files ``__{rank}_{nonce}_{n}.distcp`` (coordinator; the nonce is fresh per save).
+
+        With ``overwrite=False``, first refuse an id that is committed or waiting for its commit (one listing).
+
+        Raises:
+            RuntimeError: ``overwrite=False`` and the checkpoint exists (DCP raises it on every rank as a
+                ``CheckpointException`` before any shard is written).
+        """
+        if not self.overwrite:
+            pending = [intent.checkpoint_id for intent in read_intents(self._intents_dir)]
+            refuse_existing(self.store, self._cid, pending, self.uploader.bucket_uri or repr(self.store))  # type: ignore[arg-type]
         return name_rank_files(plans)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
@@ -318,16 +363,21 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
         The files are written as torch's ``FileSystemWriter.write_data`` writes them (its file writer,
         ``thread_count`` threads), split in ``max(files_per_rank, thread_count)`` files balanced by size
-        (``files_per_rank=None``: 1 on the thread that built the writer, elsewhere one per ``ASYNC_FILE_BYTES`` of
-        the rank's bytes, from ``ASYNC_FILES_PER_RANK`` to ``ASYNC_MAX_FILES_PER_RANK``).
+        (``files_per_rank=None``: 1 for ``dcp.save``, whatever thread calls it; for a save on ``dcp.async_save``'s
+        thread one per ``ASYNC_FILE_BYTES`` of the rank's bytes, from ``ASYNC_FILES_PER_RANK`` to
+        ``ASYNC_MAX_FILES_PER_RANK``). A save whose write fails leaves no local file (its folder is removed).
         """
         self._wait_for_room()
         handed = HandOverQueue(self._hand_over_file)
         files = self.files_per_rank
         if files is None:
-            files = 1 if threading.get_ident() == self._owner_thread else _async_files(plan)
+            files = _async_files(plan) if self._async else 1
         self._spare_pool.start_save()  # type: ignore[union-attr]
-        write_rank_files(self, plan, planner, handed, files, create_stream=self._spare_pool.open)  # type: ignore[union-attr]
+        try:
+            write_rank_files(self, plan, planner, handed, files, create_stream=self._spare_pool.open)  # type: ignore[union-attr]
+        except BaseException:
+            shutil.rmtree(str(self.path), ignore_errors=True)  # a half-written file of a failed save: nothing stays
+            raise
         results = handed.results()
         self._finish_hand_over(handed.total)
         future: Future = Future()
@@ -392,13 +442,21 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         return timing
 
     def _submit_commit(self, cid: str, files: dict[str, int], time_ns: int, metadata: bytes,
-                       timing: Optional[SaveTiming], t0: float) -> None:
-        """Record the commit intent (coordinator) and hand it to the background committer (no I/O to the bucket)."""
+                       timing: Optional[SaveTiming], t0: float, checksums: dict[str, str]) -> None:
+        """Record the commit intent (coordinator) and hand it to the background committer (no I/O to the bucket).
+
+        ``checksums`` (each file's CRC32C, taken as it was written) go into the intent and the commit marker: the
+        committer compares them with what landed, the reader with what it downloads."""
         committer = self._start_committer()
         record = self.uploader.store_record
         intent = write_intent(self._intents_dir, cid, files, time_ns, metadata=metadata, bucket_uri=record.uri,
-                              backend_kwargs=record.kwargs, keep_last=self.keep_last, fsync=self.sync_files)
-        committer.submit(intent, timing=timing, t0=t0)
+                              backend_kwargs=record.kwargs, keep_last=self.keep_last, fsync=self.sync_files,
+                              extra={'checksums': checksums} if checksums else None)
+        try:
+            committer.submit(intent, timing=timing, t0=t0)
+        except BaseException:
+            remove_intent(intent)  # a finish that fails leaves no intent a later job would commit
+            raise
 
     def _wait_for_room(self) -> None:
         if self.max_staged_bytes is not None:
@@ -413,8 +471,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Record the commit intent and hand it to the background committer (coordinator only; no I/O to the bucket)."""
-        files = seal_metadata(metadata, results, self.storage_meta())
-        self._submit_commit(self._cid, files, time.time_ns(), pickle.dumps(metadata), self._timing, self._t0)  # type: ignore[arg-type]
+        files, checksums = seal_metadata(metadata, results, self.storage_meta())
+        self._submit_commit(self._cid, files, time.time_ns(), pickle.dumps(metadata), self._timing, self._t0,  # type: ignore[arg-type]
+                            checksums)
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self._cid, save_id=self.save_id)
@@ -488,6 +547,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 self._handoff.close(self.commit_timeout)
                 self.uploader.wait_for_uploads()
                 self._spare_pool.clear()  # type: ignore[union-attr]
+                # A save that failed or was abandoned after its reset: its local folder goes too.
+                for entry in os.listdir(self._writes_dir):
+                    shutil.rmtree(os.path.join(self._writes_dir, entry), ignore_errors=True)
             if started and self._committer is None and dist.get_global_rank() == 0 and read_intents(self._intents_dir):
                 self._start_committer()  # a restarted job that did not save again: finish what it left
             if self._committer is not None:
@@ -536,32 +598,3 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
     def __repr__(self) -> str:
         return f'CheckpointWriter({self.uploader.bucket_uri or self.store!r}, keep_last={self.keep_last})'
-
-
-class _Target:
-    """The writer as its hand-off sees it (:class:`~dist_logging.checkpoint._handoff.HandOffTarget`)."""
-
-    def __init__(self, writer: CheckpointWriter):
-        self._writer = writer
-
-    def info(self) -> TargetInfo:
-        writer = self._writer
-        record = writer.uploader.store_record
-        return TargetInfo(record.uri, dict(record.kwargs), writer.keep_last, writer.sync_files, writer._intents_dir,
-                          writer.max_staged_bytes,
-                          dict(files_per_rank=writer.files_per_rank, thread_count=writer.thread_count,
-                               sync_files=writer.sync_files, per_thread_copy_ahead=writer.per_thread_copy_ahead,
-                               serialization_format=writer.serialization_format))
-
-    def wait_for_room(self) -> None:
-        self._writer._wait_for_room()
-
-    def queue_files(self, folder: str, checkpoint_id: str, files: dict[str, int], *, skip_missing: bool = False) -> int:
-        return self._writer._queue_for_upload(folder, checkpoint_id, files, skip_missing=skip_missing)
-
-    def saved(self, checkpoint_id: str, started_at: float, t0: float, total: int) -> SaveTiming:
-        return self._writer._record_process_save(checkpoint_id, started_at, t0, total)
-
-    def commit(self, checkpoint_id: str, files: dict[str, int], time_ns: int, metadata: bytes, timing: Any,
-               t0: float) -> None:
-        self._writer._submit_commit(checkpoint_id, files, time_ns, metadata, timing, t0)

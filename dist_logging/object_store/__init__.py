@@ -193,6 +193,21 @@ class ObjectStore:
         """
         raise NotImplementedError(f'{type(self).__name__}.delete is not implemented')
 
+    def object_checksum(self, object_name: str) -> Optional[str]:
+        """The CRC32C the store keeps for the object, taken of the bytes that landed (``'crc32c:<base64>'``), or
+        None where it keeps none. Never reads the object's bytes (S3: one ``HeadObject``; the local store: an
+        extended attribute written with the object).
+
+        Optional: the checkpoint commit compares it with the checksum each shard was written with and
+        :func:`~dist_logging.checkpoint.latest_checkpoint` with the commit marker's; where it is None, shards
+        are checked when a :class:`~dist_logging.checkpoint.CheckpointReader` loads them. The default
+        answers None.
+
+        Raises:
+            FileNotFoundError: no such object (where the store looks).
+        """
+        return None
+
     def close(self) -> None:
         """Release clients and connections. The default does nothing."""
 

@@ -11,9 +11,13 @@ from typing import Callable, Optional, Union
 
 from dist_logging import _private_dirs
 from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
+from dist_logging.object_store._crc32c import ALGORITHM, file_crc32c
 from dist_logging.upload.snapshot import copy_file
 
 __all__ = ['LocalObjectStore']
+
+# The CRC32C of an object's bytes, taken when it was written (read back from the page cache), kept with its inode.
+CHECKSUM_XATTR = 'user.dist_logging.crc32c'
 
 
 class LocalObjectStore(ObjectStore):
@@ -90,6 +94,7 @@ class LocalObjectStore(ObjectStore):
         if size is None:
             # Objects get the user's umask, like `cp`; progress in steps when someone listens.
             size, _ = copy_file(filename, tmp, mode=0o666, progress=callback)
+        _record_checksum(tmp)
         try:
             if overwrite:
                 os.replace(tmp, path)
@@ -100,6 +105,23 @@ class LocalObjectStore(ObjectStore):
                 os.unlink(tmp)
         if callback is not None:
             callback(size, size)
+
+    def object_checksum(self, object_name: str) -> Optional[str]:
+        """The CRC32C of the object's bytes taken when it was written (``'crc32c:<base64>'``), kept in the
+        file's extended attribute ``user.dist_logging.crc32c``: no byte is read here. None where the
+        filesystem keeps no user extended attributes, or for a file this store did not write.
+
+        Raises:
+            FileNotFoundError: no such object.
+        """
+        path = self._path(object_name)
+        try:
+            value = os.getxattr(path, CHECKSUM_XATTR, follow_symlinks=False).decode()
+        except FileNotFoundError:
+            raise FileNotFoundError(f'{self.get_uri(object_name)} does not exist') from None
+        except (OSError, UnicodeDecodeError):  # no such attribute, or none on this filesystem
+            return None
+        return value if value.startswith(f'{ALGORITHM}:') else None
 
     def _publish_exclusive(self, tmp: str, path: str, name: str) -> None:
         try:
@@ -252,3 +274,13 @@ def _link_as_new_file(src: str, tmp: str) -> Optional[int]:
         os.unlink(tmp)
         return None
     return src_stat.st_size
+
+
+def _record_checksum(path: str) -> None:
+    """Keep the CRC32C of the file just written at ``path`` in its extended attribute (before it is published,
+    so an object is never seen without it). Where user extended attributes are not supported, nothing is kept:
+    :meth:`LocalObjectStore.object_checksum` then answers None and checkpoints are checked when loaded."""
+    try:
+        os.setxattr(path, CHECKSUM_XATTR, file_crc32c(path).encode(), follow_symlinks=False)
+    except OSError:
+        pass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import threading
 import zlib
@@ -18,6 +17,7 @@ except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('S3ObjectStore needs boto3: pip install "dist-logging[s3]"', name='boto3') from _exc
 
 from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
+from dist_logging.object_store._crc32c import ALGORITHM, b64, combine, crc32c
 
 __all__ = ['S3ObjectStore']
 
@@ -26,18 +26,24 @@ _EXISTS_CODES = {'PreconditionFailed', 'ConditionalRequestConflict'}
 _MISSING_CODES = {'404', 'NoSuchKey', 'NotFound'}
 
 
-def _crc32(data: Any) -> str:
-    """S3's ``ChecksumCRC32`` of ``data`` (base64 of the big-endian CRC-32).
+def _crc32c(data: Any) -> str:
+    """S3's ``ChecksumCRC32C`` of ``data`` (base64 of the big-endian CRC32C).
 
-    Sent as a header with the part, it lets botocore send the part as one plain buffer: left to
-    botocore, the sum travels as a trailer of an ``aws-chunked`` body that Python re-slices and
-    frames on the way out (measured: ~0.3 CPU s per GiB).
+    Sent as a header with the object or part, it lets botocore send the body as one plain buffer: left to
+    botocore, the sum travels as a trailer of an ``aws-chunked`` body that Python re-slices and frames on
+    the way out (measured: ~0.3 CPU s per GiB). CRC32C rather than CRC-32: the same strength, a quarter of
+    the CPU (0.07 against 0.26 s per GiB here), and the checksum the checkpoint writer records for every
+    shard, so the one S3 keeps can be compared with it (:meth:`S3ObjectStore.object_checksum`).
     """
-    return _encode_crc32(zlib.crc32(data))
+    return b64(crc32c(data))
 
 
-def _encode_crc32(crc: int) -> str:
-    return base64.b64encode(crc.to_bytes(4, 'big')).decode()
+def _crc32(data: Any) -> str:
+    """S3's ``ChecksumCRC32`` of ``data``: sent instead when ``ExtraArgs`` ask for CRC-32."""
+    return b64(zlib.crc32(data))
+
+
+_OWN_SUMS = {'CRC32C': ('ChecksumCRC32C', _crc32c), 'CRC32': ('ChecksumCRC32', _crc32)}
 
 
 def _read_whole(filename: str, size: int) -> bytes:
@@ -73,7 +79,7 @@ def _pread(fd: int, size: int, offset: int, filename: str) -> bytes:
 
 
 # ExtraArgs this store's own upload sends with the PutObject or CreateMultipartUpload (object headers).
-# Others (SSE-C keys, RequestPayer, ExpectedBucketOwner, a checksum other than CRC-32, a full-object
+# Others (SSE-C keys, RequestPayer, ExpectedBucketOwner, a checksum other than CRC32C, a full-object
 # checksum) must also travel with every part or the completion: those uploads go through boto3's
 # transfer manager (upload_file), which knows where each belongs, as Composer's store does.
 _OBJECT_ARGS = frozenset({
@@ -86,14 +92,15 @@ _OBJECT_ARGS = frozenset({
 
 def _needs_boto3_upload(extra: Mapping[str, Any]) -> bool:
     """Whether ``ExtraArgs`` hold an argument this store's own upload would not send everywhere it belongs."""
-    return any(key not in _OBJECT_ARGS and not (key == 'ChecksumAlgorithm' and _sums_crc32_itself(extra))
+    return any(key not in _OBJECT_ARGS and not (key == 'ChecksumAlgorithm' and _own_sum(extra))
                for key in extra)
 
 
-def _sums_crc32_itself(extra: Mapping[str, Any]) -> bool:
-    """Whether this store sends the CRC-32 itself (no other checksum was asked for in ``ExtraArgs``)."""
-    algorithm = extra.get('ChecksumAlgorithm')
-    return algorithm is None or str(algorithm).upper() == 'CRC32'
+def _own_sum(extra: Mapping[str, Any]) -> Optional[str]:
+    """The checksum this store computes and sends itself: CRC32C unless ``ExtraArgs`` ask for CRC-32 (sent
+    then) or another algorithm (None: left to boto3)."""
+    algorithm = str(extra.get('ChecksumAlgorithm') or 'CRC32C').upper()
+    return algorithm if algorithm in _OWN_SUMS else None
 
 
 def _error_code(exc: ClientError) -> str:
@@ -314,7 +321,7 @@ class S3ObjectStore(ObjectStore):
         Boto3's transfer manager (``client.upload_file``, as in Composer's store) takes the upload
         when ``ExtraArgs`` hold an argument that must also go with every part or the completion
         (``SSECustomerKey``, ``RequestPayer``, ``ExpectedBucketOwner``, a ``ChecksumAlgorithm`` other
-        than CRC32, a full-object checksum; with ``overwrite=False`` the object is checked for
+        than CRC32C or CRC32, a full-object checksum; with ``overwrite=False`` the object is checked for
         first), and for ``overwrite=True`` when ``transfer_config`` has settings beyond the three
         above (e.g. ``max_bandwidth``), which it alone honours.
 
@@ -344,8 +351,12 @@ class S3ObjectStore(ObjectStore):
         try:
             if size <= self.multipart_threshold:
                 body = _read_whole(filename, size)  # read once, for the checksum and the request
-                checksum = {'ChecksumCRC32': _crc32(body)} if _sums_crc32_itself(extra) else {}
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=body, **condition, **checksum, **extra)
+                algorithm = _own_sum(extra)
+                checksum = {}
+                if algorithm is not None:
+                    field, compute = _OWN_SUMS[algorithm]
+                    checksum = {'ChecksumAlgorithm': algorithm, field: compute(body)}
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=body, **condition, **{**extra, **checksum})
                 progress.add(size)
             else:
                 self._multipart(key, filename, size, progress.add, extra, condition)
@@ -366,9 +377,14 @@ class S3ObjectStore(ObjectStore):
         # whole when its thread sends it (memory stays near max_concurrency * multipart_chunksize
         # per upload) and sent as one plain body.
         client = self.client
-        own_crc = _sums_crc32_itself(extra)
-        if own_crc:
-            extra = {**extra, 'ChecksumAlgorithm': 'CRC32'}
+        algorithm = _own_sum(extra)
+        whole_crc32c = algorithm == 'CRC32C'
+        if algorithm is not None:
+            extra = {**extra, 'ChecksumAlgorithm': algorithm}
+        if whole_crc32c:
+            # FULL_OBJECT: S3 keeps the whole object's CRC32C (combined here from the parts' own), not a
+            # checksum of the parts' checksums, so it compares with a CRC32C taken of the whole file.
+            extra['ChecksumType'] = 'FULL_OBJECT'
         upload_id = client.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)['UploadId']
         chunk = self.multipart_chunksize
 
@@ -377,8 +393,12 @@ class S3ObjectStore(ObjectStore):
             length = min(chunk, size - offset)
             body = _pread(fd, length, offset, filename)
             part: dict[str, Any] = {'PartNumber': number}
-            if own_crc:
-                part['ChecksumCRC32'] = _crc32(body)
+            if whole_crc32c:
+                sums[number] = crc32c(body)
+                part['ChecksumCRC32C'] = b64(sums[number])
+            elif algorithm is not None:
+                field, compute = _OWN_SUMS[algorithm]
+                part[field] = compute(body)
             part['ETag'] = client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, Body=body,
                                               **part)['ETag']
             del body  # the part's memory goes back before the callback runs
@@ -386,6 +406,7 @@ class S3ObjectStore(ObjectStore):
                 callback(length)
             return part
 
+        sums: dict[int, int] = {}
         try:
             count = (size + chunk - 1) // chunk
             fd = os.open(filename, os.O_RDONLY)
@@ -395,8 +416,14 @@ class S3ObjectStore(ObjectStore):
                     parts = list(pool.map(send, range(1, count + 1), [fd] * count))
             finally:
                 os.close(fd)
+            whole: dict[str, Any] = {}
+            if whole_crc32c:
+                value = 0
+                for number in range(1, count + 1):
+                    value = combine(value, sums[number], min(chunk, size - (number - 1) * chunk))
+                whole = {'ChecksumCRC32C': b64(value), 'ChecksumType': 'FULL_OBJECT'}
             client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
-                                             MultipartUpload={'Parts': parts}, **condition)
+                                             MultipartUpload={'Parts': parts}, **condition, **whole)
         except BaseException:
             try:
                 client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
@@ -432,6 +459,26 @@ class S3ObjectStore(ObjectStore):
             if _error_code(exc) in _MISSING_CODES:
                 raise FileNotFoundError(f'{self.get_uri(name)} does not exist') from exc
             raise
+
+    def object_checksum(self, object_name: str) -> Optional[str]:
+        """The CRC32C S3 keeps for the object (``'crc32c:<base64>'``): one ``HeadObject`` with
+        ``ChecksumMode=ENABLED``, no byte read. S3 checked it against the bytes it received; this store sends
+        one with every upload of its own. None for an object stored without a whole-object CRC32C (another
+        uploader, another algorithm, a composite multipart checksum).
+
+        Raises:
+            FileNotFoundError: no such object.
+        """
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(object_name), ChecksumMode='ENABLED')
+        except ClientError as exc:
+            if _error_code(exc) in _MISSING_CODES:
+                raise FileNotFoundError(f'{self.get_uri(object_name)} does not exist') from exc
+            raise
+        value = head.get('ChecksumCRC32C')
+        if not value or '-' in value or head.get('ChecksumType', 'FULL_OBJECT') != 'FULL_OBJECT':
+            return None
+        return f'{ALGORITHM}:{value}'
 
     def list_objects(self, prefix: Optional[str] = None) -> list[str]:
         """Names of the objects under ``prefix`` (relative to the store's prefix, like every other method)."""

@@ -1,7 +1,7 @@
-"""S3ObjectStore sends the CRC-32 of what it uploads itself (and no second payload hash over HTTPS).
+"""S3ObjectStore sends the CRC32C of what it uploads itself (and no second payload hash over HTTPS).
 
 The requests are read as botocore sends them (its ``before-send`` event), against a moto server:
-moto does not check checksums, so the test checks that each one is the CRC-32 of its body.
+moto does not check checksums, so the test checks that each one is the CRC32C of its body.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import base64
 import os
 import zlib
 
+import crc32c
 import pytest
 
 from dist_logging.object_store import S3ObjectStore
@@ -20,8 +21,8 @@ pytestmark = pytest.mark.timeout(60)
 MiB = 1024 * 1024
 
 
-def _crc32(data: bytes) -> str:
-    return base64.b64encode(zlib.crc32(data).to_bytes(4, 'big')).decode()
+def _crc32c(data: bytes) -> str:
+    return base64.b64encode(crc32c.crc32c(data).to_bytes(4, 'big')).decode()
 
 
 def _body(request) -> bytes:
@@ -56,33 +57,47 @@ def _operations(sent, name):
 
 
 @pytest.mark.parametrize('overwrite', [False, True])
-def test_a_part_carries_the_crc32_of_its_bytes(recorded, tmp_path, overwrite):
+def test_a_part_carries_the_crc32c_of_its_bytes_and_the_object_its_whole_crc32c(recorded, tmp_path, overwrite):
     store, sent = recorded
     data = os.urandom(12 * MiB + 3)
     (tmp_path / 'f').write_bytes(data)
     store.upload_object('big', tmp_path / 'f', overwrite=overwrite)
     [(create, _)] = _operations(sent, 'CreateMultipartUpload')
-    assert create['x-amz-checksum-algorithm'] == 'CRC32'
+    assert create['x-amz-checksum-algorithm'] == 'CRC32C'
+    assert create['x-amz-checksum-type'] == 'FULL_OBJECT'
     parts = _operations(sent, 'UploadPart')
     assert len(parts) == 3
     for headers, body in parts:
-        assert headers['x-amz-checksum-crc32'] == _crc32(body)
+        assert headers['x-amz-checksum-crc32c'] == _crc32c(body)
         assert 'content-encoding' not in headers  # a plain body: nothing re-chunked in Python
     [(complete_headers, complete)] = _operations(sent, 'CompleteMultipartUpload')
     assert ('if-none-match' in complete_headers) == (not overwrite)
     for _, body in parts:
-        assert f'<ChecksumCRC32>{_crc32(body)}</ChecksumCRC32>'.encode() in complete
+        assert f'<ChecksumCRC32C>{_crc32c(body)}</ChecksumCRC32C>'.encode() in complete
+    assert complete_headers['x-amz-checksum-crc32c'] == _crc32c(data)  # the whole file's, combined from the parts
     assert store.get_object_size('big') == len(data)
+    assert store.object_checksum('big') == f'crc32c:{_crc32c(data)}'
 
 
-def test_a_single_put_carries_the_crc32_of_the_file(recorded, tmp_path):
+def test_a_single_put_carries_the_crc32c_of_the_file(recorded, tmp_path):
     store, sent = recorded
     data = os.urandom(3 * MiB + 7)
     (tmp_path / 'f').write_bytes(data)
     store.upload_object('small', tmp_path / 'f', overwrite=False)
     [(headers, body)] = _operations(sent, 'PutObject')
     assert body == data
-    assert headers['x-amz-checksum-crc32'] == _crc32(data)
+    assert headers['x-amz-checksum-crc32c'] == _crc32c(data)
+    assert store.object_checksum('small') == f'crc32c:{_crc32c(data)}'  # what S3 keeps, one HEAD
+
+
+def test_crc32_asked_for_is_still_sent_by_the_store(recorded, tmp_path):
+    store, sent = recorded
+    (tmp_path / 'f').write_bytes(b'payload')
+    store.upload_object('c32', tmp_path / 'f', ExtraArgs={'ChecksumAlgorithm': 'CRC32'})
+    [(headers, _)] = _operations(sent, 'PutObject')
+    assert headers['x-amz-checksum-crc32'] == base64.b64encode(zlib.crc32(b'payload').to_bytes(4, 'big')).decode()
+    assert 'x-amz-checksum-crc32c' not in headers
+    assert store.object_checksum('c32') is None  # no CRC32C kept: nothing to compare
 
 
 def test_another_checksum_asked_for_is_left_to_botocore(recorded, tmp_path):
@@ -90,7 +105,7 @@ def test_another_checksum_asked_for_is_left_to_botocore(recorded, tmp_path):
     (tmp_path / 'f').write_bytes(b'payload')
     store.upload_object('sha', tmp_path / 'f', overwrite=False, ExtraArgs={'ChecksumAlgorithm': 'SHA256'})
     [(headers, _)] = _operations(sent, 'PutObject')
-    assert 'x-amz-checksum-crc32' not in headers
+    assert 'x-amz-checksum-crc32c' not in headers
     assert 'x-amz-checksum-sha256' in headers or headers.get('x-amz-sdk-checksum-algorithm') == 'SHA256'
 
 

@@ -86,6 +86,9 @@ class Storage:
         key = repr(sorted(options.items()))
         writer = self._writers.get(key)
         if writer is None:
+            # One live writer per process and staging folder (its uploader owns the folder): the writer for
+            # other options is closed first.
+            self._close_writers()
             writer = self._writers[key] = self.writer(**options)
         dcp.save(state_dict, checkpoint_id=checkpoint_id, storage_writer=writer, planner=planner, no_dist=no_dist)
         writer.wait_for_commits(120)
@@ -106,6 +109,9 @@ class Storage:
         readers, self._readers = list(self._readers.values()), {}
         for reader in readers:
             reader.close()
+        self._close_writers()
+
+    def _close_writers(self) -> None:
         writers, self._writers = list(self._writers.values()), {}
         for writer in writers:
             writer.close()

@@ -27,11 +27,6 @@ from s3_server import _moto_session, aws_credentials  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(90)
 
-# Temporary (issue 34, being fixed): what fails today and why.
-NO_EXTENSIONS = pytest.mark.xfail(strict=True, reason='CheckpointWriter takes no _extensions= / CheckpointReader '
-                                  'no _extension_registry=')
-NO_OVERWRITE = pytest.mark.xfail(strict=True, reason='CheckpointWriter takes no overwrite=')
-
 
 class Module5(torch.nn.Module):
     """test_file_system_checkpoint_cpu's module: two linears and an embedding bag."""
@@ -84,7 +79,6 @@ def test_read_write_only_tensor(storage, thread_count):
     assert same_state(target, saved)
 
 
-@NO_EXTENSIONS
 @pytest.mark.parametrize('thread_count', [1, 2])
 def test_read_write_tensor_and_blob_rot13(storage, thread_count):
     saved = dict(Module5().state_dict(), test_blob=Blob(b'SomeBlobForTesting'))
@@ -97,7 +91,6 @@ def test_read_write_tensor_and_blob_rot13(storage, thread_count):
     assert same_state(target, saved)
 
 
-@NO_EXTENSIONS
 @pytest.mark.parametrize('thread_count', [1, 2])
 def test_read_write_zstandard(storage, thread_count):
     pytest.importorskip('zstandard')
@@ -110,7 +103,6 @@ def test_read_write_zstandard(storage, thread_count):
     assert same_state(target, saved)
 
 
-@NO_OVERWRITE
 def test_overwrite_fsspec(storage):
     """test_fsspec.TestFSSpec.test_overwrite (and s3torchconnector's test_overwrite, the same facts)."""
     t1, t2 = torch.randn(10), torch.randn(10)
@@ -124,7 +116,6 @@ def test_overwrite_fsspec(storage):
         storage.save({'random': t2}, cid, overwrite=False)
 
 
-@NO_OVERWRITE
 def test_overwrite_e2e(storage):
     """e2e TestCheckpointOrderingAndOverwrite.test_overwrite: the first save with the default writer."""
     t1, t2 = torch.randn(10), torch.randn(10)
@@ -232,7 +223,6 @@ def test_s3torchconnector_writer_thread_count_defaults_to_one(storage):
         writer.close()
 
 
-@NO_OVERWRITE
 def test_s3torchconnector_save_load_list(storage):
     """s3torchconnector e2e ``_test_rename_internal``/``load_data`` in one process: save three tensors, list the
     checkpoint (``thread_count`` files and the ``.metadata``, plus the commit marker here), load them back."""
