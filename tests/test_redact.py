@@ -721,23 +721,24 @@ def test_kubernetes_secret_manifests_are_concealed():
 
 
 def test_gitleaks_true_positives_are_redacted_at_least_95_percent():
-    """Issue 35's target on gitleaks' own rule examples (needs a gitleaks git directory: GITLEAKS_GIT_DIR,
-    e.g. ``git clone --bare https://github.com/gitleaks/gitleaks``; nothing of gitleaks is in this repository)."""
-    import os
+    """Issue 35's target on gitleaks' own rule examples: at least 95 % of the true positives redacted, and the
+    two causes the issue names fixed. The corpus is frozen in ``tests/data`` (each example drawn once from
+    gitleaks' rule files at the pinned commit by ``benchmarks/tools/gitleaks_coverage.py --freeze``, with the
+    secret its rule captures), so the suite needs no gitleaks checkout."""
+    import collections
+    import gzip
+    import json
     import pathlib
-    import subprocess
-    import sys
 
-    git_dir = os.environ.get('GITLEAKS_GIT_DIR')
-    if not git_dir:
-        pytest.skip('GITLEAKS_GIT_DIR is not set (a gitleaks git directory holding the pinned commit)')
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / 'benchmarks' / 'tools'))
-    import gitleaks_coverage
-
-    if subprocess.run(['git', '--git-dir', git_dir, 'cat-file', '-e', gitleaks_coverage.PINNED_COMMIT],
-                      capture_output=True).returncode:
-        pytest.skip(f'{git_dir} does not hold commit {gitleaks_coverage.PINNED_COMMIT}')
-    result = gitleaks_coverage.measure(git_dir, gitleaks_coverage.PINNED_COMMIT)
-    assert result['positives'] > 6000 and not result['skipped']
-    assert result['percent'] >= 95, result['missed_by_rule']
-    assert result['by_cause']['credential-named key']['missed'] <= 20 and result['by_cause']['pair syntax']['missed'] <= 20
+    path = pathlib.Path(__file__).parent / 'data' / 'gitleaks_true_positives.jsonl.gz'
+    with gzip.open(path, 'rt', encoding='utf-8') as handle:
+        header = json.loads(next(handle))
+        examples = [json.loads(line) for line in handle]
+    assert header['gitleaks_commit'].startswith('b58d3f10') and len(examples) > 6000
+    redact = build_redactor(True)
+    missed = collections.Counter()
+    for example in examples:
+        if example['secret'] in redact({'example': example['text']})['example']:
+            missed[example['cause']] += 1
+    assert sum(missed.values()) <= 0.05 * len(examples), missed
+    assert missed['credential-named key'] <= 20 and missed['pair syntax'] <= 20, missed

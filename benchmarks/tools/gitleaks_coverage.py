@@ -133,6 +133,19 @@ def measure(git_dir: str, commit: str, code_at: Optional[str] = None, seed: int 
     }
 
 
+def freeze(result: dict, path: str) -> None:
+    """Write ``result``'s true positives that have a secret to ``path`` (gzipped JSON lines, sorted keys)."""
+    import gzip
+
+    with gzip.open(path, 'wt', encoding='utf-8', compresslevel=9) as handle:
+        handle.write(json.dumps({'gitleaks_commit': result['commit'], 'seed': result['seed']}) + '\n')
+        for row in result['rows']:
+            if row['positive'] and row['secret']:
+                cause = cause_of(gitleaks_examples.Example(row['rule'], row['text'], True, row['syntax'], None))
+                handle.write(json.dumps({'rule': row['rule'], 'cause': cause, 'text': row['text'],
+                                         'secret': row['secret']}, sort_keys=True) + '\n')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('git_dir')
@@ -141,8 +154,13 @@ def main() -> None:
     parser.add_argument('--seed', type=int, default=35)
     parser.add_argument('--json')
     parser.add_argument('--misses', type=int, default=0, help='print this many missed examples per cause')
+    parser.add_argument('--freeze', metavar='PATH',
+                        help='also write the true positives (rule, syntax, cause, text, secret) as gzipped JSON lines: '
+                             'the corpus tests/test_redact.py scores without a gitleaks checkout')
     args = parser.parse_args()
     result = measure(args.git_dir, args.commit, args.code_at, args.seed)
+    if args.freeze:
+        freeze(result, args.freeze)
     print(f"{result['redacted']} of {result['positives']} true positives redacted ({result['percent']} %), "
           f"{result['rules']} rules; false positives changed: {result['false_positives_changed']} of "
           f"{result['false_positives']}")
