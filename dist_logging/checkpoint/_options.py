@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import uuid
 from typing import Any, Iterable, Optional, Sequence
 
 from torch.distributed.checkpoint.filesystem import SerializationFormat
 
+from dist_logging import _private_dirs
 from dist_logging.checkpoint._layout import markers_by_checkpoint
 
 __all__ = ['check_torch_options', 'probe_bucket', 'refuse_existing', 'PROBE_NAME']
@@ -60,8 +61,15 @@ def probe_bucket(store: Any, where: str) -> None:
     """
     from dist_logging.checkpoint.commit import retry
 
-    handle, path = tempfile.mkstemp(prefix='dist_logging-probe-')
-    os.close(handle)
+    # The empty file it uploads is an anonymous in-memory file (Linux): no name in any folder, shared or not;
+    # elsewhere a file in this user's private folder.
+    fd = os.memfd_create('dist_logging-probe') if hasattr(os, 'memfd_create') else None
+    if fd is not None:
+        path = f'/proc/self/fd/{fd}'
+    else:
+        path = os.path.join(_private_dirs.private_dir('probes'), f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
+        with open(path, 'xb'):
+            pass
     try:
         retry(store, lambda: store.upload_object(PROBE_NAME, path, overwrite=True))
     except Exception as exc:  # noqa: BLE001 - re-raised with the bucket's name
@@ -69,7 +77,10 @@ def probe_bucket(store: Any, where: str) -> None:
                            'no checkpoint could ever commit there. Check the URI, that the bucket exists, and the '
                            'credentials (validate_bucket=False skips this check, e.g. for an offline start)') from exc
     finally:
-        os.unlink(path)
+        if fd is not None:
+            os.close(fd)
+        else:
+            os.unlink(path)
 
 
 def refuse_existing(store: Any, checkpoint_id: str, pending: Iterable[str], where: str) -> None:
