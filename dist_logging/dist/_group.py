@@ -18,6 +18,7 @@ import torch.distributed as torch_dist
 from dist_logging.dist._diagnose import Read, diagnose
 from dist_logging.dist._facts import get_attempt, get_global_rank, is_initialized, select_reduction_device
 from dist_logging.dist._watch import STORE_ANSWER_SECONDS, StoreLine, StoreUnreachable, beat_period, line_for
+from dist_logging.dist._watch import release
 from dist_logging.dist._watch import HOST, process_state
 from dist_logging.errors import DistributedLoggingError
 
@@ -158,7 +159,12 @@ class LoggingGroup:
             self._check_usable('creating the logging gloo process group')
             if self._group is None:
                 what = 'creating the logging gloo process group'
-                self._get_line()
+                line = self._get_line()
+                if line:  # this rank's 'host pid' is in the store before the creation can complete anywhere
+                    try:
+                        line.call(lambda store: None, STORE_ANSWER_SECONDS)
+                    except Exception:  # noqa: BLE001 - the creation's own deadline decides
+                        pass
                 self._arrive()
                 outcome: dict[str, Any] = {}
 
@@ -174,6 +180,8 @@ class LoggingGroup:
                 if 'error' in outcome:
                     raise self._failure(what, outcome['error']) from outcome['error']
                 self._group = outcome['group']
+                if line:  # every rank announced itself before the creation completed: read who runs where
+                    line.submit(line.read_roster)
             return self._group
 
     # ------------------------------------------------------------------ the store, off this thread
@@ -537,6 +545,9 @@ class LoggingGroup:
         with self._lock:
             group, self._group = self._group, None
             self._device = None
+            line, self._line = self._line, None
+        if line:
+            release(line)
         if group is not None and self._failed is None and is_initialized():
             try:
                 torch_dist.destroy_process_group(group)

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-__all__ = ['StoreLine', 'StoreUnreachable', 'Beat', 'beat_period', 'line_for', 'process_state']
+__all__ = ['StoreLine', 'StoreUnreachable', 'Beat', 'beat_period', 'line_for', 'release', 'process_state']
 
 HOST = socket.gethostname()
 #: The longest a caller waits for one answer of the store before calling it unreachable.
@@ -127,6 +127,7 @@ class StoreLine:
         self.rank, self.world_size, self.prefix = rank, world_size, prefix
         self.period = period
         self.identity: Any = None
+        self.users = 0  # logging groups using the line (see release)
         self.roster: dict[int, tuple[str, int]] = {rank: (HOST, os.getpid())}
         self.sequences: dict[int, int] = {}  # logging group id -> the collective number it reached
         self.last_entered = time.monotonic()  # when this rank last entered a logging collective
@@ -276,7 +277,21 @@ def line_for(store: Any, rank: int, world_size: int, attempt: str, period: float
         elif period < line.period:
             line.period = period
             line.submit(lambda store: None)  # wake the thread: the next beat comes sooner
+        line.users += 1
         return line
+
+
+def release(line: StoreLine) -> None:
+    """A logging group is done with ``line``; the last one out ends its thread (no thread outlives the Loggers)."""
+    global _LINE
+    with _LINE_LOCK:
+        line.users -= 1
+        if line.users > 0:
+            return
+        line.stop()
+        if _LINE is line:
+            _LINE = None
+    line._thread.join(timeout=_BYE_SECONDS)  # ends at once unless a store call is stuck (it is a daemon)
 
 
 @atexit.register

@@ -85,7 +85,7 @@ except Exception as exc:
     try:
         logger.close()
     except Exception as close_exc:  # noqa: BLE001 - recorded; the first error is what ends the process
-        result['close_error'] = f'{type(close_exc).__name__}: {str(close_exc)[:300]}'
+        result['close_error'] = f'{type(close_exc).__name__}: {str(close_exc)[:1000]}'
     result['close_seconds'] = time.monotonic() - t0
     dump(f'result-rank{rank}.json', result)
     raise

@@ -16,11 +16,13 @@ import os
 import pathlib
 import random
 import shutil
+import subprocess
 import sys
 import time
 
 import pytest
 
+from dist_logging.dist._watch import process_state
 from hosts._rig import Rig, unavailable, wait_for
 from s3_server import CREDENTIALS
 
@@ -95,11 +97,7 @@ def _sha(rig, key):
 
 
 def _pid_gone(pid):
-    try:
-        with open(f'/proc/{pid}/stat', 'rb') as handle:
-            return handle.read().rsplit(b')', 1)[1].split()[0] in (b'Z', b'X')
-    except FileNotFoundError:
-        return True
+    return process_state(pid) is None  # ended, or a zombie its launcher has not reaped yet
 
 
 def test_happy_path_across_two_hosts(rig):
@@ -152,7 +150,14 @@ def test_a_partition_names_the_far_side_and_every_rank_errs_and_exits_in_bounded
         results, errs, exits = _wait_for_errors_and_exits(rig, cut_at)
     finally:
         rig.hosts[1].heal()
+    agents = {}  # torchrun's agents: each sees its workers fail (reported, not asserted: torchrun's own business)
+    for host, job in zip(rig.hosts, jobs):
+        try:
+            agents[host.name] = job.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            agents[host.name] = 'still running 15 s later'
     with capsys.disabled():
+        print(f'\n[rig] agents: {agents}', file=sys.stderr)
         print(f'\n[rig] partition: error after {json.dumps({r: round(s, 2) for r, s in errs.items()})} s, '
               f'worker exit after {json.dumps({r: round(s, 2) for r, s in exits.items()})} s, Logger.close() took '
               f'{json.dumps({r: round(out.get("close_seconds", -1), 2) for r, out in results.items()})} s',
@@ -161,16 +166,15 @@ def test_a_partition_names_the_far_side_and_every_rank_errs_and_exits_in_bounded
     for r, seconds in errs.items():
         assert seconds < SYNC_TIMEOUT + SLACK, (r, seconds, results[r]['error'])
     assert sorted(exits) == [0, 1, 2, 3] and max(exits.values()) < EXIT_BOUND, (exits, _logs(rig))
-    for r in (0, 1):  # the store's side names the far host's ranks
-        error = results[r]['error']
-        if error['type'] == 'DistributedLoggingError':
-            assert error['unreachable'] == [2, 3] and error['hosts'] == {'2': 'host2', '3': 'host2'}, error
-            assert 'host host2 (ranks [2, 3]) silent' in error['message'], error
-    for r in (2, 3):  # cut off from the store: says so, names the other host
-        error = results[r]['error']
-        if error['type'] == 'DistributedLoggingError':
-            assert 'cannot tell which other ranks are missing' in error['message'], error
-            assert 'host1: ranks [0, 1]' in error['message'], error
+    # The named error: what the flush raised, or, for a rank caught in a checkpoint save (DCP's own gloo
+    # timeout), what close() raised completing the flush in flight.
+    named = {r: out['error']['message'] if out['error']['type'] == 'DistributedLoggingError'
+             else out.get('close_error', '') for r, out in results.items()}
+    for r in (0, 1):  # the store's side names the far host's ranks and the host
+        assert 'host host2 (ranks [2, 3]) silent' in named[r], results[r]
+    for r in (2, 3):  # cut off from the store: says so, names the other host's ranks
+        assert 'cannot tell which other ranks are missing' in named[r], results[r]
+        assert 'host1: ranks [0, 1]' in named[r], results[r]
     # drain after the heal: every accepted upload lands, byte-identical
     for host in rig.hosts:
         done = host.run([sys.executable, '-m', 'dist_logging', 'drain', '/tmp/staging', '--no-progress'],
@@ -192,6 +196,7 @@ def _assert_no_partial_checkpoint(rig):
 
     kwargs = {'endpoint_url': rig.s3.endpoint}
     committed = list_checkpoints(f's3://{rig.bucket}', 'rig/checkpoints', backend_kwargs=kwargs)
+    assert committed, "no checkpoint committed before the cut"
     for cid in committed:
         step = int(str(cid).rstrip('/').rsplit('step', 1)[1])
         state = {f'rank{r}': torch.zeros(1000) for r in range(NPROC * len(rig.hosts))}
@@ -204,7 +209,7 @@ def _assert_no_partial_checkpoint(rig):
 def test_a_frozen_store_host_ends_the_other_side_in_bounded_time(rig, capsys):
     """Every process on host1 (torchrun's agent with the store, two ranks) stopped: host2's ranks err
     within the bound, saying they cannot tell, and exit; once host1 thaws, its ranks err and exit too."""
-    jobs = _start(rig, steps=10_000)
+    _start(rig, steps=10_000)
     wait_for(lambda: min(_progress(rig)) >= 4, 120, 'every rank past step 4')
     frozen_at = time.time()
     rig.hosts[0].freeze()
