@@ -21,6 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from dist_logging.checkpoint import CheckpointReader, CheckpointWriter, latest_checkpoint, list_checkpoints
+from dist_logging.object_store._crc32c import file_crc32c
 from dist_logging.checkpoint import _shards
 from dist_logging.checkpoint._process_side import ProcessSideWriter
 from dist_logging.errors import UploadError
@@ -78,6 +79,14 @@ def test_process_checkpointer_two_ranks_commits_loads_exactly_and_leaves_nothing
         assert [t['id'] for t in out['timings']] == timed
         assert all(t['local_s'] is not None and t['local_s'] > 0 and t['bytes'] > 0 for t in out['timings'])
         assert all((t['commit_s'] is not None) == (rank == 0 and t['id'] in ids) for t in out['timings'])
+    # Process saves' markers record each file's CRC32C (taken in the checkpoint process as it wrote), as thread
+    # saves' do, and the landed files hold those bytes.
+    for cid in ids:
+        [marker] = (tmp_path / 'bucket' / cid).glob('.committed-*.json')
+        record = json.loads(marker.read_text())
+        assert set(record['checksums']) == set(record['files']), cid
+        for relative, checksum in record['checksums'].items():
+            assert file_crc32c(marker.parent / relative) == checksum, (cid, relative)
         assert out['local_s_metrics'] == len(timed) and out['commit_s_metrics'] == (4 if rank == 0 else 0)
     staging = root / 'staging'
     assert left_in(staging) == []  # shards uploaded, hand-off folders (step5's too) and intents gone
