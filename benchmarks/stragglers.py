@@ -214,7 +214,8 @@ def overhead(d: C.Dist, args: Any, grad: torch.Tensor) -> dict[str, Any]:
 
 def simulate(args: Any, worlds: list[int]) -> dict[str, Any]:
     """The report code over modelled per-rank windows: +-5 % per-step jitter, one rank 1.2x, at N ranks."""
-    from dist_logging.ranks.report import BUSY, FIXED, MEMORY, STEPS, WALL, build_report, report_metrics, table_rows
+    from dist_logging.ranks.report import (BUSY, FIXED, JITTER, MEMORY, STEPS, WALL, build_report, report_metrics,
+                                           table_rows)
     from dist_logging.ranks.stats import VerdictTracker, Verdicts
 
     step_s = (args.cpu_ms + args.device_ms) / 1e3
@@ -234,15 +235,19 @@ def simulate(args: Any, worlds: list[int]) -> dict[str, Any]:
             flags, first_chronic, cpu = 0, None, []
             previous = None
             for window in range(windows):
-                # The median of `every` steps of uniform +-5 % jitter per rank (what the timer reports).
-                work = np.median(rng.uniform(0.95, 1.05, (every, world)), axis=0) * step_s
+                # The median of `every` steps of uniform +-5 % jitter per rank, and their median absolute
+                # deviation (what the timer reports).
+                steps = rng.uniform(0.95, 1.05, (every, world)) * step_s
                 if slowed is not None:
-                    work[slowed] *= args.slowdown
+                    steps[:, slowed] *= args.slowdown
+                work = np.median(steps, axis=0)
+                mad = np.median(np.abs(steps - work), axis=0)
                 table = np.zeros((world, FIXED + sections))
                 table[:, STEPS] = every
                 table[:, BUSY] = work  # seconds per step
                 table[:, WALL] = work.max() * every * 1.05
                 table[:, MEMORY] = 2e9
+                table[:, JITTER] = mad
                 table[:, FIXED] = work * every * 0.3
                 table[:, FIXED + 1] = work * every * 0.7
                 t0 = time.thread_time_ns()

@@ -17,13 +17,14 @@ from dist_logging.ranks.stats import (CHRONIC, OK, ONE_OFF, SeriesStats, Verdict
                                       reference, relative_scores, series_stats, slow_mask)
 from dist_logging.ranks.timer import WindowTotals
 
-__all__ = ['RankEntry', 'RankReport', 'STEPS', 'WALL', 'BUSY', 'COLLECTIVE', 'MEMORY', 'FIXED', 'record_of',
+__all__ = ['RankEntry', 'RankReport', 'STEPS', 'WALL', 'BUSY', 'COLLECTIVE', 'MEMORY', 'JITTER', 'FIXED', 'record_of',
            'per_step', 'build_report', 'build_partial', 'report_metrics', 'TABLE_COLUMNS', 'table_rows',
            'straggler_line']
 
-# Columns of a record: totals over the window, except BUSY, which is seconds per step.
-STEPS, WALL, BUSY, COLLECTIVE, MEMORY = range(5)
-FIXED = 5
+# Columns of a record: totals over the window, except BUSY (seconds per step, the median step) and
+# JITTER (the median absolute deviation of the window's steps' busy seconds, NaN when not known).
+STEPS, WALL, BUSY, COLLECTIVE, MEMORY, JITTER = range(6)
+FIXED = 6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,8 @@ def record_of(totals: WindowTotals, layout: Sequence[str]) -> np.ndarray:
     record[COLLECTIVE] = totals.collective_s
     if totals.memory_bytes is not None:
         record[MEMORY] = totals.memory_bytes
+    if totals.busy_mad_s is not None:
+        record[JITTER] = totals.busy_mad_s
     for index, name in enumerate(layout):
         if name in totals.sections:
             record[FIXED + index] = totals.sections[name]
@@ -177,7 +180,8 @@ def build_report(table: np.ndarray, layout: Sequence[str], hosts: Sequence[str],
         ratio = busy / ref if ref else np.full(world, np.nan)
     relative = relative_scores(busy)
     individual = individual_scores(tracker.best('busy', busy), busy)
-    verdict, count, since = tracker.record(slow_mask(busy, tracker.verdicts), batch)
+    jitter = np.where(np.isnan(busy), np.nan, table[:, JITTER])
+    verdict, count, since = tracker.record(slow_mask(busy, tracker.verdicts, jitter), batch)
     medians = {name: stats.median_s for name, stats in series.items()}
 
     def fields(rank: int) -> dict[str, Any]:

@@ -6,9 +6,13 @@ Cost (see docs/stragglers.md for the model):
 * at a report, one all-reduce (MAX) of ``2 * (series) + 1`` float64 per rank (series = busy,
   step, each section, memory): every rank learns each series' min and max, and whether some
   rank has a section name the others do not know yet;
-* plus one gather to rank zero of this rank's fixed-size record (``5 + sections`` float64);
+* plus one gather to rank zero of this rank's fixed-size record (``6 + sections`` float64);
+* both are only *started* at the report step (``async_op``, gloo's own thread carries them) and
+  completed at the next step, when every rank has issued them long ago: the training thread
+  neither waits for the last rank nor polls (the report comes one step late);
 * only when a rank used a new section name (normally once, at the first report): an all-gather
-  of the new names and a second all-reduce; at the first report, one gather of 64-byte host names.
+  of the new names, a second all-reduce and gather, at once; at the first report, one gather of
+  64-byte host names (started with the others).
 
 Every collective goes through the Logger's :class:`~dist_logging.dist.LoggingGroup`, so each has
 its ``sync_timeout`` and a missing rank is named in the error.
@@ -30,7 +34,7 @@ from dist_logging.ranks.history import HISTORY_NAME, HistoryWriter, private_hist
 from dist_logging.ranks.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, per_step, record_of,
                                        report_metrics, straggler_line, table_rows)
 from dist_logging.ranks.stats import VerdictTracker, Verdicts
-from dist_logging.ranks.timer import Section, SectionTimer, check_section_name
+from dist_logging.ranks.timer import Section, SectionTimer, WindowTotals, check_section_name
 
 # The Logger, seen through its public methods only (log_metrics, log_table, log_images, upload_file,
 # has_file_upload_destination); not imported, so the Logger can import this module.
@@ -52,8 +56,8 @@ class RankReportOptions:
     """How rank reports judge and what they produce (``Logger(rank_report_options=...)``).
 
     Args:
-        slow_ratio, min_gap_s, chronic_reports, chronic_window: the verdict thresholds, see
-            :class:`~dist_logging.ranks.stats.Verdicts` (defaults: 1.1, 0.1 ms, 2 of 5).
+        slow_ratio, min_gap_s, chronic_reports, chronic_window, jitter_k: the verdict thresholds, see
+            :class:`~dist_logging.ranks.stats.Verdicts` (defaults: 1.1, 0.1 ms, 2 of 5, 3 x the rank's jitter).
         top_k: how many of the slowest ranks the table lists (besides every straggler).
         device: ``'auto'`` (CUDA events once CUDA is initialized, else wall clock), ``'cpu'``, ``'cuda'``.
         memory: measure memory per window (peak CUDA allocated, else RSS).
@@ -73,6 +77,7 @@ class RankReportOptions:
     memory: bool = True
     history: bool = True
     heatmap: bool = True
+    jitter_k: float = 3.0
 
     def __post_init__(self) -> None:
         self.verdicts()  # raises on bad thresholds
@@ -83,7 +88,7 @@ class RankReportOptions:
 
     def verdicts(self) -> Verdicts:
         """The verdict thresholds."""
-        return Verdicts(self.slow_ratio, self.min_gap_s, self.chronic_reports, self.chronic_window)
+        return Verdicts(self.slow_ratio, self.min_gap_s, self.chronic_reports, self.chronic_window, self.jitter_k)
 
     @classmethod
     def from_value(cls, value: Union['RankReportOptions', Mapping[str, Any], None]) -> 'RankReportOptions':
@@ -149,6 +154,29 @@ class NullSection:
     is_open = False
 
 
+class _Pending:
+    """A report whose collectives were started at a report step and are completed at the next step."""
+
+    __slots__ = ('totals', 'batch', 'new', 'record', 'reduced', 'rows', 'host_rows', 'works')
+
+    def __init__(self, totals: WindowTotals, batch: int):
+        self.totals = totals
+        self.batch = batch
+        self.new = False
+        self.record: Optional[np.ndarray] = None
+        self.reduced: Optional[torch.Tensor] = None
+        self.rows: list[torch.Tensor] = []
+        self.host_rows: list[torch.Tensor] = []
+        self.works: list[Any] = []
+
+
+def _host_tensor() -> torch.Tensor:
+    name = _HOST.encode()[:HOST_BYTES]
+    padded = torch.zeros(HOST_BYTES, dtype=torch.uint8)
+    padded[: len(name)] = torch.frombuffer(bytearray(name), dtype=torch.uint8)
+    return padded
+
+
 class RankReporter:
     """Times sections on this rank and, every ``every`` batches, builds the rank report (a collective).
 
@@ -183,6 +211,7 @@ class RankReporter:
         self._history: Optional[HistoryWriter] = None
         self._history_failed = False
         self._warned_sections = False
+        self._pending: Optional[_Pending] = None  # a report started at the last step, completed at this one
 
     # ------------------------------------------------------------------ training thread
     def section(self, name: str, wait: bool = False) -> Section:
@@ -202,14 +231,20 @@ class RankReporter:
         """One training step ended (every rank, in step); report at every ``every``-th call.
 
         Steps are counted here, not read from ``batch``, so that adapters whose frameworks move
-        the batch count in jumps still report at the same step on every rank.
+        the batch count in jumps still report at the same step on every rank. At a report step
+        the report's collectives are only started; they are completed, and the report built, at
+        the next step (by then every rank has long issued them, so nothing waits): see
+        docs/stragglers.md, "Cost".
 
         Args:
             logger: the Logger (rank zero emits through its public methods).
             batch: the batch count to label the report with.
 
+        Returns:
+            The report completed in this call (the previous report step's), else None.
+
         Raises:
-            DistributedLoggingError: at a report, a rank did not take part within ``sync_timeout``.
+            DistributedLoggingError: a rank did not take part in a report within ``sync_timeout``.
         """
         self._calls += 1
         if not self._started:
@@ -218,28 +253,76 @@ class RankReporter:
             self.timer.take()
         else:
             self.timer.step()
-        if self._calls % self.every:  # type: ignore[operator]
-            return None
-        if self.timer.steps == 0:
-            return None  # every rank has the same count: all skip together
+        report = None
+        if self._pending is not None:  # the previous step was a report step (every rank: same count)
+            report = self._timed(self._harvest, logger)
+        if self._calls % self.every or self.timer.steps == 0:  # type: ignore[operator]
+            return report  # (every rank has the same counts: all skip together)
+        totals = self.timer.take()
+        self._pending = _Pending(totals, batch)
+        return self._timed(self._start, logger) or report
+
+    def _timed(self, call: Any, logger: LoggerLike) -> Optional[RankReport]:
         started = time.perf_counter()
-        report = self._report(logger, batch)
-        self.timer.add_collective(time.perf_counter() - started)  # in the next window, as a wait
-        return report
+        try:
+            return call(logger)
+        finally:
+            self.timer.add_collective(time.perf_counter() - started)  # in the window, as a wait
 
     # ------------------------------------------------------------------ the report
-    def _report(self, logger: LoggerLike, batch: int) -> RankReport:
-        totals = self.timer.take()
-        unknown = sorted(set(totals.sections) - set(self._layout))
-        record = record_of(totals, self._layout)
-        minima, maxima, anyone_new = self._reduce(record, bool(unknown))
-        if anyone_new:
-            self._agree_on(unknown)
-            record = record_of(totals, self._layout)
-            minima, maxima, _ = self._reduce(record, False)
+    def _start(self, logger: LoggerLike) -> Optional[RankReport]:
+        """At a report step: start the all-reduce and the gather (and, at the first report, the host names).
+
+        Returns:
+            The report, at once, when there is one process (no collective); else None.
+        """
+        pending = self._pending
+        assert pending is not None
+        totals = pending.totals
+        pending.new = bool(set(totals.sections) - set(self._layout))
+        pending.record = record_of(totals, self._layout)
+        group = self._group
+        if not group.active:  # one process: nothing to wait for, the report now
+            return self._harvest(logger)
+        gloo = group.group()
+        group.arrive()
+        what = 'reducing the rank report'
+        pending.reduced = self._reduce_input(pending.record, pending.new)
+        pending.works.append(group.start_all_reduce(pending.reduced, torch.distributed.ReduceOp.MAX, gloo, what))
         if self._window == 0:
-            self._gather_hosts()
-        table = self._gather(record)
+            work, pending.host_rows = group.start_gather(_host_tensor(), gloo, 'gathering host names for the rank report')
+            pending.works.append(work)
+        work, pending.rows = group.start_gather(torch.from_numpy(pending.record), gloo,
+                                                'gathering the rank report records')
+        pending.works.append(work)
+        return None
+
+    def _harvest(self, logger: LoggerLike) -> RankReport:
+        """Complete the started collectives (normally done already) and build the report."""
+        pending, self._pending = self._pending, None
+        assert pending is not None and pending.record is not None
+        record = pending.record
+        if pending.reduced is None:  # one process
+            minima, maxima, anyone_new = self._reduce_output(self._reduce_input(record, pending.new))
+            table = record[None, :]
+            if self._window == 0:
+                self._hosts = [_HOST]
+        else:
+            self._group.wait_all(pending.works, 'completing the rank report')
+            minima, maxima, anyone_new = self._reduce_output(pending.reduced)
+            table = torch.stack(pending.rows).numpy() if pending.rows else record[None, :]
+            if pending.host_rows:
+                self._hosts = [bytes(row.numpy().tobytes()).rstrip(b'\0').decode(errors='replace')
+                               for row in pending.host_rows]
+        if anyone_new:  # some rank has section names the layout lacks (the first report, mostly): again, at once
+            self._agree_on(sorted(set(pending.totals.sections) - set(self._layout)))
+            record = record_of(pending.totals, self._layout)
+            minima, maxima, _ = self._reduce(record)
+            table = self._gather(record)
+        return self._build(logger, record, table, minima, maxima, pending.batch)
+
+    def _build(self, logger: LoggerLike, record: np.ndarray, table: np.ndarray, minima: np.ndarray,
+               maxima: np.ndarray, batch: int) -> RankReport:
         window, self._window = self._window, self._window + 1
         if self._rank != 0:
             self._last = build_partial(record, self._layout, minima, maxima, self._tracker, _HOST,
@@ -251,18 +334,26 @@ class RankReporter:
         self._emit(logger, report, table, batch)
         return report
 
-    def _reduce(self, record: np.ndarray, has_new: bool) -> tuple[np.ndarray, np.ndarray, bool]:
-        """One MAX all-reduce of ``[v, -v, new-names flag]``: every series' max and min on every rank."""
+    def _reduce_input(self, record: np.ndarray, has_new: bool) -> torch.Tensor:
+        """``[v, -v, new-names flag]`` for one MAX all-reduce: every series' max and min on every rank."""
         column = np.array([v[0] for v in per_step(record[None, :], self._layout).values()], dtype=np.float64)
         both = np.concatenate([column, -column, [1.0 if has_new else 0.0]])
         both[np.isnan(both)] = -np.inf  # a rank without a value must not win the MAX
-        tensor = torch.from_numpy(both)
-        self._group.all_reduce(tensor, torch.distributed.ReduceOp.MAX, 'reducing the rank report')
+        return torch.from_numpy(both)
+
+    @staticmethod
+    def _reduce_output(tensor: torch.Tensor) -> tuple[np.ndarray, np.ndarray, bool]:
         out = tensor.numpy()
-        count = len(column)
+        count = (len(out) - 1) // 2
         maxima = np.where(np.isinf(out[:count]), np.nan, out[:count])
         minima = np.where(np.isinf(out[count:2 * count]), np.nan, -out[count:2 * count])
         return minima, maxima, bool(out[-1] > 0)
+
+    def _reduce(self, record: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """The all-reduce at once (after the section names changed)."""
+        tensor = self._reduce_input(record, False)
+        self._group.all_reduce(tensor, torch.distributed.ReduceOp.MAX, 'reducing the rank report')
+        return self._reduce_output(tensor)
 
     def _agree_on(self, unknown: list[str]) -> None:
         """Some rank has section names the layout lacks: every rank adds the union, in one order."""
@@ -274,28 +365,15 @@ class RankReporter:
             log.warning('rank report: more than %d section names; ignoring %s', MAX_SECTIONS, new[room:])
         self._layout.extend(new[:room])
 
-    def _gather_hosts(self) -> None:
-        name = _HOST.encode()[:HOST_BYTES]
-        padded = torch.zeros(HOST_BYTES, dtype=torch.uint8)
-        padded[: len(name)] = torch.frombuffer(bytearray(name), dtype=torch.uint8)
-        rows = self._gather_tensor(padded, 'gathering host names for the rank report')
-        if self._rank == 0:
-            self._hosts = [bytes(row.numpy().tobytes()).rstrip(b'\0').decode(errors='replace') for row in rows]
-
     def _gather(self, record: np.ndarray) -> np.ndarray:
-        rows = self._gather_tensor(torch.from_numpy(record), 'gathering the rank report records')
-        if self._rank != 0:
-            return record[None, :]
-        return torch.stack(rows).numpy()
-
-    def _gather_tensor(self, tensor: torch.Tensor, what: str) -> list[torch.Tensor]:
         group = self._group
         if not group.active:
-            return [tensor]
+            return record[None, :]
+        what = 'gathering the rank report records'
         group.arrive()
-        work, rows = group.start_gather(tensor, group.group(), what)
+        work, rows = group.start_gather(torch.from_numpy(record), group.group(), what)
         group.wait_all([work], what)
-        return rows
+        return torch.stack(rows).numpy() if self._rank == 0 else record[None, :]
 
     # ------------------------------------------------------------------ rank zero's output
     def _emit(self, logger: LoggerLike, report: RankReport, table: np.ndarray, batch: int) -> None:
@@ -337,7 +415,16 @@ class RankReporter:
 
     def close(self, logger: LoggerLike) -> None:
         """At the Logger's close, before its destinations close (rank zero does the work): upload the
-        history and log the heatmap as an image. Never raises for the image (it is a convenience)."""
+        history and log the heatmap as an image. Never raises for the image (it is a convenience).
+
+        A report started at the last step is completed first (every rank closes, so the started
+        collectives complete; only if section names changed in that window does it issue more).
+
+        Raises:
+            DistributedLoggingError: completing that report failed (a rank did not take part).
+        """
+        if self._pending is not None:
+            self._harvest(logger)
         if self._history is None:
             return
         self._history.close()

@@ -17,7 +17,12 @@ one unusually fast rank (one that skipped work) would make every other rank look
 rank is **slow** in a report when its time is at least ``slow_ratio`` × the lower quartile of
 all ranks' times and at least ``min_gap_s`` above it. At 2 to 4 ranks the lower quartile
 (taken as the lower neighbour) *is* the fastest rank; at scale it takes a quarter of the job
-being fast to move it. A rank is **chronic** when it was slow in at least ``m`` of the last
+being fast to move it. And, so that a rank whose steps scatter widely in a window (a rank starved
+of CPU by its neighbours, a descheduled data loader) is not called slow on a noisy median, its
+time must exceed the reference by more than ``jitter_k`` × its own jitter in the window (the
+median absolute deviation of its steps' busy times). With the benchmark's ±5 % uniform jitter
+that margin is 3 × 2.5 % = 7.5 %, below the 10 % of ``slow_ratio``, so a steady 1.2x rank is
+still slow; a rank at 1.13x whose steps scatter by ±10 % or more is not. A rank is **chronic** when it was slow in at least ``m`` of the last
 ``n`` reports; slow now but not chronic is **one-off**.
 """
 
@@ -44,6 +49,8 @@ class Verdicts:
             that microsecond differences in tiny steps are never a report.
         chronic_reports: ``m``: slow in at least this many of ...
         chronic_window: ``n``: ... the last this many reports (``1 <= m <= n``).
+        jitter_k: ... and ``time - lower quartile > jitter_k *`` the rank's own jitter (the
+            median absolute deviation of its steps' busy seconds in the window; >= 0, 0: off).
 
     Raises:
         ValueError: a threshold out of range (names it).
@@ -53,8 +60,11 @@ class Verdicts:
     min_gap_s: float = 1e-4
     chronic_reports: int = 2
     chronic_window: int = 5
+    jitter_k: float = 3.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.jitter_k, bool) or not (isinstance(self.jitter_k, (int, float)) and self.jitter_k >= 0):
+            raise ValueError(f'jitter_k must be a number >= 0, got {self.jitter_k!r}')
         if not (isinstance(self.slow_ratio, (int, float)) and self.slow_ratio > 1):
             raise ValueError(f'slow_ratio must be a number > 1, got {self.slow_ratio!r}')
         if not (isinstance(self.min_gap_s, (int, float)) and self.min_gap_s >= 0):
@@ -151,14 +161,26 @@ def reference(values: np.ndarray) -> Optional[float]:
     return float(seen[int(0.25 * (seen.size - 1))])
 
 
-def slow_mask(values: np.ndarray, verdicts: Verdicts) -> np.ndarray:
-    """Which ranks are slow in this report (bool per rank; NaN is never slow)."""
+def slow_mask(values: np.ndarray, verdicts: Verdicts, jitter: Optional[np.ndarray] = None) -> np.ndarray:
+    """Which ranks are slow in this report (bool per rank; NaN is never slow).
+
+    Args:
+        values: busy seconds per step, one per rank.
+        verdicts: the thresholds.
+        jitter: each rank's jitter in the window (median absolute deviation of its steps, seconds;
+            NaN or None: unknown, no margin), see :attr:`Verdicts.jitter_k`.
+    """
     values = np.asarray(values, dtype=np.float64)
     ref = reference(values)
     if ref is None:
         return np.zeros(values.shape, dtype=bool)
+    gap = values - ref
     with np.errstate(invalid='ignore'):
-        return (values >= ref * verdicts.slow_ratio) & (values - ref >= verdicts.min_gap_s)
+        slow = (values >= ref * verdicts.slow_ratio) & (gap >= verdicts.min_gap_s)
+        if jitter is not None and verdicts.jitter_k > 0:
+            margin = verdicts.jitter_k * np.nan_to_num(np.asarray(jitter, dtype=np.float64), nan=0.0)
+            slow &= gap > margin
+    return slow
 
 
 class VerdictTracker:

@@ -63,13 +63,16 @@ class WindowTotals:
         memory_bytes: peak CUDA memory allocated in the window, else the resident set size at
             the report; None when memory is not measured.
         busy_median_s: the median step's busy seconds (None on CUDA, where only the sum is known).
+        busy_mad_s: the median absolute deviation of the steps' busy seconds from that median: the
+            rank's own step-to-step jitter in the window (None when the median is None).
     """
 
     __slots__ = ('steps', 'wall_s', 'busy_s', 'wait_s', 'collective_s', 'sections', 'memory_bytes',
-                 'busy_median_s')
+                 'busy_median_s', 'busy_mad_s')
 
     def __init__(self, steps: int, wall_s: float, busy_s: float, wait_s: float, collective_s: float,
-                 sections: dict[str, float], memory_bytes: Optional[float], busy_median_s: Optional[float] = None):
+                 sections: dict[str, float], memory_bytes: Optional[float], busy_median_s: Optional[float] = None,
+                 busy_mad_s: Optional[float] = None):
         self.steps = steps
         self.wall_s = wall_s
         self.busy_s = busy_s
@@ -78,6 +81,7 @@ class WindowTotals:
         self.sections = sections
         self.memory_bytes = memory_bytes
         self.busy_median_s = busy_median_s
+        self.busy_mad_s = busy_mad_s
 
     def __repr__(self) -> str:
         return (f'WindowTotals(steps={self.steps}, wall_s={self.wall_s:.6f}, busy_s={self.busy_s:.6f}, '
@@ -303,9 +307,12 @@ class SectionTimer:
         wall = now - self._window_start
         busy = self._busy if self._work_seen else max(wall - self._wait - self._collective, 0.0)
         # The median step on the wall clock; on CUDA the steps' device times arrive late, so the mean.
-        median = _median(self._per_step) if self._per_step and self._events is None else None
+        median = mad = None
+        if self._per_step and self._events is None:
+            median = _median(self._per_step)
+            mad = _median([abs(value - median) for value in self._per_step])
         totals = WindowTotals(self._steps, wall, busy, self._wait, self._collective, dict(self._totals),
-                              self._read_memory() if self._memory else None, median)
+                              self._read_memory() if self._memory else None, median, mad)
         self._totals = {}
         self._busy = self._wait = self._collective = 0.0
         self._work_seen = False

@@ -131,14 +131,18 @@ def test_simulated_4096_ranks_report_cost_is_o_of_sections(fake_world):
         calls = fake_world(world, rank)
         logger = Logger(InMemoryLogger(), run_name='ranks-sim', rank_report_every=5, auto_flush=False,
                         rank_report_options={'history': False})
-        _steps(logger, 5, seconds=0)  # the first report: agrees on section names and gathers host names
+        # The first report (started at step 5, completed at step 6) agrees on section names and gathers host names.
+        _steps(logger, 6, seconds=0)
         calls.clear()
-        _steps(logger, 4, seconds=0)
+        _steps(logger, 3, seconds=0)
         assert calls == []  # nothing between reports
-        _steps(logger, 1, seconds=0)
+        _steps(logger, 1, seconds=0)  # the report step: its two collectives are started
+        started = list(calls)
+        _steps(logger, 1, seconds=0)  # the next step completes them and issues nothing
+        assert calls == started
         per_world[(world, rank)] = list(calls)
         logger.close()
     steady = per_world[(4, 1)]
     assert steady == per_world[(4096, 1)] == per_world[(4096, 0)]
     series = 3 + 2  # busy, step, memory, data, forward
-    assert steady == [('all_reduce', 8 * (2 * series + 1)), ('gather', 8 * (5 + 2))]
+    assert steady == [('all_reduce', 8 * (2 * series + 1)), ('gather', 8 * (6 + 2))]
