@@ -102,7 +102,7 @@ class Section:
             counted as waiting, not as busy time.
     """
 
-    __slots__ = ('_timer', 'name', 'wait', '_opened', '_enter', '_exit')
+    __slots__ = ('_timer', 'name', 'wait', '_opened', '_enter', '_exit', '_stack', '_clock', '_top')
 
     def __init__(self, timer: 'SectionTimer', name: str, wait: bool = False):
         self._timer = timer
@@ -110,12 +110,36 @@ class Section:
         self.wait = bool(wait)
         self._opened = 0  # start() calls not yet stopped, for start()/stop() users (framework hooks)
         self._enter, self._exit = timer.enter, timer.exit  # bound once: the with-statement is the hot path
+        # For the outermost section on the wall clock (the common case), __enter__ pushes the frame
+        # itself: one Python frame instead of two (the timer's frame list is never replaced).
+        self._stack, self._clock = timer._stack, timer._clock
+        self._top = _NONE if self.wait else _ADD
 
     def __enter__(self) -> 'Section':
-        self._enter(self.name, self.wait)
+        stack = self._stack
+        if stack or self._timer._cuda is not False:
+            self._enter(self.name, self.wait)
+        else:  # what SectionTimer.enter does for an outermost frame without CUDA
+            stack.append((self.name, self._clock(), self._top, self.wait, None))
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        stack = self._stack
+        if len(stack) == 1:  # the outermost frame on the wall clock: SectionTimer.exit's work, inline
+            frame = stack[0]
+            if frame[0] == self.name and frame[4] is None:
+                end = self._clock()
+                del stack[0]
+                seconds = end - frame[1]
+                timer = self._timer
+                totals = timer._totals
+                totals[self.name] = totals.get(self.name, 0.0) + seconds
+                if frame[2] == _ADD:
+                    timer._busy += seconds
+                    timer._work_seen = True
+                elif frame[3]:  # a top-level wait
+                    timer._wait += seconds
+                return
         self._exit(self.name)
 
     def __call__(self, fn: Callable) -> Callable:
@@ -186,6 +210,7 @@ class SectionTimer:
         # median step, as NVRx does, so a rank descheduled for a few steps is not a straggler.
         self._per_step: list[float] = []
         self._mark = (self._window_start, 0.0, 0.0, 0.0)  # at the last step: time, busy, wait, collective
+        self._mark_busy = 0.0  # busy at the last step (the sections' path keeps only this)
         self._cuda: Optional[bool] = None if device == 'auto' else device == 'cuda'
         self._events: Any = None  # the CUDA event bookkeeping, made on first use
 
@@ -270,13 +295,14 @@ class SectionTimer:
         self._steps += 1
         if self._work_seen:  # the common case: work sections marked; no clock read needed
             busy = self._busy
-            self._per_step.append(busy - self._mark[1])
-            self._mark = (0.0, busy, 0.0, 0.0)
+            self._per_step.append(busy - self._mark_busy)
+            self._mark_busy = busy
             return
         now = self._clock()
         then, _, wait, collective = self._mark
         self._per_step.append(max((now - then) - (self._wait - wait) - (self._collective - collective), 0.0))
         self._mark = (now, self._busy, self._wait, self._collective)
+        self._mark_busy = self._busy
 
     # ------------------------------------------------------------------ window
     @property
@@ -320,6 +346,7 @@ class SectionTimer:
         self._window_start = now
         self._per_step = []
         self._mark = (now, 0.0, 0.0, 0.0)
+        self._mark_busy = 0.0
         return totals
 
     def _read_memory(self) -> Optional[float]:
