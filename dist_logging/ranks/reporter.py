@@ -290,7 +290,8 @@ class RankReporter:
         pending.reduced = self._reduce_input(pending.record, pending.new)
         pending.works.append(group.start_all_reduce(pending.reduced, torch.distributed.ReduceOp.MAX, gloo, what))
         if self._window == 0:
-            work, pending.host_rows = group.start_gather(_host_tensor(), gloo, 'gathering host names for the rank report')
+            what_hosts = 'gathering host names for the rank report'
+            work, pending.host_rows = group.start_gather(_host_tensor(), gloo, what_hosts)
             pending.works.append(work)
         work, pending.rows = group.start_gather(torch.from_numpy(pending.record), gloo,
                                                 'gathering the rank report records')

@@ -22,8 +22,8 @@ of CPU by its neighbours, a descheduled data loader) is not called slow on a noi
 time must exceed the reference by more than ``jitter_k`` × its own jitter in the window (the
 median absolute deviation of its steps' busy times). With the benchmark's ±5 % uniform jitter
 that margin is 3 × 2.5 % = 7.5 %, below the 10 % of ``slow_ratio``, so a steady 1.2x rank is
-still slow; a rank at 1.13x whose steps scatter by ±10 % or more is not. A rank is **chronic** when it was slow in at least ``m`` of the last
-``n`` reports; slow now but not chronic is **one-off**.
+still slow; a rank at 1.13x whose steps scatter by ±10 % or more is not. A rank is **chronic**
+when it was slow in at least ``m`` of the last ``n`` reports; slow now but not chronic is **one-off**.
 """
 
 from __future__ import annotations

@@ -138,10 +138,13 @@ def test_simulated_4096_ranks_report_cost_is_o_of_sections(fake_world):
         assert calls == []  # nothing between reports
         _steps(logger, 1, seconds=0)  # the report step: its two collectives are started
         started = list(calls)
+        assert logger.rank_report().batch == 5  # still the first report: this one completes at the next step
         _steps(logger, 1, seconds=0)  # the next step completes them and issues nothing
-        assert calls == started
-        per_world[(world, rank)] = list(calls)
-        logger.close()
+        assert calls == started and logger.rank_report().batch == 10
+        _steps(logger, 4, seconds=0)  # a report started at the last step before close ...
+        logger.close()  # ... is completed by close()
+        assert logger.rank_report().batch == 15
+        per_world[(world, rank)] = started
     steady = per_world[(4, 1)]
     assert steady == per_world[(4096, 1)] == per_world[(4096, 0)]
     series = 3 + 2  # busy, step, memory, data, forward

@@ -143,10 +143,18 @@ def test_busy_per_step_is_the_median_step_so_a_descheduled_step_is_not_a_slowdow
         timer.step()
     totals = timer.take()
     assert totals.busy_median_s == 1.0 and totals.busy_s == pytest.approx(54.0)
+    assert totals.busy_mad_s == 0.0  # four of five steps at the median: the window's jitter is nil
     # without work sections, each step's wall time minus its waits
     for wall, wait in ((3.0, 1.0), (3.0, 1.0), (9.0, 1.0)):
         with timer.section('sync', wait=True):
             clock.tick(wait)
         clock.tick(wall - wait)
         timer.step()
-    assert timer.take().busy_median_s == pytest.approx(2.0)
+    totals = timer.take()
+    assert totals.busy_median_s == pytest.approx(2.0) and totals.busy_mad_s == pytest.approx(0.0)
+    for seconds in (1.0, 1.2, 0.9, 1.5, 1.0):  # |x - 1.0|: 0, .2, .1, .5, 0 -> median .1
+        with timer.section('forward'):
+            clock.tick(seconds)
+        timer.step()
+    totals = timer.take()
+    assert totals.busy_median_s == pytest.approx(1.0) and totals.busy_mad_s == pytest.approx(0.1)
