@@ -249,3 +249,33 @@ def test_exit_hook_drops_the_groups_of_loggers_never_closed():
 
 def test_beat_period_is_a_tenth_of_the_timeout_within_bounds():
     assert beat_period(5) == 0.5 and beat_period(30) == 3.0 and beat_period(300) == 5.0 and beat_period(1) == 0.5
+
+
+def test_a_rank_that_reached_the_collective_and_ended_since_is_not_blamed():
+    """Rank 1 reached collective #3, timed out first and exited (it said goodbye); rank 2 never arrived
+    and is alive: only rank 2 is named (seen under load in the 4-rank gather scenario)."""
+    store = torch_dist.HashStore()
+    group = LoggingGroup(timeout=2)
+    group._line = line = _line(3, store=store)
+    group._sequence = 3
+    line.roster.update({1: ('hostB', 7), 2: ('hostB', 8)})
+    _beat(store, 1, 9, group._id, 3)
+    store.set('p/bye/1', '1')
+    alive = _Beating(store, [2], group._id, 2, idle=12.0)
+    alive.start()
+    try:
+        error = group._failure('flush at step 6', None)
+    finally:
+        alive.stop.set()
+    assert error.missing_ranks == (2,) and error.late_ranks == (2,) and error.left_ranks == ()
+    assert 'rank 1 reached this collective and ended since' in str(error)
+
+
+def test_the_error_keeps_its_details_through_pickling():
+    import pickle
+
+    error = DistributedLoggingError('flush: x', missing_ranks=[4], left_ranks=[1], unreachable_ranks=[2, 3],
+                                    late_ranks=[5], hosts={2: 'hostB', 3: 'hostB'})
+    copy = pickle.loads(pickle.dumps(error))
+    assert str(copy) == 'flush: x' and copy.missing_ranks == (1, 2, 3, 4, 5) and copy.left_ranks == (1,)
+    assert copy.unreachable_ranks == (2, 3) and copy.late_ranks == (5,) and copy.hosts == {2: 'hostB', 3: 'hostB'}
