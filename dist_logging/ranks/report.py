@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from dist_logging.ranks.stats import (CHRONIC, OK, ONE_OFF, SeriesStats, VerdictTracker, Verdicts, individual_scores,
-                                      reference, relative_scores, series_stats, slow_mask)
+                                      reference, relative_scores, series_table, slow_mask)
 from dist_logging.ranks.timer import WindowTotals
 
 __all__ = ['RankEntry', 'RankReport', 'STEPS', 'WALL', 'BUSY', 'COLLECTIVE', 'MEMORY', 'JITTER', 'FIXED', 'record_of',
@@ -173,7 +173,7 @@ def build_report(table: np.ndarray, layout: Sequence[str], hosts: Sequence[str],
     table = np.atleast_2d(np.asarray(table, dtype=np.float64))
     world = table.shape[0]
     values = per_step(table, layout)
-    series = {name: series_stats(name, column) for name, column in values.items()}
+    series = series_table(list(values), np.array(list(values.values())).T)
     busy = values['busy']
     ref = reference(busy)
     with np.errstate(divide='ignore', invalid='ignore'):

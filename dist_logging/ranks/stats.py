@@ -29,14 +29,15 @@ when it was slow in at least ``m`` of the last ``n`` reports; slow now but not c
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ['Verdicts', 'SeriesStats', 'series_stats', 'relative_scores', 'individual_scores', 'reference',
+__all__ = ['Verdicts', 'SeriesStats', 'series_stats', 'series_table', 'relative_scores', 'individual_scores', 'reference',
            'slow_mask', 'VerdictTracker', 'CHRONIC', 'ONE_OFF', 'OK']
 
 CHRONIC, ONE_OFF, OK = 'chronic', 'one-off', 'ok'
+_VERDICTS = np.array([OK, ONE_OFF, CHRONIC])  # indexed by 0 ok, 1 slow now, 2 chronic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,28 +110,49 @@ class SeriesStats:
 def series_stats(name: str, values: np.ndarray) -> SeriesStats:
     """Min / median / p90 / max of ``values`` (one per rank, NaN = no value), with the extreme ranks.
 
-    Median and p90 interpolate linearly between neighbours (numpy's default percentile); one sort
-    serves all four, which matters at thousands of ranks on rank zero.
+    Median and p90 interpolate linearly between neighbours (numpy's default percentile).
     """
-    values = np.asarray(values, dtype=np.float64)
-    present = ~np.isnan(values)
-    seen = values[present]
-    count = int(seen.size)
-    if count == 0:
-        return SeriesStats(name, None, None, None, None, ranks=0)
-    order = np.argsort(seen, kind='stable')
-    ordered = seen[order].tolist()
-    ranks = np.flatnonzero(present)
-    median, p90 = _interpolate(ordered, 0.5), _interpolate(ordered, 0.9)
-    return SeriesStats(name, ordered[0], median, p90, ordered[-1], int(ranks[order[-1]]), int(ranks[order[0]]),
-                       ordered[-1] / median if median > 0 else None, count)
+    return series_table([name], np.asarray(values, dtype=np.float64)[:, None])[name]
 
 
-def _interpolate(ordered: list[float], q: float) -> float:
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def series_table(names: Sequence[str], matrix: np.ndarray) -> dict[str, SeriesStats]:
+    """:func:`series_stats` of every column of ``matrix`` (ranks x series) at once.
+
+    One sort of the whole table serves every series' four statistics and extreme ranks (rank
+    zero's CPU per report: a handful of numpy calls whatever the number of series).
+
+    Raises:
+        ValueError: ``names`` and the columns differ in number.
+    """
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[1] != len(names):
+        raise ValueError(f'series_table: {len(names)} names for a table of shape {matrix.shape}')
+    missing = np.isnan(matrix)
+    counts = matrix.shape[0] - missing.sum(axis=0)
+    filled = matrix.copy()
+    filled[missing] = np.inf  # no value: sorted last
+    order = filled.argsort(axis=0, kind='stable')
+    columns = np.arange(matrix.shape[1])
+    ordered = filled[order, columns]
+    ordered[np.arange(matrix.shape[0])[:, None] >= counts] = 0.0  # the no-value tail: read only where count is 0
+    last = np.maximum(counts - 1, 0)
+    quantiles = []
+    for q in (0.5, 0.9):
+        position = q * last
+        low = position.astype(np.int64)
+        high = np.minimum(low + 1, last)
+        below, above = ordered[low, columns], ordered[high, columns]
+        quantiles.append(below + (above - below) * (position - low))
+    rows = zip(names, counts.tolist(), ordered[0, columns].tolist(), quantiles[0].tolist(), quantiles[1].tolist(),
+               ordered[last, columns].tolist(), order[last, columns].tolist(), order[0, columns].tolist())
+    out = {}
+    for name, count, low_s, median, p90, high_s, slowest, fastest in rows:
+        if count == 0:
+            out[name] = SeriesStats(name, None, None, None, None, ranks=0)
+        else:
+            out[name] = SeriesStats(name, low_s, median, p90, high_s, slowest, fastest,
+                                    high_s / median if median > 0 else None, count)
+    return out
 
 
 def relative_scores(values: np.ndarray) -> np.ndarray:
@@ -174,12 +196,11 @@ def slow_mask(values: np.ndarray, verdicts: Verdicts, jitter: Optional[np.ndarra
     ref = reference(values)
     if ref is None:
         return np.zeros(values.shape, dtype=bool)
-    gap = values - ref
-    with np.errstate(invalid='ignore'):
-        slow = (values >= ref * verdicts.slow_ratio) & (gap >= verdicts.min_gap_s)
-        if jitter is not None and verdicts.jitter_k > 0:
-            margin = verdicts.jitter_k * np.nan_to_num(np.asarray(jitter, dtype=np.float64), nan=0.0)
-            slow &= gap > margin
+    gap = values - ref  # comparisons with NaN are False, without a warning
+    slow = (values >= ref * verdicts.slow_ratio) & (gap >= verdicts.min_gap_s)
+    if jitter is not None and verdicts.jitter_k > 0:
+        jitter = np.asarray(jitter, dtype=np.float64)
+        slow &= gap > verdicts.jitter_k * np.where(np.isnan(jitter), 0.0, jitter)
     return slow
 
 
@@ -232,5 +253,5 @@ class VerdictTracker:
         count = self._slow.sum(axis=0)
         chronic = count >= self.verdicts.chronic_reports
         self._since = np.where(slow, np.where(self._since < 0, batch, self._since), np.where(chronic, self._since, -1))
-        verdict = np.where(chronic, CHRONIC, np.where(slow, ONE_OFF, OK))
+        verdict = _VERDICTS[np.where(chronic, 2, slow.astype(np.int64))]
         return verdict, count, self._since.copy()

@@ -136,7 +136,7 @@ class Section:
                 totals[self.name] = totals.get(self.name, 0.0) + seconds
                 if frame[2] == _ADD:
                     timer._busy += seconds
-                    timer._work_seen = True
+                    timer.work_marked = True
                 elif frame[3]:  # a top-level wait
                     timer._wait += seconds
                 return
@@ -187,6 +187,10 @@ class SectionTimer:
         memory: whether :meth:`take` measures memory (peak CUDA allocated, else RSS).
         clock: the wall clock (seconds); tests pass their own.
 
+    Attributes:
+        work_marked: whether a work section closed in the current window (busy time then comes
+            from sections alone).
+
     Raises:
         ValueError: an unknown ``device``.
     """
@@ -202,7 +206,9 @@ class SectionTimer:
         self._stack: list[tuple[str, float, int, bool, Any]] = []  # the open frames, outermost first
         self._busy = 0.0
         self._wait = 0.0
-        self._work_seen = False
+        # Whether a work section closed in this window (busy time then comes from sections alone); an
+        # attribute, not a property: the Logger reads it at every batch_end.
+        self.work_marked = False
         self._collective = 0.0
         self._steps = 0
         self._window_start = clock()
@@ -268,7 +274,7 @@ class SectionTimer:
         totals[name] = totals.get(name, 0.0) + seconds
         if contribution == _ADD:
             self._busy += seconds
-            self._work_seen = True
+            self.work_marked = True
         elif contribution == _SUBTRACT:
             self._busy -= seconds
         elif inside_wait and not stack:
@@ -280,7 +286,7 @@ class SectionTimer:
         totals[name] = totals.get(name, 0.0) + seconds
         if contribution == _ADD:
             self._busy += seconds
-            self._work_seen = True
+            self.work_marked = True
         elif contribution == _SUBTRACT:
             self._busy -= seconds
         elif wait_top:
@@ -293,7 +299,7 @@ class SectionTimer:
     def step(self) -> None:
         """One batch ended."""
         self._steps += 1
-        if self._work_seen:  # the common case: work sections marked; no clock read needed
+        if self.work_marked:  # the common case: work sections marked; no clock read needed
             busy = self._busy
             self._per_step.append(busy - self._mark_busy)
             self._mark_busy = busy
@@ -311,11 +317,6 @@ class SectionTimer:
         return self._steps
 
     @property
-    def work_marked(self) -> bool:
-        """Whether a work section closed in this window (busy time then comes from sections alone)."""
-        return self._work_seen
-
-    @property
     def open_sections(self) -> list[str]:
         """Names of the sections open now, outermost first."""
         return [frame[0] for frame in self._stack]
@@ -331,7 +332,7 @@ class SectionTimer:
             for name, seconds, contribution, wait_top in self._events.completed():
                 self._add(name, seconds, contribution, wait_top)
         wall = now - self._window_start
-        busy = self._busy if self._work_seen else max(wall - self._wait - self._collective, 0.0)
+        busy = self._busy if self.work_marked else max(wall - self._wait - self._collective, 0.0)
         # The median step on the wall clock; on CUDA the steps' device times arrive late, so the mean.
         median = mad = None
         if self._per_step and self._events is None:
@@ -341,7 +342,7 @@ class SectionTimer:
                               self._read_memory() if self._memory else None, median, mad)
         self._totals = {}
         self._busy = self._wait = self._collective = 0.0
-        self._work_seen = False
+        self.work_marked = False
         self._steps = 0
         self._window_start = now
         self._per_step = []
