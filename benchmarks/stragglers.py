@@ -129,11 +129,9 @@ def detection(d: C.Dist, args: Any, grad: torch.Tensor, steps: int, slowed_rank:
     reports = []
     waits = []
     last = None
-    for _ in range(steps // args.every):
-        before = runqueue_wait_s()
-        run_loop(logger, args.every, slow, args, rng, grad)
-        waits.append((runqueue_wait_s() - before) / args.every)
-        report = logger.rank_report()
+
+    def note(report: Any) -> None:
+        nonlocal last
         if report is not None and report is not last and d.is_zero:
             last = report
             busy = report.series['busy']
@@ -141,7 +139,14 @@ def detection(d: C.Dist, args: Any, grad: torch.Tensor, steps: int, slowed_rank:
                             'busy_min_ms': busy.min_s * 1e3, 'busy_max_ms': busy.max_s * 1e3,
                             'busy_median_ms': busy.median_s * 1e3, 'spread': busy.spread,
                             'ratios': {str(e.rank): e.ratio for e in report.slowest}})
+
+    for _ in range(steps // args.every):
+        before = runqueue_wait_s()
+        run_loop(logger, args.every, slow, args, rng, grad)
+        waits.append((runqueue_wait_s() - before) / args.every)
+        note(logger.rank_report())  # a report is completed one step after its batch: this is the previous window's
     logger.close()
+    note(logger.rank_report())  # the last window's, completed by close()
     all_waits = d.all_gather_object(waits)
     out: dict[str, Any] = {'steps': steps, 'reports': len(reports), 'slowed_rank': slowed_rank}
     if not d.is_zero:
