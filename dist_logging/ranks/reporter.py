@@ -260,7 +260,11 @@ class RankReporter:
             return report  # (every rank has the same counts: all skip together)
         totals = self.timer.take()
         self._pending = _Pending(totals, batch)
-        return self._timed(self._start, logger) or report
+        try:
+            return self._timed(self._start, logger) or report
+        except BaseException:
+            self._pending = None  # nothing half-started is waited for later (the group refuses further use)
+            raise
 
     def _timed(self, call: Any, logger: LoggerLike) -> Optional[RankReport]:
         started = time.perf_counter()

@@ -11,6 +11,7 @@ import torch.distributed as torch_dist
 from dist_logging import Logger
 from dist_logging.destinations import InMemoryLogger, RemoteUploaderDownloader
 from dist_logging.dist import LoggingGroup
+from dist_logging.errors import DistributedLoggingError
 from dist_logging.ranks import RankReport, RankReportOptions
 from dist_logging.ranks.command import main as stragglers_main
 from dist_logging.ranks.reporter import NullSection
@@ -149,3 +150,19 @@ def test_simulated_4096_ranks_report_cost_is_o_of_sections(fake_world):
     assert steady == per_world[(4096, 1)] == per_world[(4096, 0)]
     series = 3 + 2  # busy, step, memory, data, forward
     assert steady == [('all_reduce', 8 * (2 * series + 1)), ('gather', 8 * (6 + 2))]
+
+
+def test_a_report_that_fails_to_start_is_not_waited_for_later(fake_world, monkeypatch):
+    fake_world(4, 0)
+    logger = Logger(InMemoryLogger(), run_name='ranks-fail', rank_report_every=3, auto_flush=False,
+                    rank_report_options={'history': False})
+    _steps(logger, 4, seconds=0)  # the first report, started and completed
+
+    def refuse(*args, **kwargs):
+        raise DistributedLoggingError('reducing the rank report: rank 3 left')
+    monkeypatch.setattr(LoggingGroup, 'start_all_reduce', refuse)
+    _steps(logger, 1, seconds=0)
+    with pytest.raises(DistributedLoggingError, match='rank 3 left'):
+        _steps(logger, 1, seconds=0)
+    _steps(logger, 1, seconds=0)  # nothing half-started is completed here
+    assert logger.rank_report().batch == 3
