@@ -332,6 +332,7 @@ class LoggingGroup:
                     pending, warned = self._watch(line, pending, what, now - started)
                 time.sleep(delay)
                 delay = min(delay * 2 or 0.00005, 0.005)
+            self._reads = []  # this wait's reads say nothing about a later failure
         finally:
             if line:
                 line.waiting -= 1
