@@ -8,12 +8,11 @@ uploaded, so an object never ends with older bytes after newer ones.
 
 Executors:
 
-* :class:`ThreadExecutor` (default): ``num_workers`` daemon threads sharing the
-  store (which must be thread-safe). A thread that dies is replaced.
-* :class:`ProcessExecutor` (``use_procs=True``): ``num_workers`` child Python
-  processes, each with its own copy of the store, fed one task at a time over a
-  socket pair. Children do not import torch (see :mod:`dist_logging.upload._child`),
-  die with their parent, and a child that dies is replaced; its task is retried.
+* :class:`ThreadExecutor` (default): ``num_workers`` daemon threads sharing the store (which must be
+  thread-safe). A thread that dies is replaced.
+* :class:`ProcessExecutor` (``use_procs=True``): ``num_workers`` child Python processes, each with its own
+  copy of the store, fed one task at a time over a socket pair. Children do not import torch (see
+  :mod:`dist_logging.upload._child`), die with their parent, and a child that dies is replaced; its task is retried.
 """
 
 from __future__ import annotations
