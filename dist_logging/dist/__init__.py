@@ -42,23 +42,8 @@ from dist_logging.dist._facts import (
     launcher,
     select_reduction_device,
 )
-from dist_logging.dist._group import LoggingGroup, _process_alive
+from dist_logging.dist._group import LoggingGroup
 
-__all__ = [
-    'get_global_rank',
-    'get_local_rank',
-    'get_world_size',
-    'get_local_world_size',
-    'get_node_rank',
-    'get_num_nodes',
-    'get_attempt',
-    'launcher',
-    'launch_facts',
-    'LaunchFacts',
-    'expand_hostlist',
-    'init_process_group_from_env',
-    'is_initialized',
-    'is_available',
-    'LoggingGroup',
-    'select_reduction_device',
-]
+from dist_logging.dist._facts import __all__ as _fact_names
+
+__all__ = [*_fact_names, 'LoggingGroup']

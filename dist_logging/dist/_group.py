@@ -33,11 +33,6 @@ _CONNECTION_LOST = re.compile(
 WATCH_AFTER_SECONDS = 60.0
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs on this host (a zombie, ended but not yet reaped by its launcher, has ended)."""
-    return process_state(pid) is not None
-
-
 def _rows(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
     """``world_size`` output tensors shaped like ``tensor``: rows of one allocation (one
     allocation instead of N; ``torch.stack(rows)`` of the result is a view-free copy, and
