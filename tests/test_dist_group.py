@@ -276,6 +276,25 @@ def test_a_rank_that_reached_the_collective_and_ended_since_is_not_blamed():
     assert 'rank 1 reached this collective and ended since' in str(error)
 
 
+def test_a_closed_connection_from_a_local_rank_that_failed_too_does_not_blame_it():
+    """The quick path (a peer closed its connection and ``/proc`` shows a rank on this host ended): rank 1,
+    on this host, reached collective #3, raised and exited (no goodbye: ``os._exit``), which closed its
+    connection under this rank's wait; rank 2 is alive and never arrived. One store read tells them
+    apart: rank 2 is named late, rank 1 is not blamed (seen in the flush-death scenario, 'stops_logging')."""
+    ended = subprocess.Popen([sys.executable, '-c', 'pass'])
+    ended.wait()
+    store = torch_dist.HashStore()
+    group = LoggingGroup(timeout=2)
+    group._line = line = _line(3, store=store)
+    group._sequence = 3
+    line.roster.update({1: (HOST, ended.pid), 2: ('hostB', 8)})
+    _beat(store, 1, 9, group._id, 3)
+    _beat(store, 2, 4, group._id, 2, idle=12.0)
+    error = group._failure('flush at step 6', RuntimeError('Connection closed by peer [10.0.0.1]:123'))
+    assert error.missing_ranks == (2,) and error.late_ranks == (2,) and error.left_ranks == (), str(error)
+    assert 'rank 1 reached this collective and ended since' in str(error)
+
+
 def test_the_error_keeps_its_details_through_pickling():
     import pickle
 

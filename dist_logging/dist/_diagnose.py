@@ -141,7 +141,7 @@ def diagnose(rank: int, world_size: int, roster: dict[int, tuple[str, int]], gro
     if since:
         found.notes.append(f'{_ranks_text(since)} reached this collective and ended since')
     if one_read:
-        found.notes.append('a peer closed its connection; other ranks not examined')
+        found.notes.append('a peer closed its connection; silence not examined (one store read)')
     by_host: dict[str, list[int]] = {}
     for other in others:
         by_host.setdefault(found.hosts.get(other, '?'), []).append(other)

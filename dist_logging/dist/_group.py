@@ -277,10 +277,14 @@ class LoggingGroup:
 
     def _two_reads(self, line: StoreLine, quick: bool = False) -> tuple[Optional[tuple[Read, Read]], Optional[str]]:
         """Two beat reads at least 1.5 beat periods apart (one made during the wait counts); with
-        ``quick``, none (``/proc`` told who left; nobody is called silent or late)."""
-        if quick:  # no store read: the launcher is about to stop this process too (~0.1 s)
-            empty: Read = (time.monotonic(), {}, set())
-            return (empty, empty), None
+        ``quick``, one (``/proc`` told who left; the read says whether that rank had reached this
+        collective, i.e. failed too and is not the cause, and who is behind; nobody is called silent)."""
+        if quick:  # one read only: the launcher may be about to stop this process too (~0.1 s)
+            try:
+                read = self._read(line)
+            except Exception:  # noqa: BLE001 - /proc's finding stands alone
+                read = (time.monotonic(), {}, set())
+            return (read, read), None
         try:
             reads = self._reads + [self._read(line)]
             spacing = 1.5 * line.period
