@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ['to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_masks', 'overlay_masks',
+__all__ = ['FLOAT_RANGE_WARNING', 'to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_masks', 'overlay_masks',
            'snapshot_images', 'encode_png', 'write_png']
 
 
@@ -26,13 +27,21 @@ def _as_numpy(image: Any) -> np.ndarray:
     raise ValueError(f'expected an image as a numpy array or a torch tensor, got {type(image).__name__}')
 
 
+#: Warned (UserWarning) when a floating-point image holds values outside [0, 1], which are clipped when drawn.
+#: The first sentence is Composer's, so filters written for its loggers match.
+FLOAT_RANGE_WARNING = ('Image value range is not in the expected range of [0.0, 1.0] or [0, 255]. Floating-point '
+                       'images are drawn from [0, 1] and values outside it are clipped (integer images: 0-255); '
+                       'undo `transforms.Normalize` or scale the images before logging them.')
+
+
 def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
     """Return ``images`` as one NHWC numpy batch (channels 1, 3 or 4).
 
     Accepts a single image (HW, CHW or HWC; a 1-D array is one row of grey pixels, 1 x W),
     a batch (NCHW or NHWC), or a sequence of single images of equal shape; ``channels_last``
     says where the channels are.
-    dtype must be uint8 (0-255), another integer type holding 0-255, bool, or floating point (values in [0, 1]).
+    dtype must be uint8 (0-255), another integer type holding 0-255, bool, or floating point (values in [0, 1];
+    others are clipped when drawn, with a :data:`FLOAT_RANGE_WARNING`).
 
     Raises:
         ValueError: a shape, channel count or dtype that is not an image, saying what was expected.
@@ -74,7 +83,12 @@ def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
         if low < 0 or high > 255:
             raise ValueError(f'integer images must hold values 0-255 (as uint8), got {array.dtype} values '
                              f'{low}..{high}')
-    elif not (array.dtype == np.uint8 or array.dtype == np.bool_ or np.issubdtype(array.dtype, np.floating)):
+    elif np.issubdtype(array.dtype, np.floating):
+        if array.size and (array.min() < 0.0 or array.max() > 1.0):
+            # One fixed text from one place: Python's default warning filter shows it once per process, not
+            # at every step, nor once more for each destination that draws the same batch.
+            warnings.warn(FLOAT_RANGE_WARNING, UserWarning)
+    elif not (array.dtype == np.uint8 or array.dtype == np.bool_):
         raise ValueError(f'expected image dtype uint8, another integer type with values 0-255, bool or floating '
                          f'point in [0, 1], got {array.dtype}')
     return array

@@ -380,6 +380,28 @@ def test_image_validation():
     logger.log_images(torch.rand(2, 8, 8, 3), channels_last=True)
 
 
+def test_float_images_outside_zero_one_warn_once_and_are_kept():
+    """A float image outside [0, 1] (e.g. still normalized) is logged, clipped when drawn, with one warning per
+    process from one place, however many destinations draw it and however often it is logged."""
+    import warnings
+
+    from dist_logging._images import FLOAT_RANGE_WARNING
+
+    memory = InMemoryLogger()
+    logger = Logger([memory, InMemoryLogger(ranks='all')], run_name='r')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('default')  # Python's default: once per place the warning comes from
+        warnings.filterwarnings('default', module='dist_logging')
+        import dist_logging._images as images_module
+
+        getattr(images_module, '__warningregistry__', {}).clear()
+        for _ in range(3):
+            logger.log_images(torch.randn(2, 3, 4, 4), name='normalized')
+        logger.log_images(torch.rand(2, 3, 4, 4), name='in_range')
+    assert [str(w.message) for w in caught] == [FLOAT_RANGE_WARNING]
+    assert len(memory.images['normalized']) == 3 and memory.images['normalized'][0][1].min() < 0  # kept as given
+
+
 def test_log_run_info_is_opt_in():
     mem = InMemoryLogger()
     Logger([mem], run_name='r', log_run_info=True)

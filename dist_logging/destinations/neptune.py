@@ -98,6 +98,7 @@ class NeptuneLogger(TrackerDestination):
     trace_namespace = 'traces'
     table_namespace = 'tables'
     integration_version_key = 'source_code/integrations/dist_logging'
+    opens_on_first_use = True  # as Composer's, whose run is created when first used
 
     def __init__(self, *, project: Optional[str] = None, api_token: Optional[str] = None, rank_zero_only: bool = True,
                  upload_checkpoints: bool = False, base_namespace: str = 'training', mode: Optional[str] = None,
@@ -172,17 +173,26 @@ class NeptuneLogger(TrackerDestination):
     # ------------------------------------------------------------------ lifecycle
     @property
     def neptune_run(self) -> Any:
-        """The ``neptune.Run`` (after the Logger opened this destination), for logging more metadata.
+        """The ``neptune.Run``, for logging more metadata. Used before any Logger opened this destination (as
+        code written for Composer's does), it opens the run as a first log call does (see ``_open_if_alone``).
 
         This destination's own writes happen later, on its background thread, so what is
         written here directly is not ordered with them.
 
         Raises:
-            RuntimeError: the destination is not open.
+            RuntimeError: the destination is closed, or not open on a rank its ``ranks`` policy excludes.
         """
         if self._neptune_run is None:
-            raise RuntimeError('NeptuneLogger is not open: it is opened by the Logger (init)')
+            self._open_if_alone()
+        if self._neptune_run is None:
+            raise RuntimeError('NeptuneLogger is not open: it is opened by the Logger (init), or by a first call '
+                               'on a rank its ranks policy includes')
         return self._neptune_run
+
+    @property
+    def _base_namespace(self) -> str:
+        """``base_namespace`` under the private name Composer's logger keeps it (code written against it reads it)."""
+        return self.base_namespace
 
     @property
     def base_handler(self) -> Any:
@@ -263,6 +273,7 @@ class NeptuneLogger(TrackerDestination):
     # ------------------------------------------------------------------ data hooks
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         values = _plain(jsonable(dict(hyperparameters)))  # a copy the caller cannot change
+        self._check_open()  # opens the run at a first call made without a Logger
         run, path = self._neptune_run, self._path(self.hyperparam_namespace)
         self._submit(lambda: run.__getitem__(path).assign(values) if values else None)
 
@@ -292,6 +303,7 @@ class NeptuneLogger(TrackerDestination):
 
     def log_traces(self, traces: dict[str, Any]) -> None:
         values = _plain(jsonable(dict(traces)))
+        self._check_open()  # opens the run at a first call made without a Logger
         run, path = self._neptune_run, self._path(self.trace_namespace)
         self._submit(lambda: run.__getitem__(path).assign(values) if values else None)
 
@@ -299,6 +311,7 @@ class NeptuneLogger(TrackerDestination):
                   step: Optional[int] = None) -> None:
         del step  # a Neptune file field holds the latest table
         text = table_json([str(c) for c in columns], [list(r) for r in rows], ascii=False)
+        self._check_open()  # opens the run at a first call made without a Logger
         run, path, file_type = self._neptune_run, self._path(self.table_namespace, name), self._file_type
         self._submit(lambda: run.__setitem__(path, file_type.from_content(text, extension='json')))
 
@@ -310,19 +323,17 @@ class NeptuneLogger(TrackerDestination):
         del use_table, mask_class_labels  # W&B-only options, as in Composer
         batch, mask_batches = snapshot_images(images, channels_last, masks)
         at = self._training_step(step)
+        self._check_open()  # opens the run at a first call made without a Logger
         run, file_type = self._neptune_run, self._file_type
         series = self._path(name)
 
-        def log() -> None:
+        def log() -> None:  # one extend per batch: the batch's images in order, named and described alike
             rgb = to_rgb(batch) if batch.shape[-1] == 1 else batch
-            for index in range(batch.shape[0]):
-                run[series].append(file_type.as_image(rgb[index]), name=f'{name}_{index}',
-                                   description=f'step {at}')
+            run[series].extend([file_type.as_image(image) for image in rgb], name=name, description=f'step {at}')
             for mask_name, mask in mask_batches.items():
                 overlaid = overlay_masks(batch, mask, alpha=0.6)
-                for index in range(batch.shape[0]):
-                    run[f'{series} + {mask_name} mask overlaid'].append(
-                        file_type.as_image(overlaid[index]), name=f'{name}_{index}', description=f'step {at}')
+                run[f'{series} + {mask_name} mask overlaid'].extend(
+                    [file_type.as_image(image) for image in overlaid], name=name, description=f'step {at}')
 
         self._submit(log)
 

@@ -53,7 +53,9 @@ def offline(tmp_path, monkeypatch):
 
 def read_run(root) -> tuple[dict, list[dict]]:
     """The one offline run under ``root``: its metadata and its operations in order."""
-    (folder,) = glob.glob(os.path.join(root, '.neptune', 'offline', 'run__*'))
+    folders = glob.glob(os.path.join(root, ".neptune", "offline", "run__*"))
+    assert len(folders) == 1, folders
+    (folder,) = folders
     with open(os.path.join(folder, 'metadata.json')) as f:
         metadata = json.load(f)
     operations = []
@@ -86,8 +88,37 @@ def test_constructor_validates_and_maps_rank_zero_only():
         NeptuneLogger('ws/proj')  # keyword-only, as Composer's
     assert 'tok' not in repr(NeptuneLogger(api_token='tok'))
     assert not NeptuneLogger().can_upload_files()
-    with pytest.raises(RuntimeError, match='not open'):
-        NeptuneLogger().log_metrics({'loss': 1.0})
+
+
+def test_used_without_a_logger_its_first_call_opens_the_run(offline, monkeypatch):
+    """As Composer's (whose run exists from first use): code that calls the hooks or reads ``neptune_run`` of a
+    NeptuneLogger no Logger opened gets a run, named from the environment. A batch of images is one extend;
+    a float image outside [0, 1] warns."""
+    from dist_logging._images import FLOAT_RANGE_WARNING
+
+    monkeypatch.setenv('DIST_LOGGING_RUN_NAME', 'alone')
+    destination = NeptuneLogger(**QUIET)
+    assert destination._base_namespace == 'training'  # Composer's private name, read by code written for it
+    assert destination.neptune_run is destination.neptune_run  # opened once, by the first access
+    destination.log_metrics({'loss': 1.0}, step=1)
+    destination.log_images(np.random.default_rng(0).random((3, 4, 5, 1), dtype=np.float32), name='batch',
+                           channels_last=True, step=1)
+    with pytest.warns(UserWarning, match=r'not in the expected range of \[0\.0, 1\.0\] or \[0, 255\]') as caught:
+        destination.log_images(np.ones((4, 4)) * 300, name='raw', step=1)  # clipped to white, with a warning
+    assert str(caught[0].message) == FLOAT_RANGE_WARNING
+    destination.post_close()
+    metadata, operations = read_run(offline)
+    assert field(operations, 'sys', 'name')[0]['value'] == 'alone'
+    batch = field(operations, 'training', 'batch')  # Neptune writes a file series one value per operation
+    assert {op['type'] for op in batch} == {'LogImages'}
+    assert [v['value']['name'] for op in batch for v in op['values']] == ['batch'] * 3
+    (raw,) = field(operations, 'training', 'raw')
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(raw['values'][0]['value']['data']))))
+    assert pixels.min() == 255
+    with pytest.raises(RuntimeError, match='not open'):  # closed: a later call does not reopen it
+        destination.log_metrics({'loss': 2.0})
 
 
 def test_ranks_other_than_zero_open_no_run_by_default(fake_rank):
@@ -173,7 +204,7 @@ def test_offline_run_round_trip(offline):
     (images,) = field(operations, 'training', 'inputs')
     assert images['type'] == 'LogImages'
     (entry,) = images['values']
-    assert entry['value']['name'] == 'inputs_0' and entry['value']['description'] == 'step 2'
+    assert entry['value']['name'] == 'inputs' and entry['value']['description'] == 'step 2'
     from PIL import Image
 
     pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(entry['value']['data']))))

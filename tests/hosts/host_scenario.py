@@ -33,8 +33,28 @@ def dump(name, data):
     os.replace(path + '.tmp', path)
 
 
+def wait_for_host_mates(limit=10.0):
+    """Wait (at most ``limit`` s) until every rank on this host has finished closing. torchrun's agent ends
+    the remaining workers of a failed attempt with SIGTERM as soon as one exits non-zero, which would cut a
+    slower host mate's close(), and with it the named error this rig checks, short."""
+    deadline = time.monotonic() + limit
+    mates = [r for r in range(torch_dist.get_world_size()) if r != rank and r // local_world == rank // local_world]
+    while time.monotonic() < deadline:
+        done = []
+        for r in mates:
+            try:
+                with open(os.path.join(out, f'result-rank{r}.json')) as handle:
+                    done.append('close_seconds' in json.load(handle))
+            except (OSError, ValueError):
+                done.append(False)
+        if all(done):
+            return
+        time.sleep(0.05)
+
+
 dist.init_process_group_from_env(timeout=float(os.environ['RIG_PG_TIMEOUT']))
 rank, host = torch_dist.get_rank(), socket.gethostname()
+local_world = int(os.environ['LOCAL_WORLD_SIZE'])
 dump(f'start-rank{rank}.json', {'pid': os.getpid(), 'host': host})
 sink = InMemoryLogger()
 # close() waits for the uploads in flight, each bounded by the S3 client's timeouts and the retry policy: short
@@ -81,6 +101,7 @@ except Exception as exc:
                        'unreachable': list(getattr(exc, 'unreachable_ranks', ())),
                        'left': list(getattr(exc, 'left_ranks', ())), 'late': list(getattr(exc, 'late_ranks', ())),
                        'hosts': {str(r): h for r, h in getattr(exc, 'hosts', {}).items()}}
+    dump(f'result-rank{rank}.json', result)  # on record even if this rank is ended during close()
     t0 = time.monotonic()
     try:
         logger.close()
@@ -88,6 +109,7 @@ except Exception as exc:
         result['close_error'] = f'{type(close_exc).__name__}: {str(close_exc)[:1000]}'
     result['close_seconds'] = time.monotonic() - t0
     dump(f'result-rank{rank}.json', result)
+    wait_for_host_mates()
     raise
 result['means'] = dict(sink.data.get('loss', [])) if rank == 0 else {}
 dump(f'result-rank{rank}.json', result)
