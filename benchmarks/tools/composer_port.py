@@ -306,14 +306,23 @@ def swap_imports(source: str) -> str:
 
 
 def portable_tests(source: str) -> dict[str, bool]:
-    """Test function name -> whether it is portable (uses none of TRAINER_NAMES)."""
-    found = {}
+    """Test function name -> whether it is portable: it uses none of TRAINER_NAMES, directly or through a
+    function of its module that it calls or takes as a fixture (a test that calls another test, a fixture
+    that builds a Trainer)."""
+    uses: dict[str, set[str]] = {}
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.FunctionDef) and node.name.startswith('test'):
+        if isinstance(node, ast.FunctionDef):
             used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
             used |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-            found[node.name] = not (used & TRAINER_NAMES)
-    return found
+            used |= {arg.arg for arg in node.args.args + node.args.kwonlyargs}  # fixtures by name
+            uses[node.name] = uses.get(node.name, set()) | used
+    machinery = set(TRAINER_NAMES)
+    while True:  # a function using the machinery is machinery too, until nothing changes
+        more = {name for name, used in uses.items() if name not in machinery and used & machinery}
+        if not more:
+            break
+        machinery |= more
+    return {name: name not in machinery for name in uses if name.startswith('test')}
 
 
 def main() -> int:

@@ -11,8 +11,9 @@ from dist_logging._values import format_log_data_value
 
 RUN_NAME_TAG = 'dist_logging.run_name'
 COMPOSER_RUN_NAME_TAG = 'run_name'  # the tag Composer's MLFlowLogger sets (and resumes by)
-DEFAULT_EXPERIMENT_NAME = 'dist_logging'
-COMPOSER_DEFAULT_EXPERIMENT_NAME = 'my-mlflow-experiment'  # Composer's default: where its runs are by default
+DEFAULT_EXPERIMENT_NAME = 'my-mlflow-experiment'  # Composer's documented default, so both find the same runs
+# The default before dist_logging took Composer's: its runs there are still resumed when no experiment is named.
+EARLIER_DEFAULT_EXPERIMENT_NAME = 'dist_logging'
 # A tag value a search filter can hold as one quoted literal: MLflow strips the quotes and unescapes nothing,
 # so a quote or a backslash in a value cannot be written into a filter (see find_run_tagged).
 _FILTER_SAFE_VALUE = re.compile(r"[^'\"\\]*")
@@ -56,7 +57,8 @@ def open_run(client: Any, *, run_id: Optional[str], experiment_name: str, artifa
         run_name: the new run's name.
         tags: the new run's tags (``tags['run_name']`` is Composer's tag for the job).
         job_run: one run for the whole job: a run Composer's MLFlowLogger created for it is resumed too.
-        default_experiment: no experiment was named: Composer's default experiment is searched too.
+        default_experiment: no experiment was named: the earlier default experiment (``dist_logging``) is
+            searched too.
 
     Raises:
         ValueError: ``run_id`` is not in the store.
@@ -85,13 +87,12 @@ def open_run(client: Any, *, run_id: Optional[str], experiment_name: str, artifa
     if resume:
         searches = [(experiment_id, RUN_NAME_TAG, key)]
         if job_run:  # a run Composer's MLFlowLogger created for this job
-            composer_name = tags[COMPOSER_RUN_NAME_TAG]
-            searches.append((experiment_id, COMPOSER_RUN_NAME_TAG, composer_name))
-            if default_experiment and 'MLFLOW_EXPERIMENT_ID' not in os.environ:
-                # Composer's runs are in its own default experiment unless it was given another name.
-                composer_experiment = client.get_experiment_by_name(name=COMPOSER_DEFAULT_EXPERIMENT_NAME)
-                if composer_experiment is not None:
-                    searches.append((composer_experiment.experiment_id, COMPOSER_RUN_NAME_TAG, composer_name))
+            searches.append((experiment_id, COMPOSER_RUN_NAME_TAG, tags[COMPOSER_RUN_NAME_TAG]))
+        if default_experiment and 'MLFLOW_EXPERIMENT_ID' not in os.environ:
+            # A job that an earlier dist_logging started in its earlier default experiment continues there.
+            earlier = client.get_experiment_by_name(name=EARLIER_DEFAULT_EXPERIMENT_NAME)
+            if earlier is not None:
+                searches.append((earlier.experiment_id, RUN_NAME_TAG, key))
         for search_experiment, tag, value in searches:
             run = find_run_tagged(client, search_experiment, tag, value)
             if run is not None:

@@ -73,7 +73,8 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             local folder as a str or ``pathlib.Path``); ``None`` uses MLflow's default
             (``MLFLOW_TRACKING_URI`` or a local store).
         experiment_name: the experiment, created if missing (default: ``$MLFLOW_EXPERIMENT_NAME``,
-            else ``'dist_logging'``; ``$MLFLOW_EXPERIMENT_ID`` names an existing one by id).
+            else ``'my-mlflow-experiment'``, Composer's default; ``$MLFLOW_EXPERIMENT_ID`` names an existing one
+            by id). With neither, a run this job made in ``'dist_logging'`` (the default before) is resumed there.
         run_name: template for the MLflow run's name (default: the Logger's run name). When every
             rank logs, ``-rank{rank}`` is appended unless it has ``{rank}`` (as Composer does).
         run_id: an existing run to resume.

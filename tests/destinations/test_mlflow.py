@@ -366,6 +366,29 @@ def test_resumes_a_run_composer_created_in_its_default_experiment(tracking_uri, 
     assert other.run_id != created.info.run_id
 
 
+def test_default_experiment_is_composers_and_a_job_from_the_earlier_default_continues(tracking_uri, tmp_path, client,
+                                                                                      monkeypatch):
+    """No experiment named: new runs go to Composer's default, 'my-mlflow-experiment'; a job whose run an earlier
+    dist_logging made in its former default, 'dist_logging', continues that run there."""
+    monkeypatch.delenv('MLFLOW_EXPERIMENT_NAME', raising=False)
+    monkeypatch.delenv('MLFLOW_EXPERIMENT_ID', raising=False)
+    fresh = MLFlowLogger(tracking_uri)
+    with Logger(fresh, run_name='new-job'):
+        pass
+    assert fresh.experiment_name == 'my-mlflow-experiment'
+    assert client.get_experiment(fresh.experiment_id).name == 'my-mlflow-experiment'
+    earlier_id = client.create_experiment('dist_logging', artifact_location=(tmp_path / 'earlier').as_uri())
+    earlier = client.create_run(earlier_id, run_name='old-job', tags={'dist_logging.run_name': 'old-job'})
+    continued = MLFlowLogger(tracking_uri)
+    with Logger(continued, run_name='old-job') as logger:
+        logger.log_metrics({'loss': 1.0}, step=5)
+    assert (continued.run_id, continued.experiment_id) == (earlier.info.run_id, earlier_id)
+    named = MLFlowLogger(tracking_uri, experiment_name='elsewhere')  # a named experiment: only there
+    with Logger(named, run_name='old-job'):
+        pass
+    assert named.run_id != earlier.info.run_id
+
+
 def test_state_dict_round_trip_continues_the_run(tracking_uri, tmp_path, client):
     import torch
 
