@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -91,8 +92,12 @@ def _write_config(cluster: SlurmCluster) -> None:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
     ctld_port, slurmd_port = free_port(), free_port()
+    # Job ids unique across the private clusters of one test run (as a real cluster's are): a job's
+    # rendezvous port is derived from its id, and two clusters both counting from 1 would collide.
+    first_job_id = random.randrange(1000, 60_000_000)
     cluster.conf.write_text(f"""\
 ClusterName=dltest
+FirstJobId={first_job_id}
 SlurmctldHost={cluster.node}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}

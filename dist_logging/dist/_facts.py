@@ -150,14 +150,17 @@ _DEFAULT_INIT_TIMEOUT = datetime.timedelta(minutes=10)  # torch's own default fo
 
 
 def _derived_port(seed: str) -> int:
-    """A port in 20000..59999 from ``seed`` (a job id), the same on every rank of the job.
+    """A port in 20000..32767 from ``seed`` (a job id), the same on every rank of the job.
 
     Deterministic (no communication is possible before the group exists); two steps of one
-    SLURM job running at once get different ports because the step id is in the seed.
+    SLURM job running at once get different ports because the step id is in the seed. Below
+    Linux's ephemeral range (32768-60999 by default), from which the kernel hands out the ports of
+    outgoing connections and of sockets bound to port 0 (gloo's own, a store client's): such a
+    socket on rank 0's host can never hold the derived port and fail the rendezvous.
     """
     import zlib
 
-    return 20000 + zlib.crc32(seed.encode()) % 40000
+    return 20000 + zlib.crc32(seed.encode()) % 12768
 
 
 def _rendezvous_address(facts: LaunchFacts, env: Any) -> tuple[str, str]:
@@ -210,7 +213,7 @@ def init_process_group_from_env(backend: Optional[str] = None,
       ``SLURM_JOB_NODELIST``), expanded as ``scontrol show hostnames`` does; under MPI on one
       node ``127.0.0.1``; under MPI on several nodes it must be exported.
     * ``MASTER_PORT``: derived from the job's id (SLURM job and step, Open MPI/PMIx job id,
-      Hydra's ``PMI_PORT``) into 20000..59999, the same on every rank.
+      Hydra's ``PMI_PORT``) into 20000..32767 (below Linux's ephemeral ports), the same on every rank.
     * Under torchrun, each restart gets its own key prefix in torchrun's store: the agent keeps
       one store across restarts, and with the previous attempt's keys still in it a restarted
       gloo group tries to connect to the dead ranks (seen with torch 2.13).
