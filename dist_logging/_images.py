@@ -8,7 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ['FLOAT_RANGE_WARNING', 'to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_masks', 'overlay_masks',
+__all__ = ['FLOAT_RANGE_WARNING', 'to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_masks',
+           'overlay_masks',
            'snapshot_images', 'encode_png', 'write_png']
 
 

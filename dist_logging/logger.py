@@ -468,7 +468,7 @@ class Logger(RankReportMethods):
             if batch % self._schedule.flush_every == 0:
                 self._timed_flush(self._scheduled_flush, batch)
         if self._ranks is not None:  # every rank_report_every batches, a collective (see docs/stragglers.md)
-            self._ranks.batch_end(self, self.state.timestamp.batch)
+            self._ranks.batch_end(self)
         self.run_event(Event.BATCH_END)
 
     def epoch_end(self) -> None:

@@ -60,7 +60,10 @@ class RankReportMethods:
         ``one-off``), e.g. ``report.chronic_hosts`` to exclude on restart. On other ranks it
         holds each series' minimum and maximum and this rank's own scores (``complete=False``).
         """
-        return None if self._ranks is None else self._ranks.last
+        if self._ranks is None:
+            return None
+        self._ranks.emit_built(self, wait=True)  # the report in the making (built off the training thread), too
+        return self._ranks.last
 
     def rank_report_step(self, batch: Optional[int] = None) -> None:
         """Count one training step for the rank report, for loops that do not call :meth:`batch_end`.
@@ -76,8 +79,6 @@ class RankReportMethods:
             DistributedLoggingError: at a report, a rank did not take part within ``sync_timeout``.
         """
         if self._ranks is not None:
-            if batch is None:
-                batch = self.state.timestamp.batch  # type: ignore[attr-defined]
             self._ranks.batch_end(self, batch)
 
     def _timed_flush(self, flush: Callable[[int], Any], batch: int) -> None:

@@ -9,6 +9,7 @@ partial one (their own entry, each series' minimum and maximum) from the all-red
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -107,20 +108,26 @@ class RankReport:
 
 def record_of(totals: WindowTotals, layout: Sequence[str]) -> np.ndarray:
     """This rank's window as a record (NaN for a section it did not enter, or memory not measured)."""
-    record = np.full(FIXED + len(layout), np.nan)
-    record[STEPS] = totals.steps
-    record[WALL] = totals.wall_s
+    nan = math.nan
     # Busy time per step: the window's median step when known (robust to a few descheduled steps).
-    record[BUSY] = totals.busy_s / max(totals.steps, 1) if totals.busy_median_s is None else totals.busy_median_s
-    record[COLLECTIVE] = totals.collective_s
-    if totals.memory_bytes is not None:
-        record[MEMORY] = totals.memory_bytes
-    if totals.busy_mad_s is not None:
-        record[JITTER] = totals.busy_mad_s
-    for index, name in enumerate(layout):
-        if name in totals.sections:
-            record[FIXED + index] = totals.sections[name]
-    return record
+    busy = totals.busy_s / max(totals.steps, 1) if totals.busy_median_s is None else totals.busy_median_s
+    memory = nan if totals.memory_bytes is None else totals.memory_bytes
+    jitter = nan if totals.busy_mad_s is None else totals.busy_mad_s
+    sections = totals.sections
+    # One list, one array: a report runs on the training thread, where each small numpy call costs.
+    return np.array([totals.steps, totals.wall_s, busy, totals.collective_s, memory, jitter]
+                    + [sections.get(name, nan) for name in layout], dtype=np.float64)
+
+
+def own_series(record: np.ndarray, layout: Sequence[str]) -> list[float]:
+    """One rank's record as its :func:`per_step` values, in :func:`per_step`'s order (busy, step, each section,
+    memory), in plain Python: what the report's all-reduce carries, without a numpy call per value."""
+    values = record.tolist()
+    steps = values[STEPS]
+    if not steps > 0:  # no step in the window (or NaN): nothing per step
+        return [math.nan] * (2 + len(layout)) + [values[MEMORY]]
+    return ([values[BUSY], values[WALL] / steps] + [values[FIXED + index] / steps for index in range(len(layout))]
+            + [values[MEMORY]])
 
 
 def per_step(table: np.ndarray, layout: Sequence[str]) -> dict[str, np.ndarray]:
@@ -283,7 +290,7 @@ def table_rows(report: RankReport) -> list[list[Any]]:
 
 
 def _round(value: Optional[float], digits: int = 6) -> Optional[float]:
-    return None if value is None else round(value, digits)
+    return None if value is None else round(float(value), digits)  # float: numpy's own round is ten times slower
 
 
 def straggler_line(report: RankReport, verdicts: Verdicts) -> Optional[str]:

@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import socket
+import threading
 import time
-from typing import Any, Mapping, Optional, Union
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from dist_logging import dist
 from dist_logging.ranks.history import HISTORY_NAME, HistoryWriter, private_history_path, read_history
-from dist_logging.ranks.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, per_step, record_of,
+from dist_logging.ranks.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, own_series, record_of,
                                        report_metrics, straggler_line, table_rows)
 from dist_logging.ranks.stats import VerdictTracker, Verdicts
 from dist_logging.ranks.timer import Section, SectionTimer, WindowTotals, check_section_name
@@ -154,6 +158,17 @@ class NullSection:
     is_open = False
 
 
+class _Output(NamedTuple):
+    """What rank zero emits for one report (built on the builder thread, emitted on the training thread)."""
+
+    batch: int
+    metrics: dict[str, float]
+    rows: list[list[Any]]
+    line: Optional[str]  # the console line naming a rank that turned chronic
+    recovered: list[int]  # ranks no longer chronic
+    upload_history: bool
+
+
 class _Pending:
     """A report whose collectives were started at a report step and are completed at the next step."""
 
@@ -190,6 +205,10 @@ class RankReporter:
         ValueError: a bad ``every`` or option.
     """
 
+    __slots__ = ('every', 'options', 'timer', '_group', '_run_name', '_rank', '_world', '_verdicts', '_tracker',
+                 '_layout', '_hosts', '_previous_ratio', '_last', '_window', '_calls', '_started', '_named',
+                 '_history', '_history_failed', '_warned_sections', '_pending', '_builder', '_built', '_history_lock')
+
     def __init__(self, every: int, options: RankReportOptions, group: dist.LoggingGroup, run_name: str):
         self.every = check_report_every(every)
         self.options = options
@@ -212,6 +231,11 @@ class RankReporter:
         self._history_failed = False
         self._warned_sections = False
         self._pending: Optional[_Pending] = None  # a report started at the last step, completed at this one
+        # Reports are built off the training thread, in order, by one builder thread (made at the first report,
+        # shut down by close()); the training thread emits each once built (see docs/stragglers.md, "Cost").
+        self._builder: Optional[ThreadPoolExecutor] = None
+        self._built: deque[Future] = deque()
+        self._history_lock = threading.Lock()
 
     # ------------------------------------------------------------------ training thread
     def section(self, name: str, wait: bool = False) -> Section:
@@ -220,66 +244,62 @@ class RankReporter:
 
     @property
     def last(self) -> Optional[RankReport]:
-        """The last report (None before the first)."""
+        """The last report built (None before the first); see :meth:`emit_built` to wait for the one in the making."""
         return self._last
 
     def add_collective(self, seconds: float) -> None:
         """Count time the Logger spent in its own collectives (a flush): waiting, not busy."""
         self.timer.add_collective(seconds)
 
-    def batch_end(self, logger: LoggerLike, batch: int) -> Optional[RankReport]:
+    def batch_end(self, logger: LoggerLike, batch: Optional[int] = None) -> None:
         """One training step ended (every rank, in step); report at every ``every``-th call.
 
         Steps are counted here, not read from ``batch``, so that adapters whose frameworks move
         the batch count in jumps still report at the same step on every rank. At a report step
-        the report's collectives are only started; they are completed, and the report built, at
-        the next step (by then every rank has long issued them, so nothing waits): see
-        docs/stragglers.md, "Cost".
+        the report's collectives are only started; they are completed at the next step (by then
+        every rank has long issued them, so nothing waits), and the report is built on the
+        builder thread and emitted at the first step after it is built: see docs/stragglers.md, "Cost".
 
         Args:
             logger: the Logger (rank zero emits through its public methods).
-            batch: the batch count to label the report with.
-
-        Returns:
-            The report completed in this call (the previous report step's), else None.
+            batch: the batch count to label the report with (default: the Logger's, read at a report step).
 
         Raises:
             DistributedLoggingError: a rank did not take part in a report within ``sync_timeout``.
+            Exception: what building an earlier report raised (raised when it would have been emitted).
         """
         self._calls += 1
+        if self._built and self._built[0].done():
+            self.emit_built(logger)
         if not self._started:
             # The first step (compilation, caches, start-up skew between ranks) is not compared.
             self._started = True
             self.timer.take()
         else:
             self.timer.step()
-        report = None
         if self._pending is not None:  # the previous step was a report step (every rank: same count)
-            report = self._timed(self._harvest, logger)
+            self._timed(self._harvest, logger)
         if self._calls % self.every or self.timer.steps == 0:  # type: ignore[operator]
-            return report  # (every rank has the same counts: all skip together)
+            return  # (every rank has the same counts: all skip together)
         totals = self.timer.take()
-        self._pending = _Pending(totals, batch)
+        self._pending = _Pending(totals, logger.state.timestamp.batch if batch is None else batch)
         try:
-            return self._timed(self._start, logger) or report
+            self._timed(self._start, logger)
         except BaseException:
             self._pending = None  # nothing half-started is waited for later (the group refuses further use)
             raise
 
-    def _timed(self, call: Any, logger: LoggerLike) -> Optional[RankReport]:
+    def _timed(self, call: Any, logger: LoggerLike) -> None:
         started = time.perf_counter()
         try:
-            return call(logger)
+            call(logger)
         finally:
             self.timer.add_collective(time.perf_counter() - started)  # in the window, as a wait
 
     # ------------------------------------------------------------------ the report
-    def _start(self, logger: LoggerLike) -> Optional[RankReport]:
-        """At a report step: start the all-reduce and the gather (and, at the first report, the host names).
-
-        Returns:
-            The report, at once, when there is one process (no collective); else None.
-        """
+    def _start(self, logger: LoggerLike) -> None:
+        """At a report step: start the all-reduce and the gather (and, at the first report, the host names);
+        with one process (no collective), hand the report to the builder at once."""
         pending = self._pending
         assert pending is not None
         totals = pending.totals
@@ -287,7 +307,8 @@ class RankReporter:
         pending.record = record_of(totals, self._layout)
         group = self._group
         if not group.active:  # one process: nothing to wait for, the report now
-            return self._harvest(logger)
+            self._harvest(logger)
+            return
         gloo = group.group()
         group.arrive()
         what = 'reducing the rank report'
@@ -300,51 +321,105 @@ class RankReporter:
         work, pending.rows = group.start_gather(torch.from_numpy(pending.record), gloo,
                                                 'gathering the rank report records')
         pending.works.append(work)
-        return None
 
-    def _harvest(self, logger: LoggerLike) -> RankReport:
-        """Complete the started collectives (normally done already) and build the report."""
+    def _harvest(self, logger: LoggerLike) -> None:
+        """Complete the started collectives (normally done already) and hand the report to the builder."""
         pending, self._pending = self._pending, None
         assert pending is not None and pending.record is not None
         record = pending.record
+        rows: Union[np.ndarray, list[torch.Tensor]]
         if pending.reduced is None:  # one process
-            minima, maxima, anyone_new = self._reduce_output(self._reduce_input(record, pending.new))
-            table = record[None, :]
+            reduced, rows = self._reduce_input(record, pending.new), record[None, :]
             if self._window == 0:
                 self._hosts = [_HOST]
         else:
             self._group.wait_all(pending.works, 'completing the rank report')
-            minima, maxima, anyone_new = self._reduce_output(pending.reduced)
-            table = torch.stack(pending.rows).numpy() if pending.rows else record[None, :]
+            reduced, rows = pending.reduced, (pending.rows or record[None, :])
             if pending.host_rows:
                 self._hosts = [bytes(row.numpy().tobytes()).rstrip(b'\0').decode(errors='replace')
                                for row in pending.host_rows]
-        if anyone_new:  # some rank has section names the layout lacks (the first report, mostly): again, at once
+        if reduced.tolist()[-1] > 0:  # some rank has section names the layout lacks (the first report, mostly)
             self._agree_on(sorted(set(pending.totals.sections) - set(self._layout)))
             record = record_of(pending.totals, self._layout)
-            minima, maxima, _ = self._reduce(record)
-            table = self._gather(record)
-        return self._build(logger, record, table, minima, maxima, pending.batch)
-
-    def _build(self, logger: LoggerLike, record: np.ndarray, table: np.ndarray, minima: np.ndarray,
-               maxima: np.ndarray, batch: int) -> RankReport:
+            reduced = self._reduce(record)  # again, at once
+            rows = self._gather(record)
         window, self._window = self._window, self._window + 1
+        if self._builder is None:
+            self._builder = ThreadPoolExecutor(1, thread_name_prefix='dist_logging-rank-report')
+        # The completed collectives' tensors go to the builder as they are: turning them into the report's
+        # arrays is its work, not the training thread's.
+        self._built.append(self._builder.submit(self._build, record, rows, reduced, pending.batch, window,
+                                                tuple(self._layout), tuple(self._hosts)))
+
+    # ------------------------------------------------------------------ the builder thread
+    def _build(self, record: np.ndarray, rows: Union[np.ndarray, list[torch.Tensor]], reduced: torch.Tensor,
+               batch: int, window: int, layout: Sequence[str],
+               hosts: Sequence[str]) -> tuple[RankReport, Optional[_Output]]:
+        """Build one report (in order: one builder thread) and, on rank zero, what it emits and the history line.
+
+        Everything here is the builder's alone (the trackers, the trend, the chronic set, the history file);
+        the training thread hands in copies (the layout and host names as they were) and the completed
+        collectives' tensors (``rows``: the gathered records, or a table already), and emits the output.
+        """
+        minima, maxima, _ = self._reduce_output(reduced)
+        table = rows if isinstance(rows, np.ndarray) else torch.stack(rows).numpy()
         if self._rank != 0:
-            self._last = build_partial(record, self._layout, minima, maxima, self._tracker, _HOST,
-                                       self._rank, self._world, batch, window)
-            return self._last
-        report, self._previous_ratio = build_report(table, self._layout, self._hosts, self._tracker,
-                                                    self._previous_ratio, batch, window, self.options.top_k)
+            report = build_partial(record, layout, minima, maxima, self._tracker, _HOST, self._rank, self._world,
+                                   batch, window)
+            self._last = report
+            return report, None
+        report, self._previous_ratio = build_report(table, layout, hosts, self._tracker, self._previous_ratio,
+                                                    batch, window, self.options.top_k)
+        chronic = frozenset(entry.rank for entry in report.chronic)
+        # A console line when a rank turns chronic, not at every report; another when one recovers.
+        line = straggler_line(report, self._verdicts) if chronic - self._named else None
+        recovered = sorted(self._named - chronic)
+        self._named = chronic
+        rows = table_rows(report)
+        output = _Output(batch, report_metrics(report), rows, line, recovered,
+                         self._write_history(report, table, layout, hosts))
         self._last = report
-        self._emit(logger, report, table, batch)
-        return report
+        return report, output
+
+    def _write_history(self, report: RankReport, table: np.ndarray, layout: Sequence[str],
+                       hosts: Sequence[str]) -> bool:
+        """Append the report to the history file; whether it is due for an upload."""
+        if not self.options.history or self._history_failed:
+            return False
+        try:
+            with self._history_lock:
+                if self._history is None:
+                    self._history = HistoryWriter(private_history_path(self._run_name), {
+                        'run_name': self._run_name, 'world_size': self._world, 'hosts': list(hosts),
+                        'slow_ratio': self._verdicts.slow_ratio, 'chronic_reports': self._verdicts.chronic_reports,
+                        'chronic_window': self._verdicts.chronic_window})
+                self._history.append(report, table, layout, time.time())
+        except OSError as exc:  # the report itself goes out; the file is a convenience
+            self._history_failed = True
+            log.warning('rank report: cannot write the history file: %s', exc)
+            return False
+        return report.window % _UPLOAD_EVERY_REPORTS == _UPLOAD_EVERY_REPORTS - 1
+
+    # ------------------------------------------------------------------ back on the training thread
+    def emit_built(self, logger: LoggerLike, wait: bool = False) -> None:
+        """Emit the reports the builder finished (all of them, waiting, with ``wait``), in order.
+
+        Raises:
+            Exception: what building a report raised.
+        """
+        built = self._built
+        while built and (wait or built[0].done()):
+            _, output = built.popleft().result()
+            if output is not None:
+                self._emit(logger, output)
 
     def _reduce_input(self, record: np.ndarray, has_new: bool) -> torch.Tensor:
         """``[v, -v, new-names flag]`` for one MAX all-reduce: every series' max and min on every rank."""
-        column = np.array([v[0] for v in per_step(record[None, :], self._layout).values()], dtype=np.float64)
-        both = np.concatenate([column, -column, [1.0 if has_new else 0.0]])
-        both[np.isnan(both)] = -np.inf  # a rank without a value must not win the MAX
-        return torch.from_numpy(both)
+        column = own_series(record, self._layout)
+        inf = math.inf  # a rank without a value (NaN) must not win the MAX
+        both = ([-inf if v != v else v for v in column] + [-inf if v != v else -v for v in column]
+                + [1.0 if has_new else 0.0])
+        return torch.from_numpy(np.array(both, dtype=np.float64))  # a third of torch.tensor(list)'s time
 
     @staticmethod
     def _reduce_output(tensor: torch.Tensor) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -354,11 +429,11 @@ class RankReporter:
         minima = np.where(np.isinf(out[count:2 * count]), np.nan, -out[count:2 * count])
         return minima, maxima, bool(out[-1] > 0)
 
-    def _reduce(self, record: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-        """The all-reduce at once (after the section names changed)."""
+    def _reduce(self, record: np.ndarray) -> torch.Tensor:
+        """The all-reduce at once (after the section names changed): its result, for :meth:`_reduce_output`."""
         tensor = self._reduce_input(record, False)
         self._group.all_reduce(tensor, torch.distributed.ReduceOp.MAX, 'reducing the rank report')
-        return self._reduce_output(tensor)
+        return tensor
 
     def _agree_on(self, unknown: list[str]) -> None:
         """Some rank has section names the layout lacks: every rank adds the union, in one order."""
@@ -381,42 +456,22 @@ class RankReporter:
         return torch.stack(rows).numpy() if self._rank == 0 else record[None, :]
 
     # ------------------------------------------------------------------ rank zero's output
-    def _emit(self, logger: LoggerLike, report: RankReport, table: np.ndarray, batch: int) -> None:
-        logger.log_metrics(report_metrics(report), step=batch)
-        rows = table_rows(report)
-        if rows:
-            logger.log_table(list(TABLE_COLUMNS), rows, name='rank_report', step=batch)
-        chronic = frozenset(entry.rank for entry in report.chronic)
-        if chronic - self._named:  # a console line when a rank turns chronic, not at every report
-            line = straggler_line(report, self._verdicts)
-            if line:
-                log.warning('%s', line)
-        recovered = self._named - chronic
-        if recovered:
-            log.warning('rank report: rank(s) %s no longer chronic stragglers (batch %d)', sorted(recovered), batch)
-        self._named = chronic
-        self._write_history(logger, report, table)
-
-    def _write_history(self, logger: LoggerLike, report: RankReport, table: np.ndarray) -> None:
-        if not self.options.history or self._history_failed:
-            return
-        try:
-            if self._history is None:
-                self._history = HistoryWriter(private_history_path(self._run_name), {
-                    'run_name': self._run_name, 'world_size': self._world, 'hosts': self._hosts,
-                    'slow_ratio': self._verdicts.slow_ratio, 'chronic_reports': self._verdicts.chronic_reports,
-                    'chronic_window': self._verdicts.chronic_window})
-            self._history.append(report, table, self._layout, time.time())
-        except OSError as exc:  # the report itself went out; the file is a convenience
-            self._history_failed = True
-            log.warning('rank report: cannot write the history file: %s', exc)
-            return
-        if report.window % _UPLOAD_EVERY_REPORTS == _UPLOAD_EVERY_REPORTS - 1:
+    def _emit(self, logger: LoggerLike, output: '_Output') -> None:
+        batch = output.batch
+        logger.log_metrics(output.metrics, step=batch)
+        if output.rows:
+            logger.log_table(list(TABLE_COLUMNS), output.rows, name='rank_report', step=batch)
+        if output.line:
+            log.warning('%s', output.line)
+        if output.recovered:
+            log.warning('rank report: rank(s) %s no longer chronic stragglers (batch %d)', output.recovered, batch)
+        if output.upload_history:
             self._upload_history(logger)
 
     def _upload_history(self, logger: LoggerLike) -> None:
         if self._history is not None and logger.has_file_upload_destination():
-            logger.upload_file(f'{self._run_name}/{HISTORY_NAME}', self._history.path, overwrite=True)
+            with self._history_lock:  # a whole file: the builder appends under the same lock
+                logger.upload_file(f'{self._run_name}/{HISTORY_NAME}', self._history.path, overwrite=True)
 
     def close(self, logger: LoggerLike) -> None:
         """At the Logger's close, before its destinations close (rank zero does the work): upload the
@@ -430,6 +485,13 @@ class RankReporter:
         """
         if self._pending is not None:
             self._harvest(logger)
+        try:
+            self.emit_built(logger, wait=True)
+        finally:
+            if self._builder is not None:
+                self._builder.shutdown(wait=True)
+                self._builder = None
+            self.timer.close()
         if self._history is None:
             return
         self._history.close()

@@ -102,62 +102,64 @@ class Section:
             counted as waiting, not as busy time.
     """
 
-    __slots__ = ('_timer', 'name', 'wait', '_opened', '_enter', '_exit', '_stack', '_clock', '_top')
+    # Slots, and the window's seconds kept on the section itself: the with-statement is the hot path, and
+    # after a step's device wait it runs with cold caches, so it touches as few objects as it can.
+    __slots__ = ('_timer', 'name', 'wait', '_opened', '_stack', '_clock', '_top', '_seconds', '_entered')
 
     def __init__(self, timer: 'SectionTimer', name: str, wait: bool = False):
         self._timer = timer
         self.name = check_section_name(name)
         self.wait = bool(wait)
         self._opened = 0  # start() calls not yet stopped, for start()/stop() users (framework hooks)
-        self._enter, self._exit = timer.enter, timer.exit  # bound once: the with-statement is the hot path
         # For the outermost section on the wall clock (the common case), __enter__ pushes the frame
         # itself: one Python frame instead of two (the timer's frame list is never replaced).
         self._stack, self._clock = timer._stack, timer._clock
         self._top = _NONE if self.wait else _ADD
+        self._seconds = 0.0  # on the wall clock, in the current window (read and reset by SectionTimer.take)
+        self._entered = False  # closed at least once in the current window
 
     def __enter__(self) -> 'Section':
         stack = self._stack
         if stack or self._timer._cuda is not False:
-            self._enter(self.name, self.wait)
+            self._timer.enter(self)
         else:  # what SectionTimer.enter does for an outermost frame without CUDA
-            stack.append((self.name, self._clock(), self._top, self.wait, None))
+            stack.append((self, self._clock(), self._top, self.wait, None))
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         stack = self._stack
         if len(stack) == 1:  # the outermost frame on the wall clock: SectionTimer.exit's work, inline
             frame = stack[0]
-            if frame[0] == self.name and frame[4] is None:
-                end = self._clock()
-                del stack[0]
-                seconds = end - frame[1]
-                timer = self._timer
-                totals = timer._totals
-                totals[self.name] = totals.get(self.name, 0.0) + seconds
+            if frame[0] is self and frame[4] is None:
+                seconds = self._clock() - frame[1]
+                stack.pop()
+                self._seconds += seconds
+                self._entered = True
                 if frame[2] == _ADD:
+                    timer = self._timer
                     timer._busy += seconds
                     timer.work_marked = True
                 elif frame[3]:  # a top-level wait
-                    timer._wait += seconds
+                    self._timer._wait += seconds
                 return
-        self._exit(self.name)
+        self._timer.exit(self)
 
     def __call__(self, fn: Callable) -> Callable:
         """Use the section as a decorator: every call of ``fn`` is timed."""
-        timer, name, wait = self._timer, self.name, self.wait
+        timer, section = self._timer, self
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            timer.enter(name, wait)
+            timer.enter(section)
             try:
                 return fn(*args, **kwargs)
             finally:
-                timer.exit(name)
+                timer.exit(section)
         return timed
 
     def start(self) -> None:
         """Open the section (for hook-based code that cannot use ``with``); close it with :meth:`stop`."""
-        self._timer.enter(self.name, self.wait)
+        self._timer.enter(self)
         self._opened += 1
 
     def stop(self) -> None:
@@ -165,7 +167,7 @@ class Section:
         fires without its partner, e.g. after an exception, must not break the next step)."""
         if self._opened:
             self._opened -= 1
-            self._timer.exit(self.name)
+            self._timer.exit(self)
 
     @property
     def is_open(self) -> bool:
@@ -195,6 +197,10 @@ class SectionTimer:
         ValueError: an unknown ``device``.
     """
 
+    __slots__ = ('_device', '_memory', '_clock', '_sections', '_late', '_stack', '_busy', '_wait', 'work_marked',
+                 '_collective', '_steps', '_window_start', '_per_step', '_mark', '_mark_busy', '_cuda', '_events',
+                 '_resident')
+
     def __init__(self, device: str = 'auto', memory: bool = True, clock: Callable[[], float] = time.perf_counter):
         if device not in ('auto', 'cpu', 'cuda'):
             raise ValueError(f"section timing device must be 'auto', 'cpu' or 'cuda', got {device!r}")
@@ -202,8 +208,8 @@ class SectionTimer:
         self._memory = bool(memory)
         self._clock = clock
         self._sections: dict[tuple[str, bool], Section] = {}
-        self._totals: dict[str, float] = {}
-        self._stack: list[tuple[str, float, int, bool, Any]] = []  # the open frames, outermost first
+        self._late: dict[str, float] = {}  # section name -> seconds read from CUDA events in this window
+        self._stack: list[tuple[Section, float, int, bool, Any]] = []  # the open frames, outermost first
         self._busy = 0.0
         self._wait = 0.0
         # Whether a work section closed in this window (busy time then comes from sections alone); an
@@ -219,6 +225,7 @@ class SectionTimer:
         self._mark_busy = 0.0  # busy at the last step (the sections' path keeps only this)
         self._cuda: Optional[bool] = None if device == 'auto' else device == 'cuda'
         self._events: Any = None  # the CUDA event bookkeeping, made on first use
+        self._resident = _ResidentSet()
 
     # ------------------------------------------------------------------ hot path
     def section(self, name: str, wait: bool = False) -> Section:
@@ -233,10 +240,10 @@ class SectionTimer:
             found = self._sections[key] = Section(self, name, bool(wait))
         return found
 
-    def enter(self, name: str, wait: bool) -> None:
-        """Open a frame for ``name`` (called by :class:`Section`)."""
-        # The hot path: a few comparisons and one tuple per section; frames are
-        # (name, start, contribution, inside_wait, start_event).
+    def enter(self, section: Section) -> None:
+        """Open a frame for ``section`` (called by :class:`Section`)."""
+        # Frames are (section, start, contribution, inside_wait, start_event).
+        wait = section.wait
         stack = self._stack
         if stack:
             inside_wait = stack[-1][3]
@@ -246,32 +253,32 @@ class SectionTimer:
             contribution = _NONE if wait else _ADD
             inside_wait = wait
         if self._cuda is False:
-            stack.append((name, self._clock(), contribution, inside_wait, None))
+            stack.append((section, self._clock(), contribution, inside_wait, None))
             return
         if self._cuda is None:
             self._cuda = _cuda_ready()
         event = self._device_events().record() if self._cuda else None
-        stack.append((name, self._clock(), contribution, inside_wait, event))
+        stack.append((section, self._clock(), contribution, inside_wait, event))
 
-    def exit(self, name: str) -> None:
-        """Close the innermost frame, which must be ``name``.
+    def exit(self, section: Section) -> None:
+        """Close the innermost frame, which must be ``section``'s.
 
         Raises:
-            RuntimeError: ``name`` is not the innermost open section (sections must nest).
+            RuntimeError: ``section`` is not the innermost open section (sections must nest).
         """
         end = self._clock()
         stack = self._stack
-        if not stack or stack[-1][0] != name:
-            open_names = [frame[0] for frame in stack]
-            raise RuntimeError(f'section {name!r} closed while {open_names or "no section"} is open; '
+        if not stack or stack[-1][0] is not section:
+            open_names = [frame[0].name for frame in stack]
+            raise RuntimeError(f'section {section.name!r} closed while {open_names or "no section"} is open; '
                                'sections must nest (close the innermost first)')
         _, start, contribution, inside_wait, event = stack.pop()
         if event is not None:
-            self._device_events().finish(event, name, contribution, inside_wait and not stack)
+            self._device_events().finish(event, section.name, contribution, inside_wait and not stack)
             return
         seconds = end - start
-        totals = self._totals
-        totals[name] = totals.get(name, 0.0) + seconds
+        section._seconds += seconds
+        section._entered = True
         if contribution == _ADD:
             self._busy += seconds
             self.work_marked = True
@@ -282,8 +289,8 @@ class SectionTimer:
 
     def _add(self, name: str, seconds: float, contribution: int, wait_top: bool) -> None:
         """Count a section's time read later (CUDA events)."""
-        totals = self._totals
-        totals[name] = totals.get(name, 0.0) + seconds
+        late = self._late
+        late[name] = late.get(name, 0.0) + seconds
         if contribution == _ADD:
             self._busy += seconds
             self.work_marked = True
@@ -319,7 +326,7 @@ class SectionTimer:
     @property
     def open_sections(self) -> list[str]:
         """Names of the sections open now, outermost first."""
-        return [frame[0] for frame in self._stack]
+        return [frame[0].name for frame in self._stack]
 
     def take(self) -> WindowTotals:
         """End the window: return its totals and start the next one (at a report, on every rank).
@@ -338,9 +345,14 @@ class SectionTimer:
         if self._per_step and self._events is None:
             median = _median(self._per_step)
             mad = _median([abs(value - median) for value in self._per_step])
-        totals = WindowTotals(self._steps, wall, busy, self._wait, self._collective, dict(self._totals),
+        seconds = self._late  # CUDA times read now, then what the sections timed on the wall clock
+        for section in self._sections.values():
+            if section._entered:
+                seconds[section.name] = seconds.get(section.name, 0.0) + section._seconds
+                section._seconds, section._entered = 0.0, False
+        totals = WindowTotals(self._steps, wall, busy, self._wait, self._collective, seconds,
                               self._read_memory() if self._memory else None, median, mad)
-        self._totals = {}
+        self._late = {}
         self._busy = self._wait = self._collective = 0.0
         self.work_marked = False
         self._steps = 0
@@ -357,7 +369,11 @@ class SectionTimer:
             peak = float(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()  # the next window's peak is its own
             return peak
-        return _rss_bytes()
+        return self._resident.read()
+
+    def close(self) -> None:
+        """Release the file descriptor memory is read through (the timer keeps working; it reopens it)."""
+        self._resident.close()
 
     def _device_events(self) -> '_DeviceEvents':
         if self._events is None:
@@ -381,21 +397,45 @@ def _cuda_ready() -> bool:
         return False
 
 
-def _rss_bytes() -> Optional[float]:
-    """The resident set size of this process now (Linux ``/proc``; else the peak from ``getrusage``)."""
-    try:
-        with open('/proc/self/statm', 'rb') as f:
-            resident_pages = int(f.read().split()[1])
+class _ResidentSet:
+    """The resident set size of this process, read at each report from ``/proc/<pid>/statm`` through one file
+    descriptor kept open (one ``pread``: the report runs on the training thread); after a fork the child
+    opens its own. Where there is no ``/proc``, the peak from ``getrusage``."""
+
+    __slots__ = ('_fd', '_pid', '_page')
+
+    def __init__(self) -> None:
+        self._fd: Optional[int] = None
+        self._pid = -1
+        self._page = 0
+
+    def read(self) -> Optional[float]:
         import os
 
-        return float(resident_pages * os.sysconf('SC_PAGE_SIZE'))
-    except (OSError, ValueError, IndexError):
         try:
-            import resource
+            if self._pid != os.getpid():
+                self.close()
+                self._fd = os.open(f'/proc/{os.getpid()}/statm', os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
+                self._pid, self._page = os.getpid(), os.sysconf('SC_PAGE_SIZE')
+            return float(int(os.pread(self._fd, 128, 0).split()[1]) * self._page)  # type: ignore[arg-type]
+        except (OSError, ValueError, IndexError, AttributeError):
+            try:
+                import resource
 
-            return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-        except Exception:  # noqa: BLE001 - memory is optional
-            return None
+                return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+            except Exception:  # noqa: BLE001 - memory is optional
+                return None
+
+    def close(self) -> None:
+        """Close the descriptor (a later :meth:`read` opens it again)."""
+        import os
+
+        if self._fd is not None and self._pid == os.getpid():
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd, self._pid = None, -1
 
 
 class _DeviceEvents:

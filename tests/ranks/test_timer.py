@@ -82,7 +82,7 @@ def test_sections_must_nest():
     outer.start()
     inner.start()
     with pytest.raises(RuntimeError, match="section 'outer' closed while"):
-        timer.exit('outer')
+        outer.stop()
 
 
 @pytest.mark.parametrize('name, error', [('', ValueError), ('a/b', ValueError), ('busy', ValueError),
