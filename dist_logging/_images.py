@@ -9,8 +9,7 @@ import numpy as np
 import torch
 
 __all__ = ['FLOAT_RANGE_WARNING', 'to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_masks',
-           'overlay_masks',
-           'snapshot_images', 'encode_png', 'write_png']
+           'overlay_masks', 'snapshot_images', 'encode_png', 'write_png']
 
 
 # Floating dtypes numpy has; others (bfloat16, the float8 types) are widened to float32 first.
