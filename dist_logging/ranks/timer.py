@@ -104,7 +104,7 @@ class Section:
 
     # Slots, and the window's seconds kept on the section itself: the with-statement is the hot path, and
     # after a step's device wait it runs with cold caches, so it touches as few objects as it can.
-    __slots__ = ('_timer', 'name', 'wait', '_opened', '_stack', '_clock', '_top', '_seconds', '_entered')
+    __slots__ = ('_timer', 'name', 'wait', '_opened', '_stack', '_clock', '_top', '_seconds', '_entered', '_wall')
 
     def __init__(self, timer: 'SectionTimer', name: str, wait: bool = False):
         self._timer = timer
@@ -117,10 +117,11 @@ class Section:
         self._top = _NONE if self.wait else _ADD
         self._seconds = 0.0  # on the wall clock, in the current window (read and reset by SectionTimer.take)
         self._entered = False  # closed at least once in the current window
+        self._wall = timer._cuda is False  # timed on the wall clock for sure (set by the timer once it knows)
 
     def __enter__(self) -> 'Section':
         stack = self._stack
-        if stack or self._timer._cuda is not False:
+        if stack or not self._wall:
             self._timer.enter(self)
         else:  # what SectionTimer.enter does for an outermost frame without CUDA
             stack.append((self, self._clock(), self._top, self.wait, None))
@@ -257,6 +258,9 @@ class SectionTimer:
             return
         if self._cuda is None:
             self._cuda = _cuda_ready()
+            if not self._cuda:
+                for known in self._sections.values():
+                    known._wall = True
         event = self._device_events().record() if self._cuda else None
         stack.append((section, self._clock(), contribution, inside_wait, event))
 
