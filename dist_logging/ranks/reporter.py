@@ -268,19 +268,20 @@ class RankReporter:
             DistributedLoggingError: a rank did not take part in a report within ``sync_timeout``.
             Exception: what building an earlier report raised (raised when it would have been emitted).
         """
-        self._calls += 1
-        if self._built and self._built[0].done():
-            self.emit_built(logger)
-        if not self._started:
-            # The first step (compilation, caches, start-up skew between ranks) is not compared.
+        calls = self._calls = self._calls + 1
+        if self._started:
+            self.timer.step()
+        else:  # the first step (compilation, caches, start-up skew between ranks) is not compared
             self._started = True
             self.timer.take()
-        else:
-            self.timer.step()
+        if self._pending is None and not self._built and calls % self.every:  # type: ignore[operator]
+            return  # most steps: nothing more (every rank has the same counts: all skip together)
+        if self._built and self._built[0].done():
+            self.emit_built(logger)
         if self._pending is not None:  # the previous step was a report step (every rank: same count)
             self._timed(self._harvest, logger)
-        if self._calls % self.every or self.timer.steps == 0:  # type: ignore[operator]
-            return  # (every rank has the same counts: all skip together)
+        if calls % self.every or self.timer.steps == 0:  # type: ignore[operator]
+            return
         totals = self.timer.take()
         self._pending = _Pending(totals, logger.state.timestamp.batch if batch is None else batch)
         try:
