@@ -166,3 +166,61 @@ def test_a_report_that_fails_to_start_is_not_waited_for_later(fake_world, monkey
         _steps(logger, 1, seconds=0)
     _steps(logger, 1, seconds=0)  # nothing half-started is completed here
     assert logger.rank_report().batch == 3
+
+
+def test_reports_are_built_off_the_training_thread_and_close_stops_the_builder(monkeypatch):
+    """The builder thread builds each report; the training thread emits it at a later step (or when asked for
+    it); close() emits what is left and stops the thread. A failure in building reaches the training thread."""
+    import threading
+
+    import dist_logging.ranks.reporter as reporter_module
+
+    def builders():  # this test's: other Loggers in this worker process may still have theirs
+        return {t for t in threading.enumerate() if t.name.startswith('dist_logging-rank-report')} - before
+
+    before = set()
+    before = builders()
+    sink = InMemoryLogger()
+    logger = Logger(sink, run_name='ranks-builder', rank_report_every=3, rank_report_options={'history': False})
+    built_on = []
+    real_build = reporter_module.build_report
+
+    def recording(*args, **kwargs):
+        built_on.append(threading.current_thread().name)
+        return real_build(*args, **kwargs)
+    monkeypatch.setattr(reporter_module, 'build_report', recording)
+    _steps(logger, 3)  # one process: the report step hands the report over at once
+    assert len(builders()) == 1
+    assert logger.rank_report().batch == 3  # waits for the builder, and emits
+    assert [step for step, _ in sink.data['ranks/busy/median_s']] == [3]
+    assert built_on and all(name.startswith('dist_logging-rank-report') for name in built_on)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError('report bug')
+    monkeypatch.setattr(reporter_module, 'build_report', broken)
+    with pytest.raises(RuntimeError, match='report bug'):
+        _steps(logger, 3)
+        logger.rank_report()
+    monkeypatch.setattr(reporter_module, 'build_report', recording)
+    _steps(logger, 3)
+    logger.close()
+    assert builders() == set()
+    assert [step for step, _ in sink.data['ranks/busy/median_s']][-1] == 9
+
+
+def test_own_series_matches_per_step():
+    import math
+
+    import numpy as np
+
+    from dist_logging.ranks.report import own_series, per_step
+
+    layout = ['data', 'forward']
+    record = np.array([4.0, 0.8, 0.1, 0.0, 1e9, 0.01, 0.2, math.nan])  # steps, wall, busy, coll., memory, jitter
+    expected = [float(v[0]) for v in per_step(record[None, :], layout).values()]
+    got = own_series(record, layout)
+    assert len(got) == len(expected) and all((a == b) or (math.isnan(a) and math.isnan(b)) for a, b in zip(got, expected))
+    empty = record.copy()
+    empty[0] = 0.0  # no step in the window: nothing per step, memory kept
+    got = own_series(empty, layout)
+    assert all(math.isnan(v) for v in got[:-1]) and got[-1] == 1e9
