@@ -64,14 +64,31 @@ def _start(tmp_path, mode, sync_timeout):
     return job, out
 
 
-def _stop(job):
-    """Thaw and end everything the job left (it is in its own session)."""
+def _stop(job, out):
+    """Thaw and end everything the job left: torchrun's agent and its process group, and each worker by the pid
+    it wrote (torchrun starts its workers in sessions of their own, so a worker that stopped itself would
+    otherwise outlive the agent, stopped, forever)."""
+    pids = [int(path.read_text()) for path in out.glob('pid*') if path.read_text().strip()]
+    pids = [pid for pid in pids if _runs_scenario(pid, out.parent)]  # not a pid reused by another process
     for sig in (signal.SIGCONT, signal.SIGKILL):
         try:
             os.killpg(job.pid, sig)
         except ProcessLookupError:
             pass
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     job.wait(timeout=30)
+
+
+def _runs_scenario(pid, folder):
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as handle:
+            return str(folder).encode() in handle.read()
+    except OSError:
+        return False
 
 
 def _wait(predicate, timeout, what):
@@ -100,7 +117,7 @@ def test_a_stopped_store_and_a_frozen_peer_end_in_a_named_error_and_the_process_
         pid = int((out / 'pid0').read_text())
         exited_after = _wait(lambda: _gone(pid), 20, 'rank 0 to exit') + (time.time() - frozen_at)
     finally:
-        _stop(job)
+        _stop(job, out)
     raised_after = error['wall'] - frozen_at
     print(f'[one host] store and peer frozen: raised after {raised_after:.2f} s, process gone {exited_after:.2f} s '
           'after the freeze')
@@ -122,7 +139,7 @@ def test_sigterm_ends_a_rank_blocked_in_the_logging_path_and_flushes_its_file(tm
         ended_after = _wait(lambda: _gone(pid), 10, 'rank 0 to end on SIGTERM')
         assert time.monotonic() - sent < 5
     finally:
-        _stop(job)
+        _stop(job, out)
     print(f'[one host] SIGTERM while blocked in batch_end: process gone after {ended_after:.2f} s')
     assert ended_after < 3
     assert f'token_{step}' in (out / 'rank0.txt').read_text()  # logged before the blocking call: flushed
