@@ -29,21 +29,21 @@ def _free_port() -> int:
 
 
 class MotoS3:
-    """A ThreadedMotoServer on a free loopback port that can be stopped and started again.
+    """A ThreadedMotoServer on a free port (of loopback, or of ``ip``) that can be stopped and started again.
 
     Objects survive a stop/start (moto keeps its state in this process), so a test can
     take the server away mid-upload and bring it back.
     """
 
-    def __init__(self, port: Optional[int] = None):
-        self.port = port or _free_port()
-        self.endpoint = f'http://127.0.0.1:{self.port}'
+    def __init__(self, port: Optional[int] = None, ip: str = '127.0.0.1'):
+        self.ip, self.port = ip, port or _free_port()
+        self.endpoint = f'http://{ip}:{self.port}'
         self._server = None
 
     def start(self) -> 'MotoS3':
         from moto.server import ThreadedMotoServer
 
-        self._server = ThreadedMotoServer(ip_address='127.0.0.1', port=self.port, verbose=False)
+        self._server = ThreadedMotoServer(ip_address=self.ip, port=self.port, verbose=False)
         self._server.start()
         return self
 

@@ -1,6 +1,8 @@
 """What writers whose process is gone left in the staging folder, and the hand-off folder's file names.
 
-Imports no torch (``dist-logging drain`` imports it through :mod:`dist_logging.checkpoint.drain`):
+Imports nothing of torch's checkpoint package (``dist-logging drain`` imports it through
+:mod:`dist_logging.checkpoint.drain`); a writer is dead when :func:`dist_logging.dist._watch.process_state`,
+the one liveness check, says its process has ended:
 
 * :func:`remove_dead_writes`: the local-write folders (``checkpoint-writes/rank{r}/<pid>-<token>``) of
   dead writers: files of a save killed before their hand-over, and spare files.
@@ -23,9 +25,10 @@ from typing import Callable, Optional
 
 from dist_logging.checkpoint._intents import write_intent
 from dist_logging.checkpoint._paths import WRITES_FOLDER
+from dist_logging.dist._watch import process_state
 from dist_logging.upload.staging import rank_folder_name
 
-__all__ = ['STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'WRITER_INFO', 'read_json', 'process_alive',
+__all__ = ['STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'WRITER_INFO', 'read_json',
            'remove_dead_writes', 'LeftSave', 'take_left_saves']
 
 log = logging.getLogger(__name__)
@@ -42,25 +45,10 @@ def read_json(path: str) -> Optional[dict]:
         return None
 
 
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host; a zombie (ended, not yet reaped by its parent) has ended."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive, and not ours to judge
-    try:  # the state letter after the command name, which may itself hold ')'
-        with open(f'/proc/{pid}/stat', 'rb') as handle:
-            return handle.read().rsplit(b')', 1)[1].split()[0] not in (b'Z', b'X')
-    except (OSError, IndexError):
-        return True  # no /proc: os.kill said it exists
-
-
 def _owner_dead(entry: str) -> bool:
     """Whether a ``<pid>-<token>`` folder name names a process that is gone (never this one)."""
     pid = entry.split('-', 1)[0]
-    return pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid))
+    return pid.isdigit() and int(pid) != os.getpid() and process_state(int(pid)) is None
 
 
 def remove_dead_writes(staging_root: str, rank: Optional[int] = None) -> None:
@@ -139,7 +127,7 @@ def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]
             if not os.path.isdir(path):
                 continue
             started = read_json(os.path.join(path, STARTED)) or {}
-            if isinstance(started.get('pid'), int) and process_alive(started['pid']):
+            if isinstance(started.get('pid'), int) and process_state(started['pid']) is not None:
                 kept = True
                 continue
             manifest = read_json(os.path.join(path, MANIFEST))

@@ -231,8 +231,7 @@ class NeptuneLogger(TrackerDestination):
             for key, point in ready.items():
                 del self._pending[key]
                 self._last_step[key] = point[0]
-            run = self._neptune_run
-            self._submit(lambda: self._write_points(run, ready))
+            self._submit_on_run(lambda run: self._write_points(run, ready))
 
     def _final_jobs(self, failed: bool) -> list[Callable[[], None]]:
         """Write the waiting metric points, mark a failed run ``sys/failed``, and stop the run
@@ -258,6 +257,17 @@ class NeptuneLogger(TrackerDestination):
     def _path(self, *parts: str) -> str:
         return '/'.join((self.base_namespace,) + parts)
 
+    def _submit_on_run(self, job: Callable[[Any], None]) -> None:
+        """Queue ``job(run)`` on the worker, for the run open at the call (a first call made without a Logger
+        opens it; a later re-init does not redirect a job already queued).
+
+        Raises:
+            RuntimeError: as :meth:`_check_open`.
+        """
+        self._check_open()
+        run = self._neptune_run
+        self._worker.submit(lambda: job(run))  # type: ignore[union-attr]
+
     def _drain(self) -> None:
         """Wait until every call queued so far ran; raise what failed."""
         self._check_open()
@@ -273,9 +283,8 @@ class NeptuneLogger(TrackerDestination):
     # ------------------------------------------------------------------ data hooks
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         values = _plain(jsonable(dict(hyperparameters)))  # a copy the caller cannot change
-        self._check_open()  # opens the run at a first call made without a Logger
-        run, path = self._neptune_run, self._path(self.hyperparam_namespace)
-        self._submit(lambda: run.__getitem__(path).assign(values) if values else None)
+        path = self._path(self.hyperparam_namespace)
+        self._submit_on_run(lambda run: run[path].assign(values) if values else None)
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         self._check_open()
@@ -298,22 +307,19 @@ class NeptuneLogger(TrackerDestination):
                 self._last_step[key] = waiting[0]
             self._pending[key] = (at, value)
         if ready:
-            run = self._neptune_run
-            self._submit(lambda: self._write_points(run, ready))
+            self._submit_on_run(lambda run: self._write_points(run, ready))
 
     def log_traces(self, traces: dict[str, Any]) -> None:
         values = _plain(jsonable(dict(traces)))
-        self._check_open()  # opens the run at a first call made without a Logger
-        run, path = self._neptune_run, self._path(self.trace_namespace)
-        self._submit(lambda: run.__getitem__(path).assign(values) if values else None)
+        path = self._path(self.trace_namespace)
+        self._submit_on_run(lambda run: run[path].assign(values) if values else None)
 
     def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
                   step: Optional[int] = None) -> None:
         del step  # a Neptune file field holds the latest table
         text = table_json([str(c) for c in columns], [list(r) for r in rows], ascii=False)
-        self._check_open()  # opens the run at a first call made without a Logger
-        run, path, file_type = self._neptune_run, self._path(self.table_namespace, name), self._file_type
-        self._submit(lambda: run.__setitem__(path, file_type.from_content(text, extension='json')))
+        path = self._path(self.table_namespace, name)
+        self._submit_on_run(lambda run: run.__setitem__(path, self._file_type.from_content(text, extension='json')))
 
     def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
                    step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
@@ -323,11 +329,10 @@ class NeptuneLogger(TrackerDestination):
         del use_table, mask_class_labels  # W&B-only options, as in Composer
         batch, mask_batches = snapshot_images(images, channels_last, masks)
         at = self._training_step(step)
-        self._check_open()  # opens the run at a first call made without a Logger
-        run, file_type = self._neptune_run, self._file_type
         series = self._path(name)
 
-        def log() -> None:  # one extend per batch: the batch's images in order, named and described alike
+        def log(run: Any) -> None:  # one extend per batch: the batch's images in order, named and described alike
+            file_type = self._file_type
             rgb = to_rgb(batch) if batch.shape[-1] == 1 else batch
             run[series].extend([file_type.as_image(image) for image in rgb], name=name, description=f'step {at}')
             for mask_name, mask in mask_batches.items():
@@ -335,7 +340,7 @@ class NeptuneLogger(TrackerDestination):
                 run[f'{series} + {mask_name} mask overlaid'].extend(
                     [file_type.as_image(image) for image in overlaid], name=name, description=f'step {at}')
 
-        self._submit(log)
+        self._submit_on_run(log)
 
     # ------------------------------------------------------------------ files
     def can_upload_files(self) -> bool:

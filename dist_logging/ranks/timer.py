@@ -18,6 +18,7 @@ whose events are still pending at a report count in the next window.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from typing import Any, Callable, Optional
@@ -414,8 +415,6 @@ class _ResidentSet:
         self._page = 0
 
     def read(self) -> Optional[float]:
-        import os
-
         try:
             if self._pid != os.getpid():
                 self.close()
@@ -432,8 +431,6 @@ class _ResidentSet:
 
     def close(self) -> None:
         """Close the descriptor (a later :meth:`read` opens it again)."""
-        import os
-
         if self._fd is not None and self._pid == os.getpid():
             try:
                 os.close(self._fd)

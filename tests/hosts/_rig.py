@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Mapping, Optional, Sequence
 
+from dist_logging.dist._watch import process_state
+
 TESTS_DIR = pathlib.Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent
 _NAME = re.compile(r'^dl[bnvp](\d+)')
@@ -52,27 +54,17 @@ def unavailable() -> Optional[str]:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale() -> None:
     """Remove rig namespaces and links left by test processes that no longer run."""
     for name in _ip('netns', 'list', check=False).stdout.split():
         match = _NAME.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and process_state(int(match.group(1))) is None:
             _kill_namespace(name)
             _ip('netns', 'del', name, check=False)
     for line in _ip('-o', 'link', 'show', check=False).stdout.splitlines():
         name = line.split(':')[1].strip().split('@')[0] if ':' in line else ''
         match = _NAME.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and process_state(int(match.group(1))) is None:
             _ip('link', 'del', name, check=False)
 
 
@@ -195,7 +187,7 @@ class Rig:
             _ip('link', 'set', self.bridge, 'up')
             for host in self.hosts:
                 host.start(self)
-            self.s3 = _BridgeMoto(self.bridge_ip).start()
+            self.s3 = _bridge_s3(self.bridge_ip)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -214,9 +206,10 @@ class Rig:
         from torchrun_helper import base_env
 
         env = base_env(self.workdir / 'out', extra)
-        env.update({'GLOO_SOCKET_IFNAME': 'eth0', 'AWS_ENDPOINT_URL': self.s3.endpoint,
-                    'AWS_ACCESS_KEY_ID': 'testing', 'AWS_SECRET_ACCESS_KEY': 'testing',
-                    'AWS_SESSION_TOKEN': 'testing', 'AWS_DEFAULT_REGION': 'us-east-1', 'NO_PROXY': '*'})
+        from s3_server import CREDENTIALS
+
+        env.update({'GLOO_SOCKET_IFNAME': 'eth0', 'AWS_ENDPOINT_URL': self.s3.endpoint, 'NO_PROXY': '*',
+                    **CREDENTIALS})
         env.pop('AWS_PROFILE', None)
         env.pop('AWS_ENDPOINT_URL_S3', None)
         return env
@@ -233,37 +226,15 @@ class Rig:
         return host.popen(cmd, self.env(host, extra_env), self.workdir / f'torchrun-{host.name}.log')
 
 
-class _BridgeMoto:
+def _bridge_s3(ip: str):
     """moto's S3 server on the bridge address (reachable from every host until it is cut off)."""
+    import logging
 
-    def __init__(self, ip: str):
-        sys.path.insert(0, str(TESTS_DIR))
-        from s3_server import _free_port
+    sys.path.insert(0, str(TESTS_DIR))
+    from s3_server import MotoS3
 
-        self.ip, self.port = ip, _free_port()
-        self.endpoint = f'http://{ip}:{self.port}'
-        self._server = None
-
-    def start(self) -> '_BridgeMoto':
-        import logging
-
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger('werkzeug').setLevel(logging.ERROR)  # one line per request otherwise
-        self._server = ThreadedMotoServer(ip_address=self.ip, port=self.port, verbose=False)
-        self._server.start()
-        return self
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
-
-    def client(self):
-        import boto3
-
-        return boto3.client('s3', endpoint_url=self.endpoint, region_name='us-east-1',
-                            aws_access_key_id='testing', aws_secret_access_key='testing')
+    logging.getLogger('werkzeug').setLevel(logging.ERROR)  # one line per request otherwise
+    return MotoS3(ip=ip).start()
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 0.1) -> float:
