@@ -2,7 +2,8 @@
 
 A :class:`Host` is a long-lived holder process (``sleep``) started by ``ip netns exec <ns> unshare --uts
 --mount``: it names the host (``hostname``), mounts a private tmpfs on ``/tmp`` and binds a shared
-``/etc/hosts`` naming every host; commands run on the host with ``nsenter`` into the holder's network,
+``/etc/hosts`` naming every host (the repository and the interpreter stay visible when they lie
+under ``/tmp``); commands run on the host with ``nsenter`` into the holder's network,
 mount and UTS namespaces (same PID namespace, so the test sees every process by its pid). The hosts'
 veth pairs join a bridge in the machine's namespace, whose address serves moto (S3) to both hosts.
 
@@ -54,6 +55,12 @@ def unavailable() -> Optional[str]:
     return None
 
 
+def _under_tmp(*paths) -> list[str]:
+    """The given folders that lie under /tmp, without those inside another of them."""
+    found = sorted({os.path.realpath(str(p)) for p in paths if os.path.realpath(str(p)).startswith('/tmp/')})
+    return [p for p in found if not any(p != q and p.startswith(q + '/') for q in found)]
+
+
 def sweep_stale() -> None:
     """Remove rig namespaces and links left by test processes that no longer run."""
     for name in _ip('netns', 'list', check=False).stdout.split():
@@ -100,7 +107,16 @@ class Host:
         _ip('-n', self.ns, 'link', 'set', 'lo', 'up')
         _ip('link', 'set', self.outer, 'master', rig.bridge)
         _ip('link', 'set', self.outer, 'up')
-        setup = (f'hostname {self.name} && mount -t tmpfs -o mode=1777 tmpfs /tmp && '
+        # What the hosts run from stays visible when it lies under /tmp (a clone there): bound to a stash
+        # outside /tmp first, then moved back over the host's private tmpfs (a bind cannot come from
+        # another mount namespace, and after the tmpfs the original is hidden).
+        keep = _under_tmp(REPO_ROOT, sys.prefix, sys.base_prefix)
+        stashes = [rig.workdir / f'keep-{self.name}-{i}' for i in range(len(keep))]
+        for stash in stashes:
+            stash.mkdir(parents=True, exist_ok=True)
+        stash_in = ''.join(f'mount --bind {path} {stash} && ' for path, stash in zip(keep, stashes))
+        move_back = ''.join(f' && mkdir -p {path} && mount --move {stash} {path}' for path, stash in zip(keep, stashes))
+        setup = (f'hostname {self.name} && {stash_in}mount -t tmpfs -o mode=1777 tmpfs /tmp{move_back} && '
                  f'mount --bind {rig.hosts_file} /etc/hosts && echo ready && exec sleep 100000')
         self.holder = subprocess.Popen(['ip', 'netns', 'exec', self.ns, 'unshare', '--uts', '--mount',
                                         '--propagation', 'private', 'sh', '-c', setup],
