@@ -63,17 +63,15 @@ class WindowTotals:
         sections: section name -> seconds summed over the window (nested sections included).
         memory_bytes: peak CUDA memory allocated in the window, else the resident set size at
             the report; None when memory is not measured.
-        busy_median_s: the median step's busy seconds (None on CUDA, where only the sum is known).
-        busy_mad_s: the median absolute deviation of the steps' busy seconds from that median: the
-            rank's own step-to-step jitter in the window (None when the median is None).
+        per_step_s: each step's busy seconds (wall clock only; None on CUDA, where only the sum is known).
     """
 
-    __slots__ = ('steps', 'wall_s', 'busy_s', 'wait_s', 'collective_s', 'sections', 'memory_bytes',
-                 'busy_median_s', 'busy_mad_s')
+    __slots__ = ('steps', 'wall_s', 'busy_s', 'wait_s', 'collective_s', 'sections', 'memory_bytes', 'per_step_s',
+                 '_jitter')
 
     def __init__(self, steps: int, wall_s: float, busy_s: float, wait_s: float, collective_s: float,
-                 sections: dict[str, float], memory_bytes: Optional[float], busy_median_s: Optional[float] = None,
-                 busy_mad_s: Optional[float] = None):
+                 sections: dict[str, float], memory_bytes: Optional[float],
+                 per_step_s: Optional[list[float]] = None):
         self.steps = steps
         self.wall_s = wall_s
         self.busy_s = busy_s
@@ -81,8 +79,30 @@ class WindowTotals:
         self.collective_s = collective_s
         self.sections = sections
         self.memory_bytes = memory_bytes
-        self.busy_median_s = busy_median_s
-        self.busy_mad_s = busy_mad_s
+        self.per_step_s = per_step_s
+        self._jitter: Optional[tuple[Optional[float], Optional[float]]] = None
+
+    # The median and its deviation are computed where they are read (the report thread), not when the
+    # training thread ends the window.
+    @property
+    def busy_median_s(self) -> Optional[float]:
+        """The median step's busy seconds (None when the steps' times are not known, e.g. on CUDA)."""
+        return self._median_and_mad()[0]
+
+    @property
+    def busy_mad_s(self) -> Optional[float]:
+        """The median absolute deviation of the steps' busy seconds from their median: the rank's own
+        step-to-step jitter in the window (None when the median is None)."""
+        return self._median_and_mad()[1]
+
+    def _median_and_mad(self) -> tuple[Optional[float], Optional[float]]:
+        if self._jitter is None:
+            if self.per_step_s:
+                median = _median(self.per_step_s)
+                self._jitter = (median, _median([abs(value - median) for value in self.per_step_s]))
+            else:
+                self._jitter = (None, None)
+        return self._jitter
 
     def __repr__(self) -> str:
         return (f'WindowTotals(steps={self.steps}, wall_s={self.wall_s:.6f}, busy_s={self.busy_s:.6f}, '
@@ -345,18 +365,16 @@ class SectionTimer:
                 self._add(name, seconds, contribution, wait_top)
         wall = now - self._window_start
         busy = self._busy if self.work_marked else max(wall - self._wait - self._collective, 0.0)
-        # The median step on the wall clock; on CUDA the steps' device times arrive late, so the mean.
-        median = mad = None
-        if self._per_step and self._events is None:
-            median = _median(self._per_step)
-            mad = _median([abs(value - median) for value in self._per_step])
+        # The median step on the wall clock (computed by the reader); on CUDA the steps' device times
+        # arrive late, so the mean.
+        per_step = self._per_step if self._events is None else None
         seconds = self._late  # CUDA times read now, then what the sections timed on the wall clock
         for section in self._sections.values():
             if section._entered:
                 seconds[section.name] = seconds.get(section.name, 0.0) + section._seconds
                 section._seconds, section._entered = 0.0, False
         totals = WindowTotals(self._steps, wall, busy, self._wait, self._collective, seconds,
-                              self._read_memory() if self._memory else None, median, mad)
+                              self._read_memory() if self._memory else None, per_step)
         self._late = {}
         self._busy = self._wait = self._collective = 0.0
         self.work_marked = False
