@@ -1,4 +1,4 @@
-"""The rank reporter's report thread: runs report jobs in order, off the training thread.
+"""The rank reporter's builder thread: runs jobs in order, off the training thread.
 
 Handing a job over costs the training thread one ``SimpleQueue.put`` (no future, no lock of
 its own), and checking for a result one ``empty()``: the report step should cost the step as

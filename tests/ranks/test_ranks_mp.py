@@ -40,6 +40,8 @@ for phase, slow in (('slowed', 1.5),):
             time.sleep(0.008 * (slow if rank == 1 else 1.0))
         with logger.section('grad_sync', wait=True):
             torch_dist.all_reduce(grad)
+        # a flush (a collective on the training thread) at every step, while reports run on the report thread
+        logger.log_metrics({'loss': float(rank)}, reduce='mean')
         logger.batch_end()
         report = logger.rank_report()
         if report is not None and (not reports or reports[-1]['batch'] != report.batch):
@@ -48,6 +50,7 @@ for phase, slow in (('slowed', 1.5),):
                             'own_relative': report.own.relative_score, 'own_busy': report.own.busy_s,
                             'busy_min': report.series['busy'].min_s, 'busy_max': report.series['busy'].max_s})
     out[phase] = {'reports': reports, 'tables': len(sink.tables.get('rank_report', [])),
+                  'losses': [v for _, v in sink.data.get('loss', [])],
                   'slowest': [v for _, v in sink.data.get('ranks/busy/slowest_rank', [])]}
     logger.close()
 dump_rank_output(out)
@@ -67,6 +70,8 @@ def test_two_ranks_one_slowed_is_named_chronic(tmp_path):
     assert slowed[1]['stragglers'][:1] == [[1, host, 'chronic']], slowed  # named chronic by the second report
     assert all(rank == 1 for report in slowed for rank, _, _ in report['stragglers'])
     assert zero['slowed']['slowest'] == [1, 1, 1, 1] and zero['slowed']['tables'] == 4
+    # every flush came through beside the reports (the last one completes in close(), after the scenario read them)
+    assert zero['slowed']['losses'] == [0.5] * 80
     # rank 1 learns only the min and max, and its own relative score (about 1/1.5 in most windows)
     assert not any(r['complete'] for r in one['slowed']['reports'])
     for report in one['slowed']['reports']:
