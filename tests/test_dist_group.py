@@ -303,3 +303,44 @@ def test_the_error_keeps_its_details_through_pickling():
     copy = pickle.loads(pickle.dumps(error))
     assert str(copy) == 'flush: x' and copy.missing_ranks == (1, 2, 3, 4, 5) and copy.left_ranks == (1,)
     assert copy.unreachable_ranks == (2, 3) and copy.late_ranks == (5,) and copy.hosts == {2: 'hostB', 3: 'hostB'}
+
+
+def test_a_lent_group_makes_other_threads_wait_until_it_is_given_back():
+    group = LoggingGroup(timeout=5)
+    borrowed = threading.Event()
+    back = threading.Event()
+    order = []
+
+    def borrower():
+        group.arrive()  # the borrower's own collectives never wait for the lend
+        order.append('borrower issued')
+        borrowed.set()
+        back.wait(5)
+        order.append('borrower done')
+        group.give_back()
+
+    thread = threading.Thread(target=borrower)
+    thread.start()
+    group.lend(thread.ident)
+    assert borrowed.wait(5)
+    waiter = threading.Thread(target=lambda: (group.arrive(), order.append('lender issued')))
+    waiter.start()
+    time.sleep(0.2)
+    assert order == ['borrower issued']  # the lender's next collective waits ...
+    back.set()
+    waiter.join(5)
+    thread.join(5)
+    assert order == ['borrower issued', 'borrower done', 'lender issued']  # ... until the group is given back
+
+
+def test_a_group_never_given_back_fails_the_next_collective_at_the_timeout():
+    group = LoggingGroup(timeout=0.3)
+    group.lend(-1)  # a thread that will never give it back
+    started = time.monotonic()
+    with pytest.raises(DistributedLoggingError, match='lent to another thread .* not given back within 0.3 s'):
+        group.arrive()
+    assert 0.3 <= time.monotonic() - started < 3
+    with pytest.raises(DistributedLoggingError, match='lending the logging group'):
+        group.lend(-2)  # a second lend waits for the first, too
+    group.give_back()
+    group.arrive()

@@ -109,6 +109,10 @@ class LoggingGroup:
         self._device: Optional[torch.device] = None
         self._failed: Optional[DistributedLoggingError] = None
         self._reads: list[Read] = []  # beat reads made during the current wait
+        # Lent to another thread (the rank reporter's): until given back, other threads' collectives wait for it.
+        self._lent_to: Optional[int] = None
+        self._given_back = threading.Event()
+        self._given_back.set()
         _LIVE_GROUPS.add(self)
 
     @property
@@ -185,8 +189,43 @@ class LoggingGroup:
 
         Call it once before a batch of collectives issued with :meth:`start_all_reduce` /
         :meth:`start_gather`; the synchronous collectives below note their own arrival.
+
+        Raises:
+            DistributedLoggingError: the group is lent (see :meth:`lend`) and was not given back in time.
         """
+        self._wait_if_lent('a logging collective')
         self._arrive()
+
+    def lend(self, thread_ident: int) -> None:
+        """Let the thread ``thread_ident`` issue the group's next collectives: until :meth:`give_back`,
+        a collective (or :meth:`arrive`) called on any other thread first waits for the group to be given back.
+
+        Collectives must come in the same order on every rank. Lend the group from the thread that
+        otherwise issues them, at the same point of its sequence of collectives on every rank: the
+        borrower's collectives then come, on every rank, between the same two of the lender's. A
+        lend while the group is lent waits for it to be given back first.
+
+        Raises:
+            DistributedLoggingError: the group was lent and not given back within the timeout.
+        """
+        self._wait_if_lent('lending the logging group')
+        self._lent_to = thread_ident
+        self._given_back.clear()
+
+    def give_back(self) -> None:
+        """End a :meth:`lend` (the borrower calls it once its collectives were issued and completed)."""
+        self._lent_to = None
+        self._given_back.set()
+
+    def _wait_if_lent(self, what: str) -> None:
+        if self._given_back.is_set() or threading.get_ident() == self._lent_to:
+            return
+        deadline = time.monotonic() + self.timeout
+        while not self._given_back.wait(0.05):  # in short waits, so that signals get through
+            if time.monotonic() >= deadline:
+                raise DistributedLoggingError(
+                    f'{what}: the logging group was lent to another thread (the rank report) and not given back '
+                    f'within {self.timeout:g} s')
 
     def _arrive(self) -> None:
         self._sequence += 1
@@ -380,6 +419,7 @@ class LoggingGroup:
             DistributedLoggingError: the collective failed or timed out (names the ranks when known).
         """
         self._check_usable(what)
+        self._wait_if_lent(what)
         try:
             work = issue()
             if wait:

@@ -1,4 +1,4 @@
-"""The rank reporter's builder thread: runs jobs in order, off the training thread.
+"""The rank reporter's report thread: runs jobs in order, off the training thread.
 
 Handing a job over costs the training thread one ``SimpleQueue.put`` (no future, no lock of
 its own), and checking for a result one ``empty()``: the report step should cost the step as
@@ -41,8 +41,8 @@ class ReportThread:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
 
-    def submit(self, *job: Any) -> None:
-        """Queue ``job`` (the arguments of one ``run`` call).
+    def start(self) -> int:
+        """Start the thread if it is not running yet; its ident (e.g. to lend it a logging group).
 
         Raises:
             RuntimeError: the thread was closed.
@@ -54,6 +54,15 @@ class ReportThread:
             # collective (each ends by its own deadline anyway).
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
+        return self._thread.ident  # type: ignore[return-value]
+
+    def submit(self, *job: Any) -> None:
+        """Queue ``job`` (the arguments of one ``run`` call); starts the thread if needed.
+
+        Raises:
+            RuntimeError: the thread was closed.
+        """
+        self.start()
         self.outstanding += 1
         self._jobs.put(job)
 

@@ -3,19 +3,23 @@
 Cost (see docs/stragglers.md for the model):
 
 * between reports nothing communicates: sections and ``batch_end`` only add numbers;
-* at a report, one all-reduce (MAX) of ``2 * (series) + 1`` float64 per rank (series = busy,
+* at a report the training thread only ends the window (:meth:`SectionTimer.take`) and hands it to
+  the report thread, lending it the Logger's logging group; that thread runs the report's
+  collectives, gives the group back and builds the report, and the training thread emits it (rank
+  zero) at the first step after it is ready. The training thread's next collective on the group
+  (a flush) waits until the group is given back, so the report's collectives come between the same
+  two of the training thread's on every rank;
+* the collectives: one all-reduce (MAX) of ``2 * (series) + 1`` float64 per rank (series = busy,
   step, each section, memory): every rank learns each series' min and max, and whether some
-  rank has a section name the others do not know yet;
-* plus one gather to rank zero of this rank's fixed-size record (``6 + sections`` float64);
-* both are only *started* at the report step (``async_op``, gloo's own thread carries them) and
-  completed at the next step, when every rank has issued them long ago: the training thread
-  neither waits for the last rank nor polls (the report comes one step late);
+  rank has a section name the others do not know yet; plus one gather to rank zero of this
+  rank's fixed-size record (``6 + sections`` float64);
 * only when a rank used a new section name (normally once, at the first report): an all-gather
-  of the new names, a second all-reduce and gather, at once; at the first report, one gather of
+  of the new names, a second all-reduce and gather; at the first report, one gather of
   64-byte host names (started with the others).
 
-Every collective goes through the Logger's :class:`~dist_logging.dist.LoggingGroup`, so each has
-its ``sync_timeout`` and a missing rank is named in the error.
+Every collective goes through the Logger's :class:`~dist_logging.dist.LoggingGroup`, so none waits
+longer than ``sync_timeout`` and a missing rank is named in the error, which reaches the training
+thread at its next step.
 """
 
 from __future__ import annotations
@@ -158,7 +162,7 @@ class NullSection:
 
 
 class _Output(NamedTuple):
-    """What rank zero emits for one report (built on the builder thread, emitted on the training thread)."""
+    """What rank zero emits for one report (built on the report thread, emitted on the training thread)."""
 
     batch: int
     metrics: dict[str, float]
@@ -166,22 +170,6 @@ class _Output(NamedTuple):
     line: Optional[str]  # the console line naming a rank that turned chronic
     recovered: list[int]  # ranks no longer chronic
     upload_history: bool
-
-
-class _Pending:
-    """A report whose collectives were started at a report step and are completed at the next step."""
-
-    __slots__ = ('totals', 'batch', 'new', 'record', 'reduced', 'rows', 'host_rows', 'works')
-
-    def __init__(self, totals: WindowTotals, batch: int):
-        self.totals = totals
-        self.batch = batch
-        self.new = False
-        self.record: Optional[np.ndarray] = None
-        self.reduced: Optional[torch.Tensor] = None
-        self.rows: list[torch.Tensor] = []
-        self.host_rows: list[torch.Tensor] = []
-        self.works: list[Any] = []
 
 
 def _host_tensor() -> torch.Tensor:
@@ -197,7 +185,7 @@ class RankReporter:
     Args:
         every: report every this many batches (the first batch, warm-up, is never counted).
         options: :class:`RankReportOptions`.
-        group: the Logger's logging group (all collectives go through it).
+        group: the Logger's logging group (lent to the report thread for each report's collectives).
         run_name: the run's name (the history file's folder and uploaded name).
 
     Raises:
@@ -206,7 +194,7 @@ class RankReporter:
 
     __slots__ = ('every', 'options', 'timer', '_group', '_run_name', '_rank', '_world', '_verdicts', '_tracker',
                  '_layout', '_hosts', '_previous_ratio', '_last', '_window', '_calls', '_started', '_named',
-                 '_history', '_history_failed', '_warned_sections', '_pending', '_builder', '_history_lock')
+                 '_history', '_history_failed', '_warned_sections', '_jobs', '_history_lock')
 
     def __init__(self, every: int, options: RankReportOptions, group: dist.LoggingGroup, run_name: str):
         self.every = check_report_every(every)
@@ -229,10 +217,9 @@ class RankReporter:
         self._history: Optional[HistoryWriter] = None
         self._history_failed = False
         self._warned_sections = False
-        self._pending: Optional[_Pending] = None  # a report started at the last step, completed at this one
-        # Reports are built off the training thread, in order, by one builder thread (started at the first report,
-        # ended by close()); the training thread emits each once built (see docs/stragglers.md, "Cost").
-        self._builder = ReportThread(self._build, 'dist_logging-rank-report')
+        # Reports are exchanged and built off the training thread, in order, by one report thread (started at
+        # the first report, ended by close()); the training thread emits each once built (docs/stragglers.md).
+        self._jobs = ReportThread(self._report, 'dist_logging-rank-report')
         self._history_lock = threading.Lock()
 
     # ------------------------------------------------------------------ training thread
@@ -254,16 +241,17 @@ class RankReporter:
 
         Steps are counted here, not read from ``batch``, so that adapters whose frameworks move
         the batch count in jumps still report at the same step on every rank. At a report step
-        the report's collectives are only started; they are completed at the next step (by then
-        every rank has long issued them, so nothing waits), and the report is built on the
-        builder thread and emitted at the first step after it is built: see docs/stragglers.md, "Cost".
+        the window ends and goes to the report thread, which exchanges it with the other ranks
+        and builds the report; it is emitted at the first step after it is built (see
+        docs/stragglers.md, "Cost"). Nothing here waits for another rank.
 
         Args:
             logger: the Logger (rank zero emits through its public methods).
             batch: the batch count to label the report with (default: the Logger's, read at a report step).
 
         Raises:
-            DistributedLoggingError: a rank did not take part in a report within ``sync_timeout``.
+            DistributedLoggingError: an earlier report failed: a rank did not take part within ``sync_timeout``
+                (raised at the first step after the report thread gave up).
             Exception: what building an earlier report raised (raised when it would have been emitted).
         """
         calls = self._calls = self._calls + 1
@@ -272,91 +260,80 @@ class RankReporter:
         else:  # the first step (compilation, caches, start-up skew between ranks) is not compared
             self._started = True
             self.timer.take()
-        if self._pending is None and not self._builder.outstanding and calls % self.every:  # type: ignore[operator]
+        if calls % self.every and not self._jobs.outstanding:  # type: ignore[operator]
             return  # most steps: nothing more (every rank has the same counts: all skip together)
-        if self._builder.ready():
+        if self._jobs.ready():
             self.emit_built(logger)
-        if self._pending is not None:  # the previous step was a report step (every rank: same count)
-            self._timed(self._harvest, logger)
         if calls % self.every or self.timer.steps == 0:  # type: ignore[operator]
             return
-        totals = self.timer.take()
-        self._pending = _Pending(totals, logger.state.timestamp.batch if batch is None else batch)
-        try:
-            self._timed(self._start, logger)
-        except BaseException:
-            self._pending = None  # nothing half-started is waited for later (the group refuses further use)
-            raise
+        self._submit(self.timer.take(), logger.state.timestamp.batch if batch is None else batch)
 
-    def _timed(self, call: Any, logger: LoggerLike) -> None:
-        started = time.perf_counter()
-        try:
-            call(logger)
-        finally:
-            self.timer.add_collective(time.perf_counter() - started)  # in the window, as a wait
-
-    # ------------------------------------------------------------------ the report
-    def _start(self, logger: LoggerLike) -> None:
-        """At a report step: start the all-reduce and the gather (and, at the first report, the host names);
-        with one process (no collective), hand the report to the builder at once."""
-        pending = self._pending
-        assert pending is not None
-        totals = pending.totals
-        pending.new = bool(set(totals.sections) - set(self._layout))
-        pending.record = record_of(totals, self._layout)
+    def _submit(self, totals: WindowTotals, batch: int) -> None:
+        """Hand a window to the report thread (made at the first report)."""
+        window, self._window = self._window, self._window + 1
         group = self._group
-        if not group.active:  # one process: nothing to wait for, the report now
-            self._harvest(logger)
-            return
+        if group.active:
+            # Creating the group (if no flush did yet) is a collective that must come in the same order on every
+            # rank as every other group's creation: on the training thread, not the report thread.
+            group.group()
+            # The report's collectives come, on every rank, right after this step's: the training thread's
+            # next collective on the group waits until the report thread gives the group back.
+            group.lend(self._jobs.start())
+        self._jobs.submit(totals, batch, window)
+
+    # ------------------------------------------------------------------ the report thread
+    def _report(self, totals: WindowTotals, batch: int, window: int) -> tuple[RankReport, Optional['_Output']]:
+        """Exchange one window with the other ranks and build its report (in order: one report thread).
+
+        Everything here is the report thread's alone (the layout, host names, trackers, the trend, the
+        chronic set, the history file); the training thread hands in the window and emits the output.
+        """
+        group = self._group
+        try:
+            record = record_of(totals, self._layout)
+            new = bool(set(totals.sections) - set(self._layout))
+            if not group.active:  # one process: nothing to exchange
+                rows: Union[np.ndarray, list[torch.Tensor]] = record[None, :]
+                reduced = self._reduce_input(record, new)
+                if window == 0:
+                    self._hosts = [_HOST]
+            else:
+                reduced, rows = self._exchange(record, new, window == 0)
+            if reduced.tolist()[-1] > 0:  # some rank has section names the layout lacks (the first report, mostly)
+                self._agree_on(sorted(set(totals.sections) - set(self._layout)))
+                record = record_of(totals, self._layout)
+                reduced, rows = self._exchange(record, False, False) if group.active else (
+                    self._reduce_input(record, False), record[None, :])
+        finally:
+            if group.active:
+                group.give_back()  # the training thread's collectives may go on
+        return self._build(record, rows, reduced, batch, window)
+
+    def _exchange(self, record: np.ndarray, new: bool,
+                  hosts: bool) -> tuple[torch.Tensor, Union[np.ndarray, list[torch.Tensor]]]:
+        """The report's all-reduce and gather (and, with ``hosts``, the host names' gather), started
+        together and completed together: ``(reduced, gathered rows or this rank's record)``."""
+        group = self._group
         gloo = group.group()
         group.arrive()
-        what = 'reducing the rank report'
-        pending.reduced = self._reduce_input(pending.record, pending.new)
-        pending.works.append(group.start_all_reduce(pending.reduced, torch.distributed.ReduceOp.MAX, gloo, what))
-        if self._window == 0:
-            what_hosts = 'gathering host names for the rank report'
-            work, pending.host_rows = group.start_gather(_host_tensor(), gloo, what_hosts)
-            pending.works.append(work)
-        work, pending.rows = group.start_gather(torch.from_numpy(pending.record), gloo,
-                                                'gathering the rank report records')
-        pending.works.append(work)
+        reduced = self._reduce_input(record, new)
+        works = [group.start_all_reduce(reduced, torch.distributed.ReduceOp.MAX, gloo, 'reducing the rank report')]
+        host_rows: list[torch.Tensor] = []
+        if hosts:
+            work, host_rows = group.start_gather(_host_tensor(), gloo, 'gathering host names for the rank report')
+            works.append(work)
+        work, rows = group.start_gather(torch.from_numpy(record), gloo, 'gathering the rank report records')
+        works.append(work)
+        group.wait_all(works, 'completing the rank report')
+        if host_rows:
+            self._hosts = [bytes(row.numpy().tobytes()).rstrip(b'\0').decode(errors='replace') for row in host_rows]
+        return reduced, (rows or record[None, :])
 
-    def _harvest(self, logger: LoggerLike) -> None:
-        """Complete the started collectives (normally done already) and hand the report to the builder."""
-        pending, self._pending = self._pending, None
-        assert pending is not None and pending.record is not None
-        record = pending.record
-        rows: Union[np.ndarray, list[torch.Tensor]]
-        if pending.reduced is None:  # one process
-            reduced, rows = self._reduce_input(record, pending.new), record[None, :]
-            if self._window == 0:
-                self._hosts = [_HOST]
-        else:
-            self._group.wait_all(pending.works, 'completing the rank report')
-            reduced, rows = pending.reduced, (pending.rows or record[None, :])
-            if pending.host_rows:
-                self._hosts = [bytes(row.numpy().tobytes()).rstrip(b'\0').decode(errors='replace')
-                               for row in pending.host_rows]
-        if reduced.tolist()[-1] > 0:  # some rank has section names the layout lacks (the first report, mostly)
-            self._agree_on(sorted(set(pending.totals.sections) - set(self._layout)))
-            record = record_of(pending.totals, self._layout)
-            reduced = self._reduce(record)  # again, at once
-            rows = self._gather(record)
-        window, self._window = self._window, self._window + 1
-        # The completed collectives' tensors go to the builder as they are: turning them into the report's
-        # arrays is its work, not the training thread's.
-        self._builder.submit(record, rows, reduced, pending.batch, window, tuple(self._layout), tuple(self._hosts))
-
-    # ------------------------------------------------------------------ the builder thread
     def _build(self, record: np.ndarray, rows: Union[np.ndarray, list[torch.Tensor]], reduced: torch.Tensor,
-               batch: int, window: int, layout: Sequence[str],
-               hosts: Sequence[str]) -> tuple[RankReport, Optional[_Output]]:
-        """Build one report (in order: one builder thread) and, on rank zero, what it emits and the history line.
-
-        Everything here is the builder's alone (the trackers, the trend, the chronic set, the history file);
-        the training thread hands in copies (the layout and host names as they were) and the completed
-        collectives' tensors (``rows``: the gathered records, or a table already), and emits the output.
-        """
+               batch: int, window: int) -> tuple[RankReport, Optional[_Output]]:
+        """Build one report and, on rank zero, what it emits and the history line (``rows``: the gathered
+        records, or a table already)."""
+        layout, hosts = self._layout, self._hosts
         minima, maxima, _ = self._reduce_output(reduced)
         table = rows if isinstance(rows, np.ndarray) else torch.stack(rows).numpy()
         if self._rank != 0:
@@ -371,8 +348,7 @@ class RankReporter:
         line = straggler_line(report, self._verdicts) if chronic - self._named else None
         recovered = sorted(self._named - chronic)
         self._named = chronic
-        rows = table_rows(report)
-        output = _Output(batch, report_metrics(report), rows, line, recovered,
+        output = _Output(batch, report_metrics(report), table_rows(report), line, recovered,
                          self._write_history(report, table, layout, hosts))
         self._last = report
         return report, output
@@ -398,14 +374,15 @@ class RankReporter:
 
     # ------------------------------------------------------------------ back on the training thread
     def emit_built(self, logger: LoggerLike, wait: bool = False) -> None:
-        """Emit the reports the builder finished (all of them, waiting, with ``wait``), in order.
+        """Emit the reports the report thread finished (all of them, waiting, with ``wait``), in order.
 
         Raises:
+            DistributedLoggingError: a report's collectives failed (a rank did not take part in time).
             Exception: what building a report raised.
         """
-        builder = self._builder
-        while builder.outstanding and (wait or builder.ready()):
-            _, output = builder.result()  # building never waits for another rank: no timeout needed
+        jobs = self._jobs
+        while jobs.outstanding and (wait or jobs.ready()):
+            _, output = jobs.result()  # each report's collectives end by their deadline: no timeout needed
             if output is not None:
                 self._emit(logger, output)
 
@@ -425,12 +402,6 @@ class RankReporter:
         minima = np.where(np.isinf(out[count:2 * count]), np.nan, -out[count:2 * count])
         return minima, maxima, bool(out[-1] > 0)
 
-    def _reduce(self, record: np.ndarray) -> torch.Tensor:
-        """The all-reduce at once (after the section names changed): its result, for :meth:`_reduce_output`."""
-        tensor = self._reduce_input(record, False)
-        self._group.all_reduce(tensor, torch.distributed.ReduceOp.MAX, 'reducing the rank report')
-        return tensor
-
     def _agree_on(self, unknown: list[str]) -> None:
         """Some rank has section names the layout lacks: every rank adds the union, in one order."""
         gathered = self._group.all_gather_object(unknown, 'agreeing on section names for the rank report')
@@ -440,16 +411,6 @@ class RankReporter:
             self._warned_sections = True
             log.warning('rank report: more than %d section names; ignoring %s', MAX_SECTIONS, new[room:])
         self._layout.extend(new[:room])
-
-    def _gather(self, record: np.ndarray) -> np.ndarray:
-        group = self._group
-        if not group.active:
-            return record[None, :]
-        what = 'gathering the rank report records'
-        group.arrive()
-        work, rows = group.start_gather(torch.from_numpy(record), group.group(), what)
-        group.wait_all([work], what)
-        return torch.stack(rows).numpy() if self._rank == 0 else record[None, :]
 
     # ------------------------------------------------------------------ rank zero's output
     def _emit(self, logger: LoggerLike, output: '_Output') -> None:
@@ -466,25 +427,22 @@ class RankReporter:
 
     def _upload_history(self, logger: LoggerLike) -> None:
         if self._history is not None and logger.has_file_upload_destination():
-            with self._history_lock:  # a whole file: the builder appends under the same lock
+            with self._history_lock:  # a whole file: the report thread appends under the same lock
                 logger.upload_file(f'{self._run_name}/{HISTORY_NAME}', self._history.path, overwrite=True)
 
     def close(self, logger: LoggerLike) -> None:
-        """At the Logger's close, before its destinations close (rank zero does the work): upload the
-        history and log the heatmap as an image. Never raises for the image (it is a convenience).
-
-        A report started at the last step is completed first (every rank closes, so the started
-        collectives complete; only if section names changed in that window does it issue more).
+        """At the Logger's close, before its destinations close (rank zero does the work): wait for the reports
+        handed to the report thread (every rank closes, so their collectives complete; each waits at most
+        ``sync_timeout``) and emit them, stop the thread, release the report's group, upload the history and
+        log the heatmap as an image. Never raises for the image (it is a convenience).
 
         Raises:
-            DistributedLoggingError: completing that report failed (a rank did not take part).
+            DistributedLoggingError: a report could not complete (a rank did not take part).
         """
-        if self._pending is not None:
-            self._harvest(logger)
         try:
             self.emit_built(logger, wait=True)
         finally:
-            self._builder.close()
+            self._jobs.close()  # the reports after a failed one: each ends by its deadline
             self.timer.close()
         if self._history is None:
             return
@@ -498,7 +456,6 @@ class RankReporter:
                 logger.log_images(image, name='ranks/heatmap', channels_last=True, use_table=False)
             except (OSError, ValueError, KeyError) as exc:
                 log.warning('rank report: no heatmap image: %s', exc)
-
 
 
 def check_report_options(every: Any, options: Any) -> tuple[Optional[int], RankReportOptions]:
