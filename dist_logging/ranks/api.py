@@ -59,6 +59,10 @@ class RankReportMethods:
         the slowest ranks with their hosts, the stragglers and their verdicts (``chronic``,
         ``one-off``), e.g. ``report.chronic_hosts`` to exclude on restart. On other ranks it
         holds each series' minimum and maximum and this rank's own scores (``complete=False``).
+        Waits for a report the report thread is making (its collectives wait at most ``sync_timeout``).
+
+        Raises:
+            DistributedLoggingError: that report failed (a rank did not take part in time).
         """
         if self._ranks is None:
             return None
@@ -70,13 +74,15 @@ class RankReportMethods:
 
         Framework adapters whose framework moves the batch count call this once per optimizer step
         (:meth:`batch_end` does it itself; never both). Call it on every rank at the same steps:
-        every ``rank_report_every``-th call is the report's collective. Does nothing when reports are off.
+        every ``rank_report_every``-th call hands a window to the report thread, whose collectives need every
+        rank's. Does nothing when reports are off.
 
         Args:
             batch: the batch count to label a report with (default: the Logger's).
 
         Raises:
-            DistributedLoggingError: at a report, a rank did not take part within ``sync_timeout``.
+            DistributedLoggingError: an earlier report failed: a rank did not take part within ``sync_timeout``
+                (raised at the first call after the report thread gave up).
         """
         if self._ranks is not None:
             self._ranks.batch_end(self, batch)
