@@ -291,19 +291,11 @@ class RankReporter:
         group = self._group
         try:
             record = record_of(totals, self._layout)
-            new = bool(set(totals.sections) - set(self._layout))
-            if not group.active:  # one process: nothing to exchange
-                rows: Union[np.ndarray, list[torch.Tensor]] = record[None, :]
-                reduced = self._reduce_input(record, new)
-                if window == 0:
-                    self._hosts = [_HOST]
-            else:
-                reduced, rows = self._exchange(record, new, window == 0)
+            reduced, rows = self._exchange(record, bool(set(totals.sections) - set(self._layout)), window == 0)
             if reduced.tolist()[-1] > 0:  # some rank has section names the layout lacks (the first report, mostly)
                 self._agree_on(sorted(set(totals.sections) - set(self._layout)))
                 record = record_of(totals, self._layout)
-                reduced, rows = self._exchange(record, False, False) if group.active else (
-                    self._reduce_input(record, False), record[None, :])
+                reduced, rows = self._exchange(record, False, False)
         finally:
             if group.active:
                 group.give_back()  # the training thread's collectives may go on
@@ -312,11 +304,16 @@ class RankReporter:
     def _exchange(self, record: np.ndarray, new: bool,
                   hosts: bool) -> tuple[torch.Tensor, Union[np.ndarray, list[torch.Tensor]]]:
         """The report's all-reduce and gather (and, with ``hosts``, the host names' gather), started
-        together and completed together: ``(reduced, gathered rows or this rank's record)``."""
+        together and completed together: ``(reduced, gathered rows or this rank's record)``; with one
+        process, the same without communicating."""
         group = self._group
+        reduced = self._reduce_input(record, new)
+        if not group.active:
+            if hosts:
+                self._hosts = [_HOST]
+            return reduced, record[None, :]
         gloo = group.group()
         group.arrive()
-        reduced = self._reduce_input(record, new)
         works = [group.start_all_reduce(reduced, torch.distributed.ReduceOp.MAX, gloo, 'reducing the rank report')]
         host_rows: list[torch.Tensor] = []
         if hosts:
@@ -433,8 +430,8 @@ class RankReporter:
     def close(self, logger: LoggerLike) -> None:
         """At the Logger's close, before its destinations close (rank zero does the work): wait for the reports
         handed to the report thread (every rank closes, so their collectives complete; each waits at most
-        ``sync_timeout``) and emit them, stop the thread, release the report's group, upload the history and
-        log the heatmap as an image. Never raises for the image (it is a convenience).
+        ``sync_timeout``) and emit them, stop the thread, upload the history and log the heatmap as an image.
+        Never raises for the image (it is a convenience).
 
         Raises:
             DistributedLoggingError: a report could not complete (a rank did not take part).
