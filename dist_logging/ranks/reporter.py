@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from dist_logging import dist
+from dist_logging.ranks._core import NullSectionCore
 from dist_logging.ranks._report_thread import ReportThread
 from dist_logging.ranks.history import HISTORY_NAME, HistoryWriter, private_history_path, read_history
 from dist_logging.ranks.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, own_series, record_of,
@@ -133,20 +134,17 @@ def check_report_every(every: Any) -> Optional[int]:
     return every
 
 
-class NullSection:
-    """What :meth:`Logger.section` returns when rank reports are off: checks the name, times nothing."""
+class NullSection(NullSectionCore):
+    """What :meth:`Logger.section` returns when rank reports are off: checks the name, times nothing.
+
+    Its with-statement is the core's (compiled when built, like the timed sections': see ``_core.py``).
+    """
 
     __slots__ = ('name', 'wait')
 
     def __init__(self, name: str, wait: bool = False):
         self.name = check_section_name(name)
         self.wait = bool(wait)
-
-    def __enter__(self) -> 'NullSection':
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
     def __call__(self, fn: Any) -> Any:
         """As a decorator: ``fn`` itself (nothing to time)."""

@@ -20,8 +20,10 @@ from __future__ import annotations
 import functools
 import os
 import re
-import time
 from typing import Any, Callable, Optional
+
+from dist_logging.ranks._core import ACCELERATED, SectionCore, TimerCore
+from dist_logging.ranks._core import clock as core_clock
 
 __all__ = ['Section', 'SectionTimer', 'WindowTotals', 'check_section_name', 'RESERVED_NAMES']
 
@@ -109,7 +111,7 @@ class WindowTotals:
                 f'sections={self.sections})')
 
 
-class Section:
+class Section(SectionCore):
     """A named block timed on this rank: a context manager, a decorator, or ``start()``/``stop()``.
 
     Get one from :meth:`dist_logging.Logger.section`; the same object may be entered again
@@ -123,9 +125,9 @@ class Section:
             counted as waiting, not as busy time.
     """
 
-    # Slots, and the window's seconds kept on the section itself: the with-statement is the hot path, and
-    # after a step's device wait it runs with cold caches, so it touches as few objects as it can.
-    __slots__ = ('_timer', 'name', 'wait', '_opened', '_stack', '_clock', '_top', '_seconds', '_entered', '_wall')
+    # The with-statement (__enter__/__exit__) comes from the core (_core.py): compiled when built. The
+    # window's seconds are kept on the section itself: the hot path touches as few objects as it can.
+    __slots__ = ('name', '_opened')
 
     def __init__(self, timer: 'SectionTimer', name: str, wait: bool = False):
         self._timer = timer
@@ -133,38 +135,12 @@ class Section:
         self.wait = bool(wait)
         self._opened = 0  # start() calls not yet stopped, for start()/stop() users (framework hooks)
         # For the outermost section on the wall clock (the common case), __enter__ pushes the frame
-        # itself: one Python frame instead of two (the timer's frame list is never replaced).
+        # itself (the timer's frame list is never replaced).
         self._stack, self._clock = timer._stack, timer._clock
         self._top = _NONE if self.wait else _ADD
         self._seconds = 0.0  # on the wall clock, in the current window (read and reset by SectionTimer.take)
         self._entered = False  # closed at least once in the current window
-        self._wall = timer._cuda is False  # timed on the wall clock for sure (set by the timer once it knows)
-
-    def __enter__(self) -> 'Section':
-        stack = self._stack
-        if stack or not self._wall:
-            self._timer.enter(self)
-        else:  # what SectionTimer.enter does for an outermost frame without CUDA
-            stack.append((self, self._clock(), self._top, self.wait, None))
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        stack = self._stack
-        if len(stack) == 1:  # the outermost frame on the wall clock: SectionTimer.exit's work, inline
-            frame = stack[0]
-            if frame[0] is self and frame[4] is None:
-                seconds = self._clock() - frame[1]
-                stack.pop()
-                self._seconds += seconds
-                self._entered = True
-                if frame[2] == _ADD:
-                    timer = self._timer
-                    timer._busy += seconds
-                    timer.work_marked = True
-                elif frame[3]:  # a top-level wait
-                    self._timer._wait += seconds
-                return
-        self._timer.exit(self)
+        self._wall = timer._inline()  # the core may time it inline (set again by the timer once it knows)
 
     def __call__(self, fn: Callable) -> Callable:
         """Use the section as a decorator: every call of ``fn`` is timed."""
@@ -200,7 +176,7 @@ class Section:
         return f'Section({self.name!r}, wait={self.wait})'
 
 
-class SectionTimer:
+class SectionTimer(TimerCore):
     """Accumulates this rank's section times, the window's wall time and the Logger's collective time.
 
     Call everything from one thread (the training thread). Nothing here communicates.
@@ -209,7 +185,9 @@ class SectionTimer:
         device: ``'cpu'`` (wall clock), ``'cuda'`` (CUDA events, read later), or ``'auto'``:
             CUDA events when CUDA is initialized when the first section opens, else wall clock.
         memory: whether :meth:`take` measures memory (peak CUDA allocated, else RSS).
-        clock: the wall clock (seconds); tests pass their own.
+        clock: the wall clock (seconds); None for the core's (:func:`dist_logging.ranks._core.clock`,
+            the monotonic clock ``time.perf_counter`` reads). Tests pass their own; sections of a timer
+            with its own clock always run the Python path.
 
     Attributes:
         work_marked: whether a work section closed in the current window (busy time then comes
@@ -219,16 +197,16 @@ class SectionTimer:
         ValueError: an unknown ``device``.
     """
 
-    __slots__ = ('_device', '_memory', '_clock', '_sections', '_late', '_stack', '_busy', '_wait', 'work_marked',
-                 '_collective', '_steps', '_window_start', '_per_step', '_mark', '_mark_busy', '_cuda', '_events',
+    # _busy, _wait and work_marked are the core's (TimerCore), where the compiled sections add to them.
+    __slots__ = ('_device', '_memory', '_clock', '_sections', '_late', '_stack', '_collective', '_steps', '_window_start', '_per_step', '_mark', '_mark_busy', '_cuda', '_events',
                  '_resident')
 
-    def __init__(self, device: str = 'auto', memory: bool = True, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, device: str = 'auto', memory: bool = True, clock: Optional[Callable[[], float]] = None):
         if device not in ('auto', 'cpu', 'cuda'):
             raise ValueError(f"section timing device must be 'auto', 'cpu' or 'cuda', got {device!r}")
         self._device = device
         self._memory = bool(memory)
-        self._clock = clock
+        self._clock = clock = core_clock if clock is None else clock
         self._sections: dict[tuple[str, bool], Section] = {}
         self._late: dict[str, float] = {}  # section name -> seconds read from CUDA events in this window
         self._stack: list[tuple[Section, float, int, bool, Any]] = []  # the open frames, outermost first
@@ -262,6 +240,11 @@ class SectionTimer:
             found = self._sections[key] = Section(self, name, bool(wait))
         return found
 
+    def _inline(self) -> bool:
+        """Whether sections may time themselves inline (the core's outermost frame on the wall clock): not
+        on CUDA, and (compiled core) the timer reads the core's clock."""
+        return self._cuda is False and (not ACCELERATED or self._clock is core_clock)
+
     def enter(self, section: Section) -> None:
         """Open a frame for ``section`` (called by :class:`Section`)."""
         # Frames are (section, start, contribution, inside_wait, start_event).
@@ -281,7 +264,7 @@ class SectionTimer:
             self._cuda = _cuda_ready()
             if not self._cuda:
                 for known in self._sections.values():
-                    known._wall = True
+                    known._wall = self._inline()
         event = self._device_events().record() if self._cuda else None
         stack.append((section, self._clock(), contribution, inside_wait, event))
 
