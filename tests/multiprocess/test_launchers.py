@@ -1,6 +1,6 @@
 """Real launchers without torchrun (issue 21): a private one-node SLURM (srun -n 2, srun -n 4, sbatch) and
 Open MPI's mpirun, each running launcher_scenario.py: setup_logging first, then init_process_group_from_env,
-log, reduce a metric, upload a per-rank file.
+log, reduce a metric, upload a per-rank file, time a section with rank reports on (issue 32).
 
 Checked each time: the launcher is detected before the process group exists, console lines are printed
 once, one file per rank (locally and in the bucket), the reduced value is right, the run name is the
@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -59,7 +60,9 @@ def _check_job(root: pathlib.Path, n: int, launcher: str, console: str) -> dict[
         assert f'hello from rank {rank} of {n}' in pathlib.Path(out['python_log']).read_text()
     # one file per rank, locally and in the bucket
     assert sorted(p.name for p in (root / 'local' / run_name).glob('*.txt')) == [f'rank{r}.txt' for r in range(n)]
-    assert sorted(p.name for p in (root / 'bucket' / run_name).iterdir()) == [f'rank{r}.txt' for r in range(n)]
+    uploaded = {p.name for p in (root / 'bucket' / run_name).iterdir()}
+    assert sorted(p for p in uploaded if p.endswith('.txt')) == [f'rank{r}.txt' for r in range(n)]
+    assert 'rank_history.jsonl' in uploaded, uploaded  # the rank reports' history, uploaded by rank zero
     for rank in range(n):
         assert f'my_rank: {rank} ' in (root / 'bucket' / run_name / f'rank{rank}.txt').read_text()
     # the reduced value (sum of rank + 1), emitted on rank zero
@@ -68,6 +71,14 @@ def _check_job(root: pathlib.Path, n: int, launcher: str, console: str) -> dict[
     # console: printed once (rank zero), not once per rank
     assert console.count('scenario: hello from rank') == 1, console
     assert 'hello from rank 0' in console
+    # rank reports: the second report (batch 5 is not one: every 2 steps after the warm-up step) on every rank;
+    # rank zero's is complete and names every rank with its host
+    host = socket.gethostname()
+    for rank, out in outputs.items():
+        report = out['report']
+        assert (report['batch'], report['world_size'], report['own_rank'], report['own_host']) == (4, n, rank, host)
+        assert report['complete'] == (rank == 0) and 'work' in report['series'] and 'busy' in report['series']
+    assert outputs[0]['report']['slowest'] == [[r, host] for r in range(min(n, 5))], outputs[0]['report']
     return outputs
 
 
