@@ -164,7 +164,8 @@ def run_loop(logger: Any, steps: int, slow: float, args: Any, rng: random.Random
     # the whole Logger's time, less what the instrument in front of the reporter added to it
     return {'wall_s': elapsed, 'step_ms': elapsed / steps * 1e3,
             'logger_us_per_step': (inside_wall - probe_wall) / steps * 1e6,
-            'logger_cpu_us_per_step': (inside_cpu - probe_cpu) / steps * 1e6, 'sections_cpu_us_per_step': sections_cpu / steps * 1e6,
+            'logger_cpu_us_per_step': (inside_cpu - probe_cpu) / steps * 1e6,
+            'sections_cpu_us_per_step': sections_cpu / steps * 1e6,
             'reporter_cpu_us_per_step': reporter_cpu / steps * 1e6,
             'reporter_wall_us_per_step': reporter_wall / steps * 1e6}
 

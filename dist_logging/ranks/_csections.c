@@ -239,7 +239,8 @@ static PyTypeObject NullSectionCoreType = {
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef module_methods[] = {
-    {"clock", clock_now, METH_NOARGS, "Seconds on the monotonic clock (CLOCK_MONOTONIC, what time.perf_counter reads on Linux)."},
+    {"clock", clock_now, METH_NOARGS,
+     "Seconds on the monotonic clock (CLOCK_MONOTONIC, what time.perf_counter reads on Linux)."},
     {NULL},
 };
 

@@ -198,8 +198,8 @@ class SectionTimer(TimerCore):
     """
 
     # _busy, _wait and work_marked are the core's (TimerCore), where the compiled sections add to them.
-    __slots__ = ('_device', '_memory', '_clock', '_sections', '_late', '_stack', '_collective', '_steps', '_window_start', '_per_step', '_mark', '_mark_busy', '_cuda', '_events',
-                 '_resident')
+    __slots__ = ('_device', '_memory', '_clock', '_sections', '_late', '_stack', '_collective', '_steps',
+                 '_window_start', '_per_step', '_mark', '_mark_busy', '_cuda', '_events', '_resident')
 
     def __init__(self, device: str = 'auto', memory: bool = True, clock: Optional[Callable[[], float]] = None):
         if device not in ('auto', 'cpu', 'cuda'):
