@@ -41,9 +41,23 @@ class Timestamp:
                 raise ValueError(f'Timestamp.{field.name} must be >= 0, got {value!r}')
 
     def to_next_batch(self, samples: int = 0, tokens: int = 0, duration: float = 0.0) -> 'Timestamp':
-        """The timestamp after one more batch of ``samples`` samples and ``tokens`` tokens."""
-        return dataclasses.replace(
-            self,
+        """The timestamp after one more batch of ``samples`` samples and ``tokens`` tokens, lasting ``duration`` s.
+
+        Raises:
+            ValueError: ``samples`` or ``tokens`` not a non-negative int, or ``duration`` not a
+                non-negative number.
+        """
+        for name, value in (('samples', samples), ('tokens', tokens)):
+            if type(value) is not int or value < 0:  # bool excluded; exact int: the common case, checked fast
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f'{name} must be a non-negative int, got {value!r}')
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or duration < 0:
+            raise ValueError(f'duration must be a non-negative number of seconds, got {duration!r}')
+        # Called at every batch_end: the fields are built here from this (valid) timestamp and the checked
+        # increments, so they need not be checked again (dataclasses.replace would, field by field).
+        following = object.__new__(Timestamp)
+        following.__dict__.update(
+            epoch=self.epoch,
             batch=self.batch + 1,
             batch_in_epoch=self.batch_in_epoch + 1,
             sample=self.sample + samples,
@@ -54,6 +68,7 @@ class Timestamp:
             epoch_wct=self.epoch_wct + duration,
             batch_wct=duration,
         )
+        return following
 
     def to_next_epoch(self) -> 'Timestamp':
         """The timestamp at the start of the next epoch (per-epoch counters reset)."""
@@ -76,10 +91,11 @@ class State:
         self._last_mark = time.monotonic()
 
     def advance_batch(self, samples: int = 0, tokens: int = 0) -> None:
-        """Count one finished batch; its duration is the time since the previous mark."""
-        for name, value in (('samples', samples), ('tokens', tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f'{name} must be a non-negative int, got {value!r}')
+        """Count one finished batch; its duration is the time since the previous mark.
+
+        Raises:
+            ValueError: ``samples`` or ``tokens`` not a non-negative int.
+        """
         now = time.monotonic()
         self.timestamp = self.timestamp.to_next_batch(samples, tokens, now - self._last_mark)
         self._last_mark = now
