@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         run_name = os.environ.get('DIST_LOGGING_RUN_NAME') or time.strftime('demo-%Y%m%d-%H%M%S')
         env = dict(os.environ, DIST_LOGGING_RUN_NAME=run_name,
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')])))
+        # The job's machine-wide state (upload caps, download locks) in the work folder too, not in the
+        # system temp folder's per-user base: the demo leaves nothing outside the folder it names.
+        env.setdefault('DIST_LOGGING_TMPDIR', str(workdir / '.dist_logging'))
         print('$ ' + ' '.join(cmd), flush=True)
         returncode = subprocess.call(cmd, cwd=workdir, env=env)
         if returncode != 0:
