@@ -48,9 +48,8 @@ class Timestamp:
                 non-negative number.
         """
         for name, value in (('samples', samples), ('tokens', tokens)):
-            if type(value) is not int or value < 0:  # bool excluded; exact int: the common case, checked fast
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise ValueError(f'{name} must be a non-negative int, got {value!r}')
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f'{name} must be a non-negative int, got {value!r}')
         if isinstance(duration, bool) or not isinstance(duration, (int, float)) or duration < 0:
             raise ValueError(f'duration must be a non-negative number of seconds, got {duration!r}')
         # Called at every batch_end: the fields are built here from this (valid) timestamp and the checked

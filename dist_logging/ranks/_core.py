@@ -73,12 +73,13 @@ class _PyNullSectionCore:
 
 
 def _load() -> tuple[bool, Any, Any, Any, Any]:
+    python = (False, _PyTimerCore, _PySectionCore, _PyNullSectionCore, time.perf_counter)
     if os.environ.get('DIST_LOGGING_NO_EXTENSIONS', '').strip() not in ('', '0'):
-        return False, _PyTimerCore, _PySectionCore, _PyNullSectionCore, time.perf_counter
+        return python
     try:
         from dist_logging.ranks import _csections
-    except ImportError:  # not built (no compiler at install, or not POSIX): the Python classes
-        return False, _PyTimerCore, _PySectionCore, _PyNullSectionCore, time.perf_counter
+    except ImportError:  # not built (no compiler at install, or not POSIX)
+        return python
     return True, _csections.TimerCore, _csections.SectionCore, _csections.NullSectionCore, _csections.clock
 
 
