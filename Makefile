@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 NPROC ?= 2
-EXTRAS ?= s3,tensorboard,mlflow,bench,fsspec,wandb,lightning,transformers,accelerate,comet,neptune,test
+EXTRAS ?= s3,tensorboard,mlflow,bench,fsspec,wandb,lightning,transformers,accelerate,comet,neptune,system,prometheus,test
 
 .PHONY: install system-packages demo test bench clean
 
@@ -19,13 +19,15 @@ $(VENV)/.installed: pyproject.toml Makefile setup.py dist_logging/ranks/_csectio
 install: $(VENV)/.installed system-packages
 
 # What the real-launcher tests start (tests/multiprocess/test_launchers.py): Debian's SLURM, munge and
-# Open MPI. Installed only as root, only when missing; never fails the install (the tests skip, saying why).
-SYSTEM_PACKAGES ?= slurm-wlm munge openmpi-bin
+# Open MPI; and the Prometheus server the telemetry tests scrape with (tests/telemetry/).
+# Installed only as root, only when missing; never fails the install (the tests skip, saying why).
+SYSTEM_PACKAGES ?= slurm-wlm munge openmpi-bin prometheus
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-	    ! { command -v slurmctld && command -v slurmd && command -v munged && command -v mpirun; } >/dev/null 2>&1; then \
+	    ! { command -v slurmctld && command -v slurmd && command -v munged && command -v mpirun && \
+	        command -v prometheus; } >/dev/null 2>&1; then \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES); } \
-	    || echo 'make: could not install $(SYSTEM_PACKAGES): the SLURM/MPI tests will skip'; \
+	    || echo 'make: could not install $(SYSTEM_PACKAGES): the SLURM/MPI/Prometheus tests will skip'; \
 	fi
 
 demo: install

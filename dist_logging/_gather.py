@@ -70,6 +70,7 @@ from dist_logging import dist
 from dist_logging._gather_pack import (_ACC, _COUNT, _HEADER, _SPEC, _STEP, _TENSORS, REDUCTIONS, Results,
                                        _combine, _group_results, _Layout, _local_results, _pack, _scatter, _table,
                                        _values, _vector)
+from dist_logging._logger.summaries import summarize_gathered
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.errors import DistributedLoggingError
 
@@ -170,6 +171,10 @@ class MetricGatherer:
         self._keep_tensors = False
         self.last_had_data: Optional[bool] = None
         self.flushes_issued = 0
+        # Above this many ranks, rank zero summarizes gathered keys (see _logger.summaries); the
+        # per-rank values it took out wait in per_rank for the Logger.
+        self.summarize_above: Optional[int] = None
+        self.per_rank: dict[str, dict[int, tuple[float, float, float]]] = {}
 
     # ------------------------------------------------------------------ buffering (no collective)
     def add(self, metrics: Mapping[str, Any], step: Optional[int], reduce: str, level: int = 3) -> None:
@@ -416,6 +421,10 @@ class MetricGatherer:
             values.update(new_values)
             used_by_key = dict(zip(layout.keys, used))
             used_by_key.update(new_used)
+        if emit_rank and self.summarize_above is not None and values and self._group.active \
+                and torch_dist.get_world_size() > self.summarize_above:
+            gather_keys = [k for k, op in (layout_dict or layout.as_dict()).items() if op == 'gather']
+            self.per_rank.update(summarize_gathered(values, gather_keys, torch_dist.get_world_size()))
         if layout_dict is not None:
             self._set_layout(layout_dict, used_by_key)
         else:

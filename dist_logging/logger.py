@@ -10,6 +10,7 @@ and combined across ranks by :meth:`Logger.flush`.
 from __future__ import annotations
 
 import pathlib
+import time
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -19,12 +20,14 @@ from dist_logging._logger.config_load import build_logger
 from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
 from dist_logging._logger.routing import CLOSED_MESSAGE, ClosedRoutes, Router
 from dist_logging._logger.run_name import resolve_run_name
+from dist_logging._logger.summaries import DEFAULT_GATHER_SUMMARY_ABOVE, check_summary_above, per_rank_groups
 from dist_logging._values import check_metric_key, check_table, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
 from dist_logging.ranks.api import RankReportMethods
 from dist_logging.ranks.reporter import RankReportOptions, make_reporter
 from dist_logging.redaction import RedactOption, build_redactor
 from dist_logging.state import State
+from dist_logging.telemetry.hub import Telemetry, TelemetryOptions
 
 __all__ = ['Logger']
 
@@ -61,10 +64,25 @@ class Logger(RankReportMethods):
             :meth:`section`) and report the spread and the stragglers on rank zero (a collective;
             none in between). None (default): off. See docs/stragglers.md.
         rank_report_options: a :class:`~dist_logging.ranks.RankReportOptions` or a mapping of its fields.
+        system_metrics_every: seconds between samples of each node's CPU, memory, disk, network (and GPUs,
+            with NVML), taken off the training thread by each node's local-zero rank; rank zero's destinations
+            get them as ``system/{host}/{metric}`` at its next ``batch_end``. None (default): off. Needs
+            ``pip install "dist-logging[system]"``. See docs/telemetry.md.
+        metrics_port: rank zero serves Prometheus metrics (every rank's progress and pending uploads, every
+            node's system metrics) at ``http://<host>:<port>/metrics`` from a thread of its own (0: any
+            free port, see :attr:`metrics_url`). None (default): off. Needs ``pip install
+            "dist-logging[prometheus]"``. Read-only and unauthenticated: see docs/telemetry.md.
+        metrics_host: the address the endpoint binds (default ``'0.0.0.0'``, every interface;
+            ``'127.0.0.1'``: this host only).
+        gather_summary_above: above this many ranks, keys logged with ``reduce='gather'`` reach trackers as
+            summaries (min, median, p90, max, argmin and argmax rank) and their per-rank values go only to
+            destinations keeping per-rank series (files) and to the endpoint; None: never. See docs/gather.md.
 
     Raises:
         TypeError: a destination that is not a :class:`LoggerDestination`.
-        ValueError: a bad run name, rank policy, or timeout.
+        ValueError: a bad run name, rank policy, timeout or telemetry setting.
+        OSError: (rank zero) ``metrics_port`` is in use.
+        ImportError: psutil or prometheus_client is missing for the telemetry asked for.
     """
 
     def __init__(
@@ -79,6 +97,10 @@ class Logger(RankReportMethods):
         flush_every: int = 1,
         rank_report_every: Optional[int] = None,
         rank_report_options: Union[RankReportOptions, Mapping[str, Any], None] = None,
+        system_metrics_every: Optional[float] = None,
+        metrics_port: Optional[int] = None,
+        metrics_host: str = '0.0.0.0',
+        gather_summary_above: Optional[int] = DEFAULT_GATHER_SUMMARY_ABOVE,
     ):
         if destinations is None:
             destinations = ()
@@ -90,6 +112,8 @@ class Logger(RankReportMethods):
                 raise TypeError(f'destinations[{index}] is a {type(destination).__name__}, not a LoggerDestination')
             validate_ranks(getattr(destination, 'ranks', 'zero'), f'destinations[{index}] ({type(destination).__name__})')
             LogLevel.parse(destination.log_level)
+        telemetry_options = TelemetryOptions(system_metrics_every, metrics_port, metrics_host)
+        summarize_above = check_summary_above(gather_summary_above)
         self._group = dist.LoggingGroup(sync_timeout)
         self._redact = build_redactor(redact)
         self.auto_flush = bool(auto_flush)
@@ -111,6 +135,15 @@ class Logger(RankReportMethods):
         self._dispatch = self._router.dispatch
         self._record_failure = self._router.record_failure
         self._gatherer = MetricGatherer(self._group)
+        self._gatherer.summarize_above = summarize_above
+        self._checkpoint_commit: Optional[tuple[int, float]] = None
+        self._telemetry: Optional[Telemetry] = None
+        if telemetry_options.enabled:
+            try:
+                self._telemetry = self._start_telemetry(telemetry_options)
+            except BaseException:  # e.g. the port is in use: nothing of this Logger stays behind
+                self._group.destroy()
+                raise
 
         self.run_event(Event.INIT)
         if log_run_info:
@@ -126,6 +159,40 @@ class Logger(RankReportMethods):
     def active_destinations(self) -> tuple[LoggerDestination, ...]:
         """The destinations this rank calls (its policy includes this rank)."""
         return self._router.active
+
+    @property
+    def metrics_url(self) -> Optional[str]:
+        """Where the Prometheus endpoint answers (rank zero, with ``metrics_port``), else None."""
+        return self._telemetry.url if self._telemetry is not None else None
+
+    def _start_telemetry(self, options: TelemetryOptions) -> Telemetry:
+        def uploaders() -> list:
+            found = (getattr(destination, 'uploader', None) for destination in self._router.active)
+            return [uploader for uploader in found if hasattr(uploader, 'pending_stats')]
+
+        def stragglers() -> Optional[dict[int, int]]:
+            report = self._ranks.last if self._ranks is not None else None
+            if report is None or not report.complete:
+                return None if self._ranks is None else {}
+            return {entry.rank: 1 for entry in report.chronic}
+
+        return Telemetry(options, self._group.store_line(), dist.get_global_rank(), dist.get_world_size(),
+                         dist.get_local_rank(), dist.get_node_rank(), dist.get_num_nodes(), uploaders,
+                         lambda: self._checkpoint_commit, stragglers)
+
+    def note_checkpoint_committed(self, checkpoint_id: str, step: Optional[int] = None) -> None:
+        """Record a committed checkpoint for the endpoint (``CheckpointWriter`` calls it; any thread).
+
+        Args:
+            checkpoint_id: the checkpoint's id (its step is read from ``step<digits>`` in it when ``step`` is None).
+            step: the checkpoint's step (default: from the id, else this Logger's batch count).
+        """
+        if step is None:
+            import re
+
+            found = re.findall(r'step(\d+)', str(checkpoint_id))
+            step = int(found[-1]) if found else self.state.timestamp.batch
+        self._checkpoint_commit = (int(step), time.time())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -403,6 +470,18 @@ class Logger(RankReportMethods):
         if self._is_global_zero:
             for metrics, step, level in results:
                 self._dispatch(self._routes[level], 'log_metrics', metrics, batch if step is None else step)
+            if self._gatherer.per_rank:  # summarized for trackers: the per-rank values to files and the endpoint
+                self._emit_per_rank(batch)
+
+    def _emit_per_rank(self, batch: int) -> None:
+        taken, self._gatherer.per_rank = self._gatherer.per_rank, {}
+        for metrics, step, level in per_rank_groups(taken):
+            destinations = [d for d in self._routes[level] if getattr(d, 'per_rank_series', False)]
+            if destinations:
+                self._dispatch(destinations, 'log_metrics', metrics, batch if step is None else step)
+        if self._telemetry is not None:
+            self._telemetry.note_gathered({key: {rank: entry[0] for rank, entry in values.items()}
+                                           for key, values in taken.items()})
 
     # ------------------------------------------------------------------ lifecycle
     def run_event(self, event: Union[Event, str]) -> None:
@@ -470,6 +549,10 @@ class Logger(RankReportMethods):
         if self._ranks is not None:  # every rank_report_every batches, a collective (see docs/stragglers.md)
             self._ranks.batch_end(self)
         self.run_event(Event.BATCH_END)
+        if self._telemetry is not None:  # progress for the heartbeats; on rank zero, node samples to emit
+            nodes = self._telemetry.batch_end(self.state.timestamp.batch)
+            if nodes and self._batch_routes:
+                self._dispatch(self._batch_routes, 'log_metrics', nodes, self.state.timestamp.batch)
 
     def epoch_end(self) -> None:
         """An epoch ended: flush (unless ``auto_flush=False``), advance the epoch, notify destinations.
@@ -519,6 +602,8 @@ class Logger(RankReportMethods):
                 self._ranks.close(self)
             except Exception as exc:  # noqa: BLE001 - destinations still get closed, then it is raised
                 gather_error = gather_error or exc
+        if self._telemetry is not None:
+            self._telemetry.close()
         self._closed = True
         self._routes = ClosedRoutes()  # type: ignore[assignment]
         self._batch_routes = None

@@ -488,6 +488,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 self._pending_metrics.append({'checkpoint/commit_s': timing.commit_s})
         if error is None:
             log.info('checkpoint %r committed', intent.checkpoint_id)
+            note = getattr(self.logger, 'note_checkpoint_committed', None)
+            if note is not None:  # the Logger's Prometheus endpoint shows the last commit
+                note(intent.checkpoint_id)
             return
         if resumed:
             log.warning('checkpoint %r left by an earlier process is still not committable: %s (its intent stays '

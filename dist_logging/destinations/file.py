@@ -104,6 +104,9 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             template that cannot tell ranks apart under ``ranks='all'``/``'local_zero'`` (names it).
     """
 
+    # Keeps per-rank series: above gather_summary_above ranks it still gets every key/rank{r} (docs/gather.md).
+    per_rank_series = True
+
     def __init__(self, filename: str = '{run_name}/logs-rank{rank}.txt', remote_file_name: Optional[str] = None,
                  format: str = 'text', flush_interval: int = 100, log_traces: bool = True,
                  table_format: str = 'jsonl', ranks: str = 'all', log_level: Any = None,

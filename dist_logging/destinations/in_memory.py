@@ -39,6 +39,9 @@ class InMemoryLogger(LoggerDestination):
         log_level: highest :class:`~dist_logging.LogLevel` taken (default: all).
     """
 
+    # Keeps per-rank series: above gather_summary_above ranks it still gets every key/rank{r} (docs/gather.md).
+    per_rank_series = True
+
     def __init__(self, ranks: str = 'zero', log_level: Any = None, optional: Optional[bool] = None):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         self.hyperparameters: dict[str, Any] = {}

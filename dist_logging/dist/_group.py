@@ -245,6 +245,13 @@ class LoggingGroup:
                 self._line = False
         return self._line
 
+    def store_line(self) -> Optional[StoreLine]:
+        """This process's line to the rendezvous store (see :mod:`dist_logging.dist._watch`), None without a store.
+
+        Telemetry publishes its heartbeats on the line's beats and reads them back through it.
+        """
+        return self._get_line() or None
+
     def _read(self, line: StoreLine) -> Read:
         return line.call(line.read_beats, STORE_ANSWER_SECONDS)
 

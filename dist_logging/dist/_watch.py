@@ -136,6 +136,8 @@ class StoreLine:
         self._calls: 'queue.SimpleQueue[Any]' = queue.SimpleQueue()
         self._busy_since: Optional[float] = None
         self._count = 0
+        # name -> fn() returning a value: written as '<prefix><name>/<rank>' at each beat (telemetry).
+        self._publishers: dict[str, Callable[[], Optional[str]]] = {}
         self._thread = threading.Thread(target=self._run, name='dist_logging-store', daemon=True)
         self._thread.start()
 
@@ -167,6 +169,21 @@ class StoreLine:
         """This rank entered collective number ``sequence`` of logging group ``group_id`` (no store call)."""
         self.sequences[group_id] = sequence
         self.last_entered = time.monotonic()
+
+    def add_publisher(self, name: str, fn: Callable[[], Optional[str]]) -> None:
+        """At each beat, also write ``fn()`` (unless None) as ``<prefix><name>/<rank>`` (on the line's thread).
+
+        ``fn`` must be quick and must not block; an exception it raises skips its write for that beat.
+        """
+        self._publishers = {**self._publishers, name: fn}
+
+    def remove_publisher(self, name: str) -> None:
+        """Stop writing ``name`` (no error when it is not published)."""
+        self._publishers = {k: v for k, v in self._publishers.items() if k != name}
+
+    def read_values(self, store: Any, keys: list[str]) -> list[Optional[bytes]]:
+        """(On the line's thread, e.g. in a :meth:`call`.) The values of ``keys``, None for a missing key."""
+        return self._read(store, keys)
 
     def read_beats(self, store: Any) -> tuple[float, dict[int, Beat], set[int]]:
         """(On the line's thread.) ``(monotonic time, rank -> latest beat, ranks that said bye)``."""
@@ -215,6 +232,13 @@ class StoreLine:
         sequences = ','.join(f'{g}:{s}' for g, s in sorted(self.sequences.items()))
         self._store.set(f'{self.prefix}beat/{self.rank}',
                         f'{self._count} {time.time():.3f} {idle:.3f} {int(bool(self.waiting))} {sequences}')
+        for name, fn in self._publishers.items():
+            try:
+                value = fn()
+            except Exception:  # noqa: BLE001 - a publisher's bug must not stop the beats
+                continue
+            if value is not None:
+                self._store.set(f'{self.prefix}{name}/{self.rank}', value)
         self.read_roster(self._store)
 
     def read_roster(self, store: Any) -> None:

@@ -17,6 +17,7 @@ import logging
 import os
 import pickle
 import threading
+import time
 import warnings
 from typing import Any, Callable, Mapping, Optional, Union
 
@@ -173,6 +174,7 @@ class Uploader:
         self._staged_bytes = 0
         self._counted: dict[int, int] = {}
         self._warned_full = False
+        self._pending_since: dict[int, tuple[float, int]] = {}  # upload id -> (time.time() queued, bytes)
         self._landed_listeners: list[Callable[[str], None]] = []
         self._close_hooks: list[Callable[[bool], None]] = []
 
@@ -342,8 +344,9 @@ class Uploader:
                 self._recent_names.pop(order.popleft(), None)
         if callback is not None:
             self._callbacks[upload_id] = callback
-        if size > 0:
-            with self._budget:
+        with self._budget:
+            self._pending_since[upload_id] = (time.time(), max(size, 0))
+            if size > 0:
                 self._staged_bytes += size
                 self._counted[upload_id] = size
         scheduler.submit(UploadTask(upload_id, name, snapshot, size, overwrite, owned=copy,  # type: ignore[union-attr]
@@ -445,8 +448,24 @@ class Uploader:
         """Block until every upload queued so far landed or failed; False on timeout (never raises for failures)."""
         return self._scheduler.wait(timeout) if self._scheduler is not None else True
 
+    def pending_stats(self) -> tuple[int, int, float]:
+        """The uploads queued by :meth:`enqueue` that have not landed or failed yet (any thread may call it).
+
+        Returns:
+            ``(count, bytes, age of the oldest in seconds)``; ``(0, 0, 0.0)`` when none is pending.
+            ``bytes`` counts the files whose size is known (copies, and links given a ``size``).
+        """
+        with self._budget:
+            pending = list(self._pending_since.values())
+        if not pending:
+            return 0, 0, 0.0
+        return len(pending), sum(n for _, n in pending), max(time.time() - min(t for t, _ in pending), 0.0)
+
     def _finish(self, task: UploadTask, error: Optional[BaseException]) -> None:
         """What every end of an upload does: release its staged bytes and its callback."""
+        if self._pending_since:
+            with self._budget:
+                self._pending_since.pop(task.id, None)
         if task.id in self._counted:
             with self._budget:
                 self._staged_bytes -= self._counted.pop(task.id, 0)
