@@ -314,6 +314,15 @@ def load_config(source: ConfigSource, environ: Optional[Mapping[str, str]], logg
         from dist_logging.ranks.reporter import check_report_options
 
         check_report_options(logger_kwargs.get('rank_report_every'), logger_kwargs.get('rank_report_options'))
+    telemetry_keys = ('system_metrics_every', 'metrics_port', 'metrics_host')
+    for key in telemetry_keys:  # checked at load too, with the key
+        if key in logger_kwargs:
+            from dist_logging.telemetry.hub import check_options
+
+            try:
+                check_options(**{key: logger_kwargs[key]})
+            except ValueError as exc:
+                raise ValueError(f'{key}: {exc}') from None
     raw_destinations = data.get('destinations') or []
     if not isinstance(raw_destinations, list):
         raise ValueError(f'destinations: expected a list of destinations, got {type(raw_destinations).__name__}')
