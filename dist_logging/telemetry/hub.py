@@ -155,7 +155,7 @@ class Telemetry:
             RuntimeError: the sampling thread failed.
         """
         self.step, self.wall = step, time.time()
-        if self._pending is None:
+        if self._pending is None and (self.sampler is None or not self.sampler.failed):
             return None
         return self.take_pending()
 

@@ -177,6 +177,7 @@ class NodeSampler:
         self._on_sample = on_sample
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
+        self.failed = False  # the thread ended on an error (raised by check())
         self.samples_taken = 0
         self._thread = threading.Thread(target=self._run, name='dist_logging-system-metrics', daemon=True)
         self._thread.start()
@@ -196,6 +197,7 @@ class NodeSampler:
                 self._on_sample(sample)
         except BaseException as exc:  # noqa: BLE001 - surfaced by check()
             self._error = exc
+            self.failed = True
         finally:
             nvml.close()
 
