@@ -24,7 +24,7 @@ rank = torch_dist.get_rank()
 logger = Logger([TensorboardLogger(log_dir=str(out / 'tb')), FileLogger(str(out / 'file{rank}.txt'), ranks='zero')],
                 run_name='telemetry-test', sync_timeout=float(os.environ.get('SYNC_TIMEOUT', '10')),
                 system_metrics_every=0.5, metrics_port=int(os.environ['METRICS_PORT']), metrics_host='127.0.0.1',
-                gather_summary_above=1)
+                gather_summary_above=1, rank_report_every=5)
 deadline = time.monotonic() + 50
 batch = 0
 while time.monotonic() < deadline:

@@ -56,6 +56,10 @@ def test_two_ranks_scraped_by_prometheus_and_node_metrics_in_tensorboard(tmp_pat
             assert set(by_rank(families['dist_logging_step'])) == {0, 1}
             assert families['dist_logging_system_memory_used_bytes'][0].value > 0
             assert by_rank(families['dist_logging_oldest_pending_upload_age_seconds']) == {0: 0.0, 1: 0.0}
+            wait_for('a rank report', lambda: 'dist_logging_straggler' in scrape(f'http://127.0.0.1:{port}/metrics'),
+                     15, job)
+            stragglers = by_rank(scrape(f'http://127.0.0.1:{port}/metrics')['dist_logging_straggler'])
+            assert set(stragglers) == {0, 1} and set(stragglers.values()) <= {0.0, 1.0}
             gathered = {(s.labels['key'], int(s.labels['rank'])) for s in families['dist_logging_gathered']}
             assert gathered == {('loss', 0), ('loss', 1)}  # summarized for trackers, full on the endpoint
         finally:

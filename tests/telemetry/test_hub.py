@@ -77,3 +77,29 @@ def test_one_sample_has_the_documented_metrics():
     sample = sample_once(psutil)
     assert {'cpu_percent', 'memory_used_bytes', 'memory_available_bytes'} <= set(sample)
     assert set(sample) <= set(SYSTEM_METRICS)
+
+
+def test_a_committed_checkpoint_shows_on_the_endpoint(tmp_path):
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from dist_logging.checkpoint import CheckpointWriter
+    from dist_logging.destinations import RemoteUploaderDownloader
+
+    logger = Logger(metrics_port=0, metrics_host='127.0.0.1')
+    try:
+        assert 'dist_logging_last_committed_checkpoint_step' not in scrape(logger.metrics_url)
+        remote = RemoteUploaderDownloader(f'file://{tmp_path}/bucket', upload_staging_folder=str(tmp_path / 'staging'))
+        writer = CheckpointWriter(remote, logger=logger)
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # torch: distributed is disabled (one process)
+            dcp.save({'w': torch.ones(10)}, checkpoint_id='run/ck/step000042', storage_writer=writer)
+        assert writer.wait_for_commits(30)
+        families = scrape(logger.metrics_url)
+        assert families['dist_logging_last_committed_checkpoint_step'][0].value == 42.0
+        assert 0.0 <= families['dist_logging_last_committed_checkpoint_age_seconds'][0].value < 30
+        writer.close()
+    finally:
+        logger.close()
