@@ -28,7 +28,8 @@ BENCH_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / 'results'
 
-BENCHMARKS = ('log_overhead', 'gather_cost', 'upload_latency', 'training_stall', 'checkpoint_stall', 'stragglers')
+BENCHMARKS = ('log_overhead', 'gather_cost', 'upload_latency', 'training_stall', 'checkpoint_stall', 'stragglers',
+              'telemetry_overhead')
 # Per-benchmark arguments for a full run; --quick replaces them with the benchmark's own --quick.
 DEFAULT_ARGS = {
     'log_overhead': [],
@@ -38,9 +39,10 @@ DEFAULT_ARGS = {
     # 1GiB too: --extra '--sizes 256MiB,1GiB' (about 4x the time).
     'checkpoint_stall': ['--sizes', '256MiB', '--every', '10', '--device-ms', '200,0'],
     'stragglers': [],
+    'telemetry_overhead': [],
 }
 TIMEOUT_S = {'log_overhead': 600, 'gather_cost': 1200, 'upload_latency': 3600, 'training_stall': 2400,
-             'checkpoint_stall': 3600, 'stragglers': 1800}
+             'checkpoint_stall': 3600, 'stragglers': 1800, 'telemetry_overhead': 1200}
 
 
 def _free_port() -> int:

@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument('--width', type=int, default=512, help='the MLP width (sets the step time)')
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.steps, args.width = 2, 30, 256
+        args.rounds, args.steps, args.width = 1, 20, 128
     d = init_distributed(args.backend or 'gloo')
     step = make_step(args.width)
     per_round: dict[str, list[float]] = {mode: [] for mode in MODES}

@@ -144,3 +144,13 @@ def test_checkpoint_stall(tmp_path):
         assert [s['saves'] for s in rank['samples']] == [10, 20, 24]
         assert set(rank['rss_growth_by_mode']) == {'ours', 'filesystemwriter'}
         assert all(s['rss'] > 0 and s['dist_logging_py'] > 0 and s['fds'] > 0 for s in rank['samples'])
+
+
+def test_telemetry_overhead(tmp_path):
+    pytest.importorskip('psutil', reason='pip install "dist-logging[system]"')
+    pytest.importorskip('prometheus_client', reason='pip install "dist-logging[prometheus]"')
+    doc = _run(tmp_path, 'telemetry_overhead')
+    for mode in ('off', 'on', 'on_fast'):
+        _finite_summary(doc['step_us'][mode])
+    assert set(doc['median_round_ratio_vs_off']) == {'on', 'on_fast'}
+    assert doc['sample_once_cpu_us']['median'] > 0
