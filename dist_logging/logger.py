@@ -10,6 +10,7 @@ and combined across ranks by :meth:`Logger.flush`.
 from __future__ import annotations
 
 import pathlib
+import re
 import time
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
@@ -188,8 +189,6 @@ class Logger(RankReportMethods):
             step: the checkpoint's step (default: from the id, else this Logger's batch count).
         """
         if step is None:
-            import re
-
             found = re.findall(r'step(\d+)', str(checkpoint_id))
             step = int(found[-1]) if found else self.state.timestamp.batch
         self._checkpoint_commit = (int(step), time.time())
