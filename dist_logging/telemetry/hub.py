@@ -98,6 +98,7 @@ class Telemetry:
         uploaders: returns the uploaders whose pending uploads this rank reports.
         checkpoint: (rank zero) returns ``(step, wall time)`` of the last committed checkpoint, or None.
         stragglers: (rank zero) returns ``rank -> 1/0`` from the last rank report, or None when off.
+        host: this node's name (default: ``socket.gethostname()``).
 
     Raises:
         ImportError: psutil (sampling) or prometheus_client (the endpoint) is missing.
@@ -107,8 +108,9 @@ class Telemetry:
     def __init__(self, options: TelemetryOptions, line: Any, rank: int, world_size: int, local_rank: int,
                  node_rank: int, num_nodes: int, uploaders: Callable[[], Iterable[Any]],
                  checkpoint: Callable[[], Optional[tuple[int, float]]] = lambda: None,
-                 stragglers: Callable[[], Optional[Mapping[int, int]]] = lambda: None):
+                 stragglers: Callable[[], Optional[Mapping[int, int]]] = lambda: None, host: Optional[str] = None):
         self.options = options
+        self.host = host or HOST
         self.rank, self.world_size, self.node_rank, self.num_nodes = rank, world_size, node_rank, num_nodes
         self.step = 0
         self.wall = time.time()
@@ -128,7 +130,7 @@ class Telemetry:
             if options.metrics_port is not None and rank == 0:
                 self.exporter = MetricsExporter(options.metrics_host, options.metrics_port, self.samples)
             if options.system_metrics_every is not None and (local_rank == 0 or rank == 0):
-                self.sampler = NodeSampler(options.system_metrics_every, HOST, self._on_sample)
+                self.sampler = NodeSampler(options.system_metrics_every, self.host, self._on_sample)
         except BaseException:
             self.close()
             raise
@@ -143,7 +145,7 @@ class Telemetry:
             count, nbytes = count + n, nbytes + b
             if n:
                 oldest = min(oldest or now, now - age)
-        return RankRecord(self.step, self.wall, HOST, count, nbytes, oldest)
+        return RankRecord(self.step, self.wall, self.host, count, nbytes, oldest)
 
     def batch_end(self, step: int) -> Optional[dict[str, float]]:
         """``batch_end`` returns (training thread): note the progress; on rank zero, the node metrics to emit.

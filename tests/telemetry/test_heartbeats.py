@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch.distributed as torch_dist
 
 from dist_logging.dist._watch import StoreLine
@@ -41,5 +42,41 @@ def test_rank_zero_reads_every_rank_and_node_from_the_store():
         time.sleep(0.4)
         assert zero.read_ranks()[0][1].step == 6
     finally:
+        for line in lines:
+            line.stop()
+
+
+def test_a_second_nodes_samples_and_progress_reach_rank_zero_through_the_store():
+    """Two nodes' telemetry in one process, over one store (each with its own store line, as two hosts would)."""
+    pytest.importorskip('psutil', reason='pip install "dist-logging[system]"')
+    from dist_logging.telemetry import Telemetry, TelemetryOptions
+
+    store = torch_dist.HashStore()
+    lines = [StoreLine(store, rank, 2, 'p/', clone=False, period=0.1) for rank in (0, 1)]
+    options = TelemetryOptions(system_metrics_every=0.1)
+    common = dict(world_size=2, local_rank=0, num_nodes=2, uploaders=lambda: [])
+    zero = Telemetry(options, lines[0], rank=0, node_rank=0, host='node-a', **common)
+    one = Telemetry(options, lines[1], rank=1, node_rank=1, host='node-b', **common)
+    try:
+        one.batch_end(3)
+        emitted: dict = {}
+        deadline = time.monotonic() + 20
+        while not {'system/node-a/cpu_percent', 'system/node-b/cpu_percent'} <= set(emitted):
+            assert time.monotonic() < deadline, sorted(emitted)
+            time.sleep(0.05)
+            emitted.update(zero.batch_end(1) or {})
+        assert emitted['system/node-b/memory_used_bytes'] > 0
+        assert one.batch_end(4) is None  # only rank zero hands samples to destinations
+        while True:
+            samples = {(s.name, s.labels.get('rank'), s.labels.get('host')): s.value for s in zero.samples()}
+            if samples.get(('dist_logging_step', '1', 'node-b')) == 4.0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert samples[('dist_logging_step', '1', 'node-b')] == 4.0
+        assert samples[('dist_logging_step', '0', 'node-a')] == 1.0
+        assert samples[('dist_logging_system_cpu_percent', None, 'node-b')] >= 0
+    finally:
+        one.close()
+        zero.close()
         for line in lines:
             line.stop()
