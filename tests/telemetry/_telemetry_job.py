@@ -96,12 +96,13 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, job: Optional[
             result = check()
             if result:
                 return result
+            last = f'returned {result!r}'
         except Exception as exc:  # noqa: BLE001 - not up yet
             last = exc
         if job is not None and job.proc.poll() is not None:
             raise AssertionError(f'the job ended while waiting for {what}:\n{job.output()}')
         time.sleep(0.3)
-    raise AssertionError(f'{what}: not within {timeout} s (last error: {last!r})\n{job.output() if job else ""}')
+    raise AssertionError(f'{what}: not within {timeout} s (last: {last!r})\n{job.output() if job else ""}')
 
 
 class Prometheus(Background):

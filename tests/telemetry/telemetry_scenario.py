@@ -3,7 +3,7 @@
 Environment: OUT_DIR (observations, the stop file), METRICS_PORT, SYNC_TIMEOUT. Each rank writes its
 pid to OUT_DIR/pid<rank>; the loop runs until rank zero sees OUT_DIR/stop (shared through a MAX
 all_reduce on the training group each batch: where rank zero blocks when a peer is stopped), at
-most 50 s.
+most 90 s.
 """
 
 import datetime
@@ -25,7 +25,7 @@ logger = Logger([TensorboardLogger(log_dir=str(out / 'tb')), FileLogger(str(out 
                 run_name='telemetry-test', sync_timeout=float(os.environ.get('SYNC_TIMEOUT', '10')),
                 system_metrics_every=0.5, metrics_port=int(os.environ['METRICS_PORT']), metrics_host='127.0.0.1',
                 gather_summary_above=1, rank_report_every=5)
-deadline = time.monotonic() + 50
+deadline = time.monotonic() + 90
 batch = 0
 while time.monotonic() < deadline:
     batch += 1

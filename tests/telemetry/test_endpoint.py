@@ -17,7 +17,7 @@ from _telemetry_job import (PROMETHEUS, SKIP_PROMETHEUS, Prometheus, by_rank, ki
                             start_job, wait_for)
 from torchrun_helper import free_port  # noqa: E402
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 
 def _tensorboard_tags(folder) -> set[str]:
@@ -42,7 +42,7 @@ def test_two_ranks_scraped_by_prometheus_and_node_metrics_in_tensorboard(tmp_pat
                 steps = {r['metric']['rank']: float(r['value'][1]) for r in prom.query('dist_logging_step')}
                 return set(steps) == {'0', '1'} and min(steps.values()) > 0
 
-            wait_for('Prometheus has both ranks stepping', both_ranks_progress, 45, job)
+            wait_for('Prometheus has both ranks stepping', both_ranks_progress, 120, job)
             wait_for('Prometheus has node metrics', lambda: prom.query('dist_logging_system_cpu_percent'), 15, job)
             ages = prom.query('dist_logging_last_progress_age_seconds')
             assert {r['metric']['rank'] for r in ages} == {'0', '1'}
@@ -83,7 +83,7 @@ def test_a_stopped_rank_ages_while_rank_zero_waits_for_it(tmp_path):
     with start_job(out, port, sync_timeout=20) as job:
         try:
             wait_for('both ranks stepping', lambda: min(by_rank(scrape(url)['dist_logging_step']).values()) > 3,
-                     45, job)
+                     120, job)  # generous: two ranks importing torch on a loaded 2-core machine
             pid = int((out / 'pid1').read_text())
             os.kill(pid, signal.SIGSTOP)
             try:
