@@ -56,11 +56,24 @@ class Background:
         self.kill()
 
 
-def start_job(out: pathlib.Path, metrics_port: int, sync_timeout: float = 10) -> Background:
+class Job(Background):
+    """The torchrun job; ending it also ends its workers by pid (they run in sessions of their own)."""
+
+    out: pathlib.Path
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:  # given up on: its workers may still run (a job that ended took them along)
+            super().kill()
+            kill_workers(self.out)
+
+
+def start_job(out: pathlib.Path, metrics_port: int, sync_timeout: float = 10) -> Job:
     """The 2-rank scenario (telemetry_scenario.py) under torchrun, in the background."""
     out.mkdir(parents=True, exist_ok=True)
     env = base_env(out, {'METRICS_PORT': str(metrics_port), 'SYNC_TIMEOUT': str(sync_timeout)})
-    return Background(torchrun_command(HERE / 'telemetry_scenario.py', 2), env, out, out / 'job.log')
+    job = Job(torchrun_command(HERE / 'telemetry_scenario.py', 2), env, out, out / 'job.log')
+    job.out = out
+    return job
 
 
 def kill_workers(out: pathlib.Path) -> None:
@@ -69,9 +82,10 @@ def kill_workers(out: pathlib.Path) -> None:
         pid_file = out / f'pid{rank}'
         if pid_file.exists():
             try:
-                os.kill(int(pid_file.read_text()), signal.SIGCONT)
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
+                pid = int(pid_file.read_text())
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
                 pass
 
 

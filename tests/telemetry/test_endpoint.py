@@ -13,8 +13,8 @@ pytest.importorskip('prometheus_client', reason='pip install "dist-logging[prome
 pytest.importorskip('psutil', reason='pip install "dist-logging[system]"')
 pytest.importorskip('tensorboard', reason='pip install "dist-logging[tensorboard]"')
 
-from _telemetry_job import (PROMETHEUS, SKIP_PROMETHEUS, Prometheus, by_rank, kill_workers, scrape,  # noqa: E402
-                            start_job, wait_for)
+from _telemetry_job import (PROMETHEUS, SKIP_PROMETHEUS, Prometheus, by_rank, scrape, start_job,  # noqa: E402
+                            wait_for)
 from torchrun_helper import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
@@ -65,7 +65,6 @@ def test_two_ranks_scraped_by_prometheus_and_node_metrics_in_tensorboard(tmp_pat
         finally:
             (out / 'stop').touch()
         assert job.wait(40) == 0, job.output()
-    kill_workers(out)
     host = os.uname().nodename
     tags = _tensorboard_tags(out / 'tb')
     assert {f'system/{host}/cpu_percent', f'system/{host}/memory_used_bytes'} <= tags, tags
@@ -103,4 +102,3 @@ def test_a_stopped_rank_ages_while_rank_zero_waits_for_it(tmp_path):
         finally:
             (out / 'stop').touch()
         assert job.wait(40) == 0, job.output()
-    kill_workers(out)
