@@ -302,7 +302,7 @@ class LoggerDestination:
         ``post_close(self, state, logger)``; the Logger reads which form at construction.
         """
 
-    def resume(self, info: 'ResumeInfo', state: 'State', logger: 'LoggerLike') -> None:
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'LoggerLike') -> None:
         """Training resumed from a checkpoint: steps from ``info.superseded_from`` on, logged before, are superseded.
 
         Called by the Logger (on the ranks this destination's policy names) after

@@ -445,7 +445,7 @@ class Logger(RankReportMethods):
         """Resume from a checkpoint: restore the counters saved by :meth:`state_dict` (``dcp.load`` calls it).
 
         Every rank: the timestamp continues from the saved one and every destination active here gets
-        its :meth:`~dist_logging.LoggerDestination.resume` hook just before the first step logged after
+        its :meth:`~dist_logging.LoggerDestination.on_resume` hook just before the first step logged after
         this call (or the next ``batch_end``), so that each step is shown once, the resumed run's values
         winning (TensorBoard purges the later steps, ``FileLogger`` writes a marker, ...; see the
         "Resume" section of docs/destinations.md). No collective.
@@ -510,7 +510,7 @@ class Logger(RankReportMethods):
         self._routes = self._router.routes
         self._batch_routes = self._routes[LogLevel.BATCH]
         if pending is not None:
-            self._dispatch(self._router.active, 'resume', pending.settle(first_step), self.state, self)
+            self._dispatch(self._router.active, 'on_resume', pending.settle(first_step), self.state, self)
 
     # ------------------------------------------------------------------ lifecycle
     def run_event(self, event: Union[Event, str]) -> None:

@@ -82,7 +82,7 @@ COUNTER_FIELDS = ('epoch', 'batch', 'batch_in_epoch', 'sample', 'sample_in_epoch
 
 @dataclasses.dataclass(frozen=True)
 class ResumeInfo:
-    """What a destination's ``resume`` hook is told: training resumed at ``step`` (see ``docs/destinations.md``).
+    """What a destination's ``on_resume`` hook is told: training resumed at ``step`` (see ``docs/destinations.md``).
 
     Every step at or after ``superseded_from`` that was logged before the resume is superseded by
     what the resumed run logs: each step is to be shown once, the newest attempt's value winning.

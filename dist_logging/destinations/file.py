@@ -305,7 +305,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                              f'rank {dist.get_global_rank()}, started {started} =====\n')
         self._dirty = True
 
-    def resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
         """Write a resume marker: the lines above it at steps >= ``info.superseded_from`` are superseded.
 
         Nothing written is ever rewritten: ``dist-logging logs`` leaves the superseded lines out

@@ -57,7 +57,7 @@ class InMemoryLogger(LoggerDestination):
     def init(self, state: 'State', logger: 'Logger') -> None:
         self.state = state
 
-    def resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
         """Drop every entry at a step >= ``info.superseded_from`` (the resumed run logs them again) and
         record the resume in :attr:`resumes`. Entries without a step (direct calls) are kept."""
         first = info.superseded_from

@@ -140,7 +140,7 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
             os.remove(os.path.join(self.log_dir, new[-1]))
             time.sleep(max(0.05, int(ahead.group(1)) + 1 - time.time()))
 
-    def resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
         """Replace the writer by one with ``purge_step=info.superseded_from``: TensorBoard then drops every
         event at that step or later read before the new file (the superseded steps, of every tag).
 
