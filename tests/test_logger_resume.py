@@ -181,3 +181,36 @@ def test_logs_view_leaves_out_lines_superseded_by_later_markers(tmp_path, fmt):
         records = [json.loads(line) for line in open(path) if '"resume"' in line]
         assert [(r['data']['step'], r['data']['superseded_from'], r['data']['superseded_to']) for r in records] == [
             (20, 21, 27), (30, 31, 35), (10, 11, 35)]
+
+
+def test_console_says_where_the_resumed_lines_start():
+    from dist_logging.destinations import ConsoleLogger
+
+    stream = io.StringIO()
+    logger = Logger(ConsoleLogger(stream=stream), run_name='r')
+    logger.resume_at(20)
+    logger.batch_end()
+    logger.log_metrics({'loss': 1.0})
+    logger.close()
+    assert ('[resume]: resumed at step 20 (resume 1, attempt 0); steps >= 21 printed before this line are '
+            'superseded') in stream.getvalue()
+
+
+def test_a_resume_waits_for_its_first_step_on_every_logging_path():
+    """log_metrics with a level, log_table and a gathered metric's emission each settle a waiting resume first,
+    with their own step; traces neither settle it nor are held back."""
+    memory = InMemoryLogger()
+    logger = Logger(memory, run_name='r')
+    logger.resume_at(5)
+    logger.log_traces({'note': 'x'})
+    assert memory.traces == {'note': ['x']} and memory.resumes == []
+    logger.log_metrics({'loss': 1.0}, level='epoch')
+    assert [(i.step, i.superseded_from) for i in memory.resumes] == [(5, 5)]
+    logger.resume_at(7)
+    logger.log_table(['a'], [[1]], name='t', step=9)
+    logger.resume_at(7)
+    logger.log_metrics({'m': 2.0}, reduce='mean')
+    logger.flush()
+    assert [(i.step, i.superseded_from, i.resume) for i in memory.resumes] == [(5, 5, 1), (7, 8, 2), (7, 7, 3)]
+    assert memory.data['m'] == [(7, 2.0)]
+    logger.close()
