@@ -17,7 +17,7 @@ from dist_logging import dist
 from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
 from dist_logging._logger.config_load import build_logger
 from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
-from dist_logging._logger.resume import PendingResume, logger_state, parse_state
+from dist_logging._logger.resume import PendingResume, PendingRoutes, logger_state, parse_state
 from dist_logging._logger.routing import CLOSED_MESSAGE, ClosedRoutes, Router
 from dist_logging._logger.run_name import resolve_run_name
 from dist_logging._values import check_metric_key, check_table, metric_scalar
@@ -501,7 +501,7 @@ class Logger(RankReportMethods):
                                              self.run_name)
         # Until the first step is logged the hot path takes the slow branch (no route), which settles the resume.
         self._batch_routes = None
-        self._routes = _PendingRoutes(self._router.routes)  # type: ignore[assignment]
+        self._routes = PendingRoutes()  # type: ignore[assignment]
 
     def _settle_resume(self, first_step: Optional[int]) -> None:
         pending, self._pending_resume = self._pending_resume, None
@@ -691,11 +691,3 @@ class Logger(RankReportMethods):
 
     def __repr__(self) -> str:
         return f'Logger(run_name={self.run_name!r}, destinations={list(self.destinations)!r})'
-
-
-class _PendingRoutes(list):
-    """The routing table while a resume waits for its first step: no level has a route, so ``log_metrics``
-    takes its slow branch, which settles the resume."""
-
-    def __getitem__(self, level: Any) -> None:  # type: ignore[override]
-        return None

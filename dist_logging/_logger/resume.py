@@ -96,3 +96,11 @@ class PendingResume:
         superseded_from = self.step if first_step == self.step else self.step + 1
         return ResumeInfo(step=self.step, superseded_from=superseded_from, resume=self.resume, attempt=self.attempt,
                           saved_attempt=self.saved_attempt, run_name=self.run_name, time=time.time())
+
+
+class PendingRoutes:
+    """The Logger's routing table while a resume waits for its first step: no level has a route, so
+    ``Logger.log_metrics`` takes its slow branch, which settles the resume (the hot path stays as it is)."""
+
+    def __getitem__(self, level: Any) -> None:
+        return None
