@@ -471,8 +471,8 @@ class Logger(RankReportMethods):
         """Resume at batch count ``step``, for checkpoints of one's own (as :meth:`load_state_dict` does).
 
         Call it on every rank after loading the model, before logging: ``logger.resume_at(ckpt['step'])``.
-        The per-epoch counters restart at the epoch's start when ``epoch`` is given, else they equal the
-        totals (a run of one epoch).
+        With ``epoch > 0`` the per-epoch counters start at the epoch's start (zero); with ``epoch=0`` they
+        equal the totals.
 
         Args:
             step: the number of batches the checkpoint had finished (``timestamp.batch``).
