@@ -388,7 +388,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
     options = dict(ranks=args.ranks, min_level=args.level, collapse=not args.no_collapse, window=args.window)
     try:
         if not args.follow:
-            _merge_logs.merge_logs(args.paths, sys.stdout, **options)
+            _merge_logs.merge_logs(args.paths, sys.stdout, all_attempts=args.all_attempts, **options)
             return EXIT_OK
         stop = []
         previous = {}
@@ -494,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='identical records at most this far apart are collapsed (default 5)')
     p.add_argument('--follow', '-f', action='store_true',
                    help='keep reading as the files grow and new ones appear, until Ctrl-C or SIGTERM')
+    p.add_argument('--all-attempts', action='store_true',
+                   help='also show the lines of earlier attempts that a resume superseded (FileLogger resume '
+                        'markers; left out by default, except with --follow, which shows every line as written)')
     p.set_defaults(func=_cmd_logs)
 
     from dist_logging.ranks.command import add_parser as add_stragglers  # its own module (docs/stragglers.md)

@@ -18,7 +18,7 @@ import pathlib
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 if TYPE_CHECKING:
-    from dist_logging.state import State
+    from dist_logging.state import ResumeInfo, State
 
 __all__ = ['LogLevel', 'Event', 'RANK_POLICIES', 'LoggerDestination', 'validate_ranks', 'ranks_from_rank_zero_only',
            'post_close_caller', 'check_state']
@@ -300,6 +300,24 @@ class LoggerDestination:
 
         As in Composer this takes no arguments. A destination may instead define
         ``post_close(self, state, logger)``; the Logger reads which form at construction.
+        """
+
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'LoggerLike') -> None:
+        """Training resumed from a checkpoint: steps from ``info.superseded_from`` on, logged before, are superseded.
+
+        Called by the Logger (on the ranks this destination's policy names) after
+        ``Logger.load_state_dict`` (``dcp.load``) or ``Logger.resume_at``, just before the first data
+        logged after the resume (or at the next ``batch_end`` / ``epoch_end`` / close, when nothing is
+        logged first): ``info.superseded_from`` is then known (see
+        :class:`~dist_logging.state.ResumeInfo`). ``state.timestamp`` is the restored one. A
+        destination shows each step once from here on, the resumed run's values winning, as far as
+        its backend can: it drops, purges, or records the superseded range (see the "Resume" section
+        of docs/destinations.md). The default does nothing: the destination keeps appending.
+
+        Args:
+            info: the resume: the restored step, the first superseded step, the resume's number, the attempts.
+            state: the run state (its timestamp already restored).
+            logger: the Logger.
         """
 
     # ------------------------------------------------------------- checkpoints

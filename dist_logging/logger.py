@@ -19,6 +19,7 @@ from dist_logging import dist
 from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
 from dist_logging._logger.config_load import build_logger
 from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
+from dist_logging._logger.resume import PendingResume, PendingRoutes, logger_state, parse_state
 from dist_logging._logger.routing import CLOSED_MESSAGE, ClosedRoutes, Router
 from dist_logging._logger.run_name import resolve_run_name
 from dist_logging._logger.summaries import DEFAULT_GATHER_SUMMARY_ABOVE, check_summary_above, per_rank_groups
@@ -27,7 +28,7 @@ from dist_logging.destination import Event, LoggerDestination, LogLevel, validat
 from dist_logging.ranks.api import RankReportMethods
 from dist_logging.ranks.reporter import RankReportOptions, make_reporter
 from dist_logging.redaction import RedactOption, build_redactor
-from dist_logging.state import State
+from dist_logging.state import State, Timestamp
 from dist_logging.telemetry.hub import Telemetry, TelemetryOptions
 
 __all__ = ['Logger']
@@ -41,6 +42,11 @@ class Logger(RankReportMethods):
     Build one on every rank. Each destination's ``ranks`` policy (``'zero'``,
     ``'local_zero'``, ``'all'``) decides on which ranks it is called; hyperparameters
     reach destinations on global rank zero only.
+
+    The Logger is ``Stateful`` (torch's protocol): put it in the ``dcp.save`` / ``dcp.load`` state dict
+    (``{'model': ..., 'optim': ..., 'logger': logger}``) and a resumed job continues its count, each
+    destination showing every step once, the resumed run's values winning (see :meth:`load_state_dict`,
+    :meth:`resume_at` and the "Resume" section of docs/destinations.md).
 
     Args:
         destinations: a destination or a sequence of them.
@@ -145,6 +151,8 @@ class Logger(RankReportMethods):
             except BaseException:  # e.g. the port is in use: nothing of this Logger stays behind
                 self._group.destroy()
                 raise
+        self._resumes = 0  # resumes this run went through (carried in the state dict)
+        self._pending_resume: Optional[PendingResume] = None
 
         self.run_event(Event.INIT)
         if log_run_info:
@@ -270,6 +278,9 @@ class Logger(RankReportMethods):
             if not destinations:
                 if destinations is None:
                     self._check_open()
+                    if self._pending_resume is not None:  # the first step after a resume: settle it, then log
+                        self._settle_resume(self.state.timestamp.batch if step is None else step)
+                        self.log_metrics(metrics, step, level=level)
                 return
             data = metrics() if callable(metrics) else metrics
             if not isinstance(data, Mapping):
@@ -304,7 +315,9 @@ class Logger(RankReportMethods):
             RuntimeError: the Logger is closed.
         """
         self._check_open()
-        destinations = self._routes[LogLevel.parse(level)]
+        # Traces carry no step: they neither settle a waiting resume nor are held back by it.
+        routes = self._routes if self._pending_resume is None else self._router.routes
+        destinations = routes[LogLevel.parse(level)]
         if not destinations:
             return
         data = self._resolve(traces, 'traces')
@@ -322,6 +335,8 @@ class Logger(RankReportMethods):
             RuntimeError: the Logger is closed.
         """
         self._check_open()
+        if self._pending_resume is not None:
+            self._settle_resume(self.state.timestamp.batch if step is None else step)
         destinations = self._routes[LogLevel.parse(level)]
         columns, rows = check_table(columns, rows, name)
         if destinations:
@@ -342,6 +357,8 @@ class Logger(RankReportMethods):
         from dist_logging._images import to_image_batch, validate_masks
 
         self._check_open()
+        if self._pending_resume is not None:
+            self._settle_resume(self.state.timestamp.batch if step is None else step)
         destinations = self._routes[LogLevel.parse(level)]
         batch = to_image_batch(images, channels_last)  # validate on every rank, at the call
         validate_masks(masks, batch)
@@ -467,6 +484,9 @@ class Logger(RankReportMethods):
         """Emit on rank zero. :meth:`log_metrics` gives every value a step (the batch of its call);
         ``batch`` (of the flush, not of the later call that completed it) is the fallback."""
         if self._is_global_zero:
+            if self._pending_resume is not None and results:
+                first = results[0][1]
+                self._settle_resume(batch if first is None else first)
             for metrics, step, level in results:
                 self._dispatch(self._routes[level], 'log_metrics', metrics, batch if step is None else step)
             if self._gatherer.per_rank:  # summarized for trackers: the per-rank values to files and the endpoint
@@ -481,6 +501,94 @@ class Logger(RankReportMethods):
         if self._telemetry is not None:
             self._telemetry.note_gathered({key: {rank: entry[0] for rank, entry in values.items()}
                                            for key, values in taken.items()})
+
+    # ------------------------------------------------------------------ checkpoints and resumes
+    def state_dict(self) -> dict[str, Any]:
+        """The Logger's state, for a checkpoint (torch's ``Stateful`` protocol, as ``dcp.save`` calls it).
+
+        Put the Logger itself in the DCP state dict, beside the model: ``dcp.save({'model': ...,
+        'optim': ..., 'logger': logger}, ...)`` calls this on every rank. It holds the run name, the
+        :class:`~dist_logging.Timestamp` counters (epoch, batch, samples, tokens and their per-epoch
+        parts; not the wall-clock fields), the attempt that saved it and the number of resumes so far:
+        plain numbers and strings that agree across the ranks of a synchronous job (``dcp.save`` keeps
+        one copy of each). Its keys never change, so ``dcp.load`` may take it as the template. No
+        collective; also picklable by ``torch.save`` for checkpoints of one's own.
+
+        Returns:
+            ``{'format', 'run_name', 'timestamp': {...}, 'attempt', 'resumes'}``.
+        """
+        return logger_state(self.run_name, self.state.timestamp, dist.get_attempt(), self._resumes)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume from a checkpoint: restore the counters saved by :meth:`state_dict` (``dcp.load`` calls it).
+
+        Every rank: the timestamp continues from the saved one and every destination active here gets
+        its :meth:`~dist_logging.LoggerDestination.on_resume` hook just before the first step logged after
+        this call (or the next ``batch_end``), so that each step is shown once, the resumed run's values
+        winning (TensorBoard purges the later steps, ``FileLogger`` writes a marker, ...; see the
+        "Resume" section of docs/destinations.md). No collective.
+
+        Args:
+            state_dict: what :meth:`state_dict` returned when the checkpoint was saved.
+
+        Raises:
+            TypeError: not a mapping.
+            ValueError: a missing, unknown or bad key (names it).
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        timestamp, run_name, saved_attempt, resumes = parse_state(state_dict)
+        if run_name != self.run_name:
+            warnings.warn(f'Logger.load_state_dict: the checkpoint was saved by run {run_name!r}, this Logger is '
+                          f'run {self.run_name!r}: its destinations continue under {self.run_name!r} (pass '
+                          f'run_name={run_name!r} to the Logger to continue the saved run\'s logs)',
+                          RuntimeWarning, stacklevel=2)
+        self._begin_resume(timestamp, resumes + 1, saved_attempt)
+
+    def resume_at(self, step: int, *, epoch: int = 0, sample: int = 0, token: int = 0) -> None:
+        """Resume at batch count ``step``, for checkpoints of one's own (as :meth:`load_state_dict` does).
+
+        Call it on every rank after loading the model, before logging: ``logger.resume_at(ckpt['step'])``.
+        With ``epoch > 0`` the per-epoch counters start at the epoch's start (zero); with ``epoch=0`` they
+        equal the totals.
+
+        Args:
+            step: the number of batches the checkpoint had finished (``timestamp.batch``).
+            epoch: finished epochs.
+            sample: samples seen.
+            token: tokens seen.
+
+        Raises:
+            ValueError: a negative or non-int value (names it).
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        for name, value in (('step', step), ('epoch', epoch), ('sample', sample), ('token', token)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f'Logger.resume_at: {name} must be an int >= 0, got {value!r}')
+        first_epoch = epoch == 0
+        timestamp = Timestamp(epoch=epoch, batch=step, batch_in_epoch=step if first_epoch else 0, sample=sample,
+                              sample_in_epoch=sample if first_epoch else 0, token=token,
+                              token_in_epoch=token if first_epoch else 0)
+        self._begin_resume(timestamp, self._resumes + 1, None)
+
+    def _begin_resume(self, timestamp: Timestamp, resumes: int, saved_attempt: Optional[str]) -> None:
+        self.state.timestamp = timestamp
+        self._resumes = resumes
+        self._pending_resume = PendingResume(timestamp.batch, resumes, dist.get_attempt(), saved_attempt,
+                                             self.run_name)
+        # Until the first step is logged the hot path takes the slow branch (no route), which settles the resume.
+        self._batch_routes = None
+        self._routes = PendingRoutes()  # type: ignore[assignment]
+
+    def _settle_resume(self, first_step: Optional[int]) -> None:
+        pending, self._pending_resume = self._pending_resume, None
+        if self._closed:
+            return
+        self._routes = self._router.routes
+        self._batch_routes = self._routes[LogLevel.BATCH]
+        if pending is not None:
+            self._dispatch(self._router.active, 'on_resume', pending.settle(first_step), self.state, self)
 
     # ------------------------------------------------------------------ lifecycle
     def run_event(self, event: Union[Event, str]) -> None:
@@ -540,6 +648,8 @@ class Logger(RankReportMethods):
         """A batch of ``samples`` samples and ``tokens`` tokens ended: advance the timestamp,
         flush gathered metrics when the schedule says so (see ``flush_every``) and notify destinations."""
         self._check_open()
+        if self._pending_resume is not None:  # a batch ended with nothing logged since the resume
+            self._settle_resume(None)
         self.state.advance_batch(samples, tokens)
         if self.auto_flush:
             batch = self.state.timestamp.batch
@@ -562,6 +672,8 @@ class Logger(RankReportMethods):
         self._check_open()
         if self.auto_flush:
             self.flush()
+        if self._pending_resume is not None:
+            self._settle_resume(None)
         self.state.advance_epoch()
         self.run_event(Event.EPOCH_END)
 
@@ -586,6 +698,8 @@ class Logger(RankReportMethods):
         """
         if self._closed:
             return
+        if self._pending_resume is not None:  # closed before logging anything after a resume: still recorded
+            self._settle_resume(None)
         gather_error: Optional[BaseException] = None
         if self._gatherer.in_flight:
             try:
@@ -661,4 +775,3 @@ class Logger(RankReportMethods):
 
     def __repr__(self) -> str:
         return f'Logger(run_name={self.run_name!r}, destinations={list(self.destinations)!r})'
-

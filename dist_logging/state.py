@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import Optional
 
-__all__ = ['Timestamp', 'State']
+__all__ = ['Timestamp', 'State', 'ResumeInfo', 'COUNTER_FIELDS']
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,44 @@ class Timestamp:
         return dataclasses.replace(
             self, epoch=self.epoch + 1, batch_in_epoch=0, sample_in_epoch=0, token_in_epoch=0, epoch_wct=0.0,
         )
+
+
+COUNTER_FIELDS = ('epoch', 'batch', 'batch_in_epoch', 'sample', 'sample_in_epoch', 'token', 'token_in_epoch')
+"""The :class:`Timestamp` fields a checkpoint carries (the wall-clock fields differ by rank and start again)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeInfo:
+    """What a destination's ``on_resume`` hook is told: training resumed at ``step`` (see ``docs/destinations.md``).
+
+    Every step at or after ``superseded_from`` that was logged before the resume is superseded by
+    what the resumed run logs: each step is to be shown once, the newest attempt's value winning.
+
+    Attributes:
+        step: the batch count restored (the checkpoint's ``timestamp.batch``).
+        superseded_from: the first superseded step: ``step + 1``, or ``step`` when the resumed run
+            logs ``step`` again (Composer's convention: a batch's metrics carry the count before it ends).
+        resume: how many resumes this run went through, this one included (1 for the first); it
+            tells resumes apart where the attempt number does not (a manual relaunch reports the
+            same attempt again).
+        attempt: this process's attempt (:func:`dist_logging.dist.get_attempt`).
+        saved_attempt: the attempt that saved the state, or None (``Logger.resume_at``).
+        run_name: the run's name.
+        time: when the resume took effect (seconds since the epoch): what was logged before is superseded.
+    """
+
+    step: int
+    superseded_from: int
+    resume: int
+    attempt: str
+    saved_attempt: Optional[str]
+    run_name: str
+    time: float
+
+    def describe(self) -> str:
+        """One line for a log: ``resumed at step 20 (resume 1, attempt 0, saved by attempt 0)``."""
+        saved = f', saved by attempt {self.saved_attempt}' if self.saved_attempt is not None else ''
+        return f'resumed at step {self.step} (resume {self.resume}, attempt {self.attempt}{saved})'
 
 
 class State:

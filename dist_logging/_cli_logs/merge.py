@@ -22,18 +22,21 @@ DEFAULT_LEVEL = 20  # records without a standard level (FileLogger's kinds) coun
 _READ_CHUNK = 1 << 20  # --follow reads at most this much of a file per poll
 
 
-def _keyed(source: LogSource) -> Iterator[tuple[float, int, int, Record]]:
+def _keyed(source: LogSource, all_attempts: bool = True) -> Iterator[tuple[float, int, int, Record]]:
     # Records without a time keep their place in their file: they sort at the last time seen before them.
     last = -math.inf
-    for seq, record in enumerate(read_records(source)):
+    for seq, record in enumerate(read_records(source, all_attempts=all_attempts)):
         if record.time is not None:
             last = record.time
         yield last, source.index, seq, record
 
 
-def merge_records(sources: Sequence[LogSource]) -> Iterator[Record]:
-    """The records of all ``sources`` in time order (ties: file order), one record in memory per file."""
-    for _, _, _, record in heapq.merge(*(_keyed(source) for source in sources)):
+def merge_records(sources: Sequence[LogSource], all_attempts: bool = True) -> Iterator[Record]:
+    """The records of all ``sources`` in time order (ties: file order), one record in memory per file.
+
+    With ``all_attempts=False`` the lines a FileLogger resume marker supersedes are left out.
+    """
+    for _, _, _, record in heapq.merge(*(_keyed(source, all_attempts) for source in sources)):
         yield record
 
 
@@ -154,8 +157,12 @@ def _selector(ranks: Optional[frozenset[int]], min_level: Optional[int]) -> Call
 
 
 def merge_logs(paths: Sequence[str], out: IO[str], *, ranks: Optional[frozenset[int]] = None,
-               min_level: Optional[int] = None, collapse: bool = True, window: float = DEFAULT_WINDOW) -> int:
+               min_level: Optional[int] = None, collapse: bool = True, window: float = DEFAULT_WINDOW,
+               all_attempts: bool = False) -> int:
     """Write the merged stream of ``paths`` to ``out``; return the number of lines (groups) written.
+
+    Lines of FileLogger logs at steps a later resume marker supersedes (the resumed run logged those
+    steps again) are left out unless ``all_attempts``; the markers themselves are shown.
 
     Raises:
         FileNotFoundError, ValueError: as :func:`find_log_files`.
@@ -168,7 +175,7 @@ def merge_logs(paths: Sequence[str], out: IO[str], *, ranks: Optional[frozenset[
     keep = _selector(ranks, min_level)
     collapser = Collapser(window, collapse)
     written = 0
-    for record in merge_records(sources):
+    for record in merge_records(sources, all_attempts):
         if not keep(record):
             continue
         for group in collapser.add(record):

@@ -8,15 +8,19 @@ import math
 import os
 import re
 import time
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from dist_logging._log_line import CONTINUATION, HEADER_RE, parse_utc_iso
 
-__all__ = ['Record', 'LogSource', 'parse_ranks', 'format_ranks', 'find_log_files', 'read_records']
+__all__ = ['Record', 'LogSource', 'parse_ranks', 'format_ranks', 'find_log_files', 'read_records',
+           'resume_markers']
 
 _SNIFF_BYTES = 1 << 16
 _RANK_IN_NAME = re.compile(r'(?:^|[^a-z0-9])rank[-_]?(\d+)(?![0-9])', re.IGNORECASE)
 _TEXT_LINE = re.compile(r'\[([A-Za-z_][A-Za-z0-9_]*)\]')
+_TEXT_STEP = re.compile(r'\[metric\]\[batch=(\d+)\]')
+# FileLogger's resume marker (text), and the first superseded step it names.
+_TEXT_RESUME = re.compile(r'\[resume\]: .*: steps >= (\d+) written above are superseded')
 _SKIP_EXTENSIONS = frozenset({'.png', '.jpg', '.jpeg', '.csv', '.pt', '.pth', '.bin', '.safetensors', '.npy',
                               '.npz', '.gz', '.zip', '.tar', '.pkl', '.db', '.json', '.yaml', '.yml', '.lock'})
 
@@ -73,16 +77,22 @@ class Record:
         level: the level name (``'INFO'``) or, for FileLogger records, the kind (``'METRIC'``, ``'STDOUT'``).
         logger: the Python logger's name, or None for FileLogger records.
         message: the message, possibly several lines (a traceback).
+        step: the training step of a FileLogger record that has one (metrics; tables and images in JSON
+            Lines), else None.
+        line: the number (from 0) of the record's first line in its file.
     """
 
-    __slots__ = ('time', 'rank', 'level', 'logger', 'message')
+    __slots__ = ('time', 'rank', 'level', 'logger', 'message', 'step', 'line')
 
-    def __init__(self, time: Optional[float], rank: int, level: str, logger: Optional[str], message: str):
+    def __init__(self, time: Optional[float], rank: int, level: str, logger: Optional[str], message: str,
+                 step: Optional[int] = None, line: int = 0):
         self.time = time
         self.rank = rank
         self.level = level
         self.logger = logger
         self.message = message
+        self.step = step
+        self.line = line
 
     def __repr__(self) -> str:
         return f'Record({self.time!r}, rank={self.rank}, {self.level}, {self.logger!r}, {self.message!r})'
@@ -131,6 +141,7 @@ class _Parser:
         self.source = source
         self.pending: Optional[Record] = None
         self.lines: list[str] = []
+        self.line_no = -1  # of the line being fed
 
     def _complete(self) -> Optional[Record]:
         record = self.pending
@@ -141,6 +152,7 @@ class _Parser:
 
     def _start(self, record: Record) -> Optional[Record]:
         done = self._complete()
+        record.line = self.line_no
         self.pending = record
         return done
 
@@ -150,6 +162,7 @@ class _Parser:
         return self._start(Record(None, rank, '-', None, text))
 
     def feed(self, line: str) -> Optional[Record]:
+        self.line_no += 1
         line = line[:-1] if line.endswith('\n') else line
         kind = self.source.kind
         if kind is None:
@@ -168,7 +181,9 @@ class _Parser:
         match = _TEXT_LINE.match(line)
         if match is not None:
             rank = self.source.rank if self.source.rank is not None else 0
-            return self._start(Record(None, rank, match.group(1).upper(), None, line[match.end():].lstrip(': ')))
+            step = _TEXT_STEP.match(line)
+            return self._start(Record(None, rank, match.group(1).upper(), None, line[match.end():].lstrip(': '),
+                                      int(step.group(1)) if step else None))
         if self.pending is None:
             return self._orphan(line)
         self.lines.append(line)
@@ -193,9 +208,11 @@ class _Parser:
             message = data.rstrip('\n')
         else:
             message = json.dumps(data)
+        step = obj.get('step')
         if 'step' in obj:
-            message = f'[step={obj["step"]}] {message}'
-        return Record(stamp, rank, str(obj.get('kind', '-')).upper(), None, message)
+            message = f'[step={step}] {message}'
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        return Record(stamp, rank, str(obj.get('kind', '-')).upper(), None, message, step)
 
     def finish(self) -> Optional[Record]:
         return self._complete()
@@ -295,14 +312,62 @@ def ensure_open_file_limit(count: int) -> None:
 
 
 # ---------------------------------------------------------------------------- reading and merging
-def read_records(source: LogSource) -> Iterator[Record]:
-    """Every record of one file, in file order, reading one line at a time."""
+def resume_markers(path: str) -> list[tuple[int, int]]:
+    """``(line number, first superseded step)`` of every FileLogger resume marker in the file, in file order.
+
+    One pass, one line in memory at a time (the markers are few: one per resume).
+    """
+    markers = []
+    with open(path, 'r', encoding='utf-8', errors='replace', newline='\n', buffering=1 << 16) as handle:
+        for number, line in enumerate(handle):
+            if 'resume' not in line:
+                continue
+            if line.startswith('[resume]'):
+                match = _TEXT_RESUME.match(line)
+                if match is not None:
+                    markers.append((number, int(match.group(1))))
+            elif line.startswith('{"kind": "resume"'):
+                try:
+                    first = json.loads(line)['data']['superseded_from']
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if isinstance(first, int):
+                    markers.append((number, first))
+    return markers
+
+
+def _superseded_filter(markers: list[tuple[int, int]]) -> Callable[[Record], bool]:
+    """Whether a record is superseded: it has a step at or after the first superseded step of some marker
+    below it (the resumed run logged that step again). Records are asked in file order."""
+    # below[i]: the lowest first-superseded step of markers i.. (a later resume to an earlier step wins).
+    below = [first for _, first in markers]
+    for i in range(len(below) - 2, -1, -1):
+        below[i] = min(below[i], below[i + 1])
+    position = 0
+
+    def superseded(record: Record) -> bool:
+        nonlocal position
+        while position < len(markers) and markers[position][0] <= record.line:
+            position += 1
+        return position < len(markers) and record.step is not None and record.step >= below[position]
+
+    return superseded
+
+
+def read_records(source: LogSource, *, all_attempts: bool = True) -> Iterator[Record]:
+    """Every record of one file, in file order, reading one line at a time.
+
+    With ``all_attempts=False``, records superseded by a later FileLogger resume marker are left out:
+    a first pass finds the markers (see :func:`resume_markers`), the second reads the records.
+    """
+    markers = [] if all_attempts or source.kind == 'python' else resume_markers(source.path)
+    superseded = _superseded_filter(markers) if markers else None
     parser = _Parser(source)
     with open(source.path, 'r', encoding='utf-8', errors='replace', newline='\n', buffering=1 << 16) as handle:
         for line in handle:
             record = parser.feed(line)
-            if record is not None:
+            if record is not None and (superseded is None or not superseded(record)):
                 yield record
     record = parser.finish()
-    if record is not None:
+    if record is not None and (superseded is None or not superseded(record)):
         yield record

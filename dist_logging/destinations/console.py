@@ -12,7 +12,7 @@ from dist_logging.destination import LoggerDestination
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
-    from dist_logging.state import State
+    from dist_logging.state import ResumeInfo, State
 
 __all__ = ['ConsoleLogger', 'parse_log_interval']
 
@@ -118,6 +118,12 @@ class ConsoleLogger(LoggerDestination):
         self.tables[name] = table_json(columns, rows)
         if name not in self._new_tables:
             self._new_tables.append(name)
+
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+        """Print one line: a console cannot take back what it printed, so it says where the new lines start."""
+        self._write(f'[resume]: {info.describe()}; steps >= {info.superseded_from} printed before this line '
+                    'are superseded')
+        self._last_printed_batch = None
 
     # ------------------------------------------------------------------ printing
     def _progress(self, state: 'State') -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import threading
 import time
 import weakref
@@ -22,13 +23,18 @@ from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
-    from dist_logging.state import State
+    from dist_logging.state import ResumeInfo, State
 
 __all__ = ['FileLogger']
 
 FORMATS = ('text', 'jsonl')
 _EARLY_TEXT_LIMIT = 1 << 22  # characters of text (e.g. captured output) held until the Logger opens the file
 TABLE_FORMATS = ('jsonl', 'csv')
+_RESUME_SCAN_BYTES = 1 << 20  # how much of the log's end a resume reads to name the last step written
+# A step-bearing line: Composer's metric line, or a JSON record of a kind that carries a step (its "step" key
+# comes before "data", so the first match is the record's own).
+_STEP_LINE = re.compile(r'^(?:\[metric\]\[batch=(\d+)\]|\{"kind": "(?:metric|table|images)".*?"step": (\d+)[,}])',
+                        re.MULTILINE)
 
 
 def _captured_line_sink(destination: 'FileLogger', stream: str) -> Any:
@@ -301,6 +307,46 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             self._file.write(f'[attempt]: ===== attempt {facts.attempt} ({facts.attempt_cause}) of run {run_name}, '
                              f'rank {dist.get_global_rank()}, started {started} =====\n')
         self._dirty = True
+
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+        """Write a resume marker: the lines above it at steps >= ``info.superseded_from`` are superseded.
+
+        Nothing written is ever rewritten: ``dist-logging logs`` leaves the superseded lines out
+        (unless ``--all-attempts``). The marker names the range it supersedes, found in the last
+        MiB of the log: ``[resume]: ===== resumed at step 20 (resume 1, attempt 0, saved by attempt 0)
+        of run R, rank 0: steps >= 21 written above are superseded (21..27) =====``, or a record of
+        kind ``resume`` in JSON Lines.
+        """
+        self._check_open()
+        self._write_through()
+        last = self._last_step_written()
+        first = info.superseded_from
+        span = f'{first}..{last}' if last is not None and last >= first else 'none found'
+        rank = dist.get_global_rank()
+        if self.format == 'jsonl':
+            record = {'kind': 'resume', 'time': round(info.time, 6), 'rank': rank, 'data': {
+                'step': info.step, 'superseded_from': first,
+                'superseded_to': last if last is not None and last >= first else None, 'resume': info.resume,
+                'attempt': info.attempt, 'saved_attempt': info.saved_attempt, 'run_name': info.run_name}}
+            with self._write_lock:
+                self._file.write(json.dumps(record) + '\n')
+                self._dirty = True
+        else:
+            self.write('[resume]: ', f'===== {info.describe()} of run {info.run_name}, rank {rank}: steps >= {first} '
+                                     f'written above are superseded ({span}) =====\n')
+        self._write_through()
+
+    def _last_step_written(self) -> Optional[int]:
+        """The highest step of a step-bearing line in the last MiB of the log (None: none there)."""
+        try:
+            with open(self.filename, 'rb') as handle:
+                size = handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, size - _RESUME_SCAN_BYTES))
+                tail = handle.read().decode('utf-8', errors='replace')
+        except OSError:
+            return None
+        steps = [int(a or b) for a, b in _STEP_LINE.findall(tail)]
+        return max(steps) if steps else None
 
     # ------------------------------------------------------------------ writing
     def _check_open(self) -> None:

@@ -13,7 +13,7 @@ from dist_logging.state import Timestamp
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
-    from dist_logging.state import State
+    from dist_logging.state import ResumeInfo, State
 
 __all__ = ['InMemoryLogger']
 
@@ -33,6 +33,8 @@ class InMemoryLogger(LoggerDestination):
         traces: trace name -> list of values, in call order.
         tables: table name -> list of ``(step, columns, rows)``.
         images: image name -> list of ``(step, images, masks)``.
+        resumes: one :class:`~dist_logging.state.ResumeInfo` per resume, in order (the markers); at
+            each, the entries of ``data``, ``tables`` and ``images`` at superseded steps were dropped.
 
     Args:
         ranks: rank policy (default ``'zero'``).
@@ -53,9 +55,38 @@ class InMemoryLogger(LoggerDestination):
         self.traces: dict[str, list[Any]] = {}
         self.tables: dict[str, list[tuple[Optional[int], list[str], list[list[Any]]]]] = {}
         self.images: dict[str, list[tuple[Optional[int], Any, Any]]] = {}
+        self.resumes: list['ResumeInfo'] = []
 
     def init(self, state: 'State', logger: 'Logger') -> None:
         self.state = state
+
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+        """Drop every entry at a step >= ``info.superseded_from`` (the resumed run logs them again) and
+        record the resume in :attr:`resumes`. Entries without a step (direct calls) are kept."""
+        first = info.superseded_from
+
+        def kept(step: Optional[int]) -> bool:
+            return step is None or step < first
+
+        for name in list(self.data):
+            points, stamps = self.data[name], self._timestamps[name]
+            keep = [i for i, (step, _) in enumerate(points) if kept(step)]
+            if len(keep) == len(points):
+                continue
+            if not keep:
+                del self.data[name], self._timestamps[name], self.most_recent_values[name]
+                del self.most_recent_timestamps[name]
+                continue
+            self.data[name] = [points[i] for i in keep]
+            self._timestamps[name] = [stamps[i] for i in keep]
+            self.most_recent_values[name] = self.data[name][-1][1]
+            self.most_recent_timestamps[name] = self._timestamps[name][-1]
+        for series in (self.tables, self.images):
+            for name in list(series):
+                series[name] = [entry for entry in series[name] if kept(entry[0])]
+                if not series[name]:
+                    del series[name]
+        self.resumes.append(info)
 
     def _step(self, step: Optional[int]) -> Optional[int]:
         if step is None and self.state is not None:

@@ -27,9 +27,14 @@ from dist_logging.naming import DIST_PLACEHOLDERS, check_rank_distinct, format_n
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
-    from dist_logging.state import State
+    from dist_logging.state import ResumeInfo, State
 
-__all__ = ['MLFlowLogger']
+__all__ = ['MLFlowLogger', 'RESUME_TAG_PREFIX', 'superseded_ranges', 'without_superseded']
+
+RESUME_TAG_PREFIX = 'dist_logging.resume.'
+"""Each resume of the run sets the tag ``dist_logging.resume.<n>`` (n = 1, 2, ... in the run) to JSON: ``{"step": S,
+"superseded_from": P, "before_ms": T, "resume": r, "attempt": a, "saved_attempt": b}``: every point at a step >= P
+with a timestamp < T (ms) was superseded by the resumed run (see :func:`without_superseded`)."""
 
 INSTALL_HINT = 'MLFlowLogger needs the mlflow package: pip install dist-logging[mlflow]'
 
@@ -58,6 +63,10 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
       layout ``mlflow.log_table`` uses); images -> PNG artifacts ``images/<name>/step<step>-<i>.png``
       (plus ``...-<i>.<mask>.png`` with each mask overlaid); traces -> text artifacts
       ``traces/<name>.txt`` (latest value), when ``log_traces`` is True.
+
+    After a resume from a checkpoint (``Logger.load_state_dict``), MLflow cannot delete points: the run
+    gets a tag ``dist_logging.resume.<n>`` naming the superseded range (see :data:`RESUME_TAG_PREFIX`),
+    and :func:`without_superseded` reads a metric history around it.
 
     The run: ``run_id`` (or the ``MLFLOW_RUN_ID`` environment variable) resumes that run.
     Otherwise, with ``resume=True``, a run of the experiment tagged with this Logger's run
@@ -342,6 +351,21 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             return step
         return self._state.timestamp.batch if self._state is not None else 0
 
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+        """Tag the run with the superseded range (``dist_logging.resume.<n>``, the next free n), in the background."""
+        self._check_open()
+        value = json.dumps({'step': info.step, 'superseded_from': info.superseded_from,
+                            'before_ms': int(info.time * 1000), 'resume': info.resume, 'attempt': info.attempt,
+                            'saved_attempt': info.saved_attempt})
+
+        def tag() -> None:
+            tags = self.client.get_run(self.run_id).data.tags
+            number = 1 + max((int(key[len(RESUME_TAG_PREFIX):]) for key in tags if key.startswith(RESUME_TAG_PREFIX)
+                              and key[len(RESUME_TAG_PREFIX):].isdigit()), default=0)
+            self.client.set_tag(self.run_id, f'{RESUME_TAG_PREFIX}{number}', value)
+
+        self._submit(tag)
+
     # ------------------------------------------------------------------ data hooks
     def log_hyperparameters(self, hyperparameters: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -532,3 +556,37 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             self.client.log_artifacts(self.run_id, directory, artifact_path=folder)
 
 
+def superseded_ranges(tags: Mapping[str, str]) -> list[tuple[int, int]]:
+    """``(first superseded step, before_ms)`` of every resume recorded in a run's tags (``run.data.tags``).
+
+    Raises:
+        ValueError: a ``dist_logging.resume.<n>`` tag that is not the JSON this destination writes.
+    """
+    ranges = []
+    for key, value in tags.items():
+        if key.startswith(RESUME_TAG_PREFIX):
+            try:
+                record = json.loads(value)
+                ranges.append((int(record['superseded_from']), int(record['before_ms'])))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f'tag {key}={value!r} is not a dist_logging resume record') from exc
+    return sorted(ranges)
+
+
+def without_superseded(history: Sequence[Any], tags: Mapping[str, str]) -> list[Any]:
+    """The points of a metric history (``MlflowClient.get_metric_history``) that no resume superseded, by step.
+
+    A point is superseded when some resume's tag says ``superseded_from <= point.step`` and the point was
+    logged before the resume (``point.timestamp < before_ms``): the resumed run logged that step again.
+
+    Args:
+        history: ``mlflow.entities.Metric`` objects (``step``, ``timestamp`` in ms, ``value``).
+        tags: the run's tags (``client.get_run(run_id).data.tags``).
+
+    Returns:
+        The points kept, sorted by step (then time).
+    """
+    ranges = superseded_ranges(tags)
+    kept = [point for point in history
+            if not any(point.step >= first and point.timestamp < before for first, before in ranges)]
+    return sorted(kept, key=lambda point: (point.step, point.timestamp))

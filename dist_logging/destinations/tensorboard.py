@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import time
+import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 from dist_logging._artifacts import flatten, markdown_table
@@ -15,11 +18,14 @@ from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
-    from dist_logging.state import State
+    from dist_logging.state import ResumeInfo, State
 
 __all__ = ['TensorboardLogger']
 
 INSTALL_HINT = 'TensorboardLogger needs the tensorboard package: pip install dist-logging[tensorboard]'
+# TensorBoard's event file names: events.out.tfevents.<seconds>.<host>.<pid>.<n>; it reads a run's files in name order.
+_EVENT_SECONDS = re.compile(r'tfevents\.(\d+)\.')
+_ORDER_WAIT_S = 3.0  # a new event file that sorts before an existing one by less than this waits for the clock
 
 
 class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
@@ -86,6 +92,8 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
         self._state: Optional['State'] = None
         self._logger: Optional['Logger'] = None
         self._dirty = False
+        self._writer_file: Optional[str] = None  # the event file the open writer writes
+        self._written = False  # whether anything was written to it
 
     # ------------------------------------------------------------------ lifecycle
     def init(self, state: 'State', logger: 'Logger') -> None:
@@ -95,9 +103,63 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
         self.log_dir = format_name_with_dist(self.log_dir_template, state.run_name)
         if self.remote_dir_template:
             self.remote_dir = validate_object_name(format_name_with_dist(self.remote_dir_template, state.run_name))
-        # flush_secs is a backstop for long batches; flushes normally follow flush_interval.
+        self.writer = self._open_writer(None)
+
+    def _event_files(self) -> list[str]:
+        try:
+            return sorted(name for name in os.listdir(self.log_dir) if '.tfevents.' in name)
+        except FileNotFoundError:
+            return []
+
+    def _open_writer(self, purge_step: Optional[int]) -> Any:
+        """A SummaryWriter on ``log_dir`` whose event file sorts after every event file there (TensorBoard
+        reads them in name order, and a purge only drops events read before it)."""
         summary_writer = import_installed('torch.utils.tensorboard', INSTALL_HINT).SummaryWriter
-        self.writer = summary_writer(log_dir=self.log_dir, max_queue=self.max_queue, flush_secs=120)
+        deadline = time.monotonic() + _ORDER_WAIT_S
+        while True:
+            before = set(self._event_files())
+            # flush_secs is a backstop for long batches; flushes normally follow flush_interval.
+            writer = summary_writer(log_dir=self.log_dir, max_queue=self.max_queue, flush_secs=120,
+                                    purge_step=purge_step)
+            writer.flush()
+            names = self._event_files()
+            new = [name for name in names if name not in before]
+            self._writer_file = os.path.join(self.log_dir, new[-1]) if new else None
+            self._written = False
+            if not new or names[-1] == new[-1] or not before:
+                return writer
+            # Another file sorts after ours: one written this second (a writer of this process, or another
+            # host's clock ahead). Within a few seconds, wait for the clock; otherwise say so.
+            ahead = _EVENT_SECONDS.search(names[-1])
+            if ahead is None or int(ahead.group(1)) + 1 - time.time() > deadline - time.monotonic():
+                warnings.warn(f'TensorboardLogger: the new event file {new[-1]!r} sorts before {names[-1]!r} in '
+                              f'{self.log_dir!r} (clocks differ between hosts?); TensorBoard reads files in name '
+                              'order, so it may show the superseded steps of a resume', RuntimeWarning, stacklevel=3)
+                return writer
+            writer.close()
+            os.remove(os.path.join(self.log_dir, new[-1]))
+            time.sleep(max(0.05, int(ahead.group(1)) + 1 - time.time()))
+
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+        """Replace the writer by one with ``purge_step=info.superseded_from``: TensorBoard then drops every
+        event at that step or later read before the new file (the superseded steps, of every tag).
+
+        The writer replaced was opened before the checkpoint was loaded; its file is removed when
+        nothing was written to it. The new file is made to sort after every other one (see
+        :meth:`_open_writer`).
+        """
+        if self.writer is None:
+            return
+        old, old_file, wrote = self.writer, self._writer_file, self._written
+        self.writer = None
+        old.close()
+        if old_file is not None and not wrote:
+            try:
+                os.remove(old_file)  # only its header: nothing to keep, and one file fewer for TensorBoard
+            except FileNotFoundError:
+                pass
+        self.writer = self._open_writer(info.superseded_from)
+        self._dirty = True
 
     def close(self, state: 'State', logger: 'Logger') -> None:
         if self.writer is None:
@@ -137,7 +199,7 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
     def _writer(self) -> Any:
         if self.writer is None:
             raise RuntimeError(f'TensorboardLogger({self.log_dir_template!r}) is not open: it is opened by the Logger')
-        self._dirty = True
+        self._dirty = self._written = True
         return self.writer
 
     def _step(self, step: Optional[int]) -> int:

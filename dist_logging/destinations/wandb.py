@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import pathlib
 
     from dist_logging.logger import Logger
-    from dist_logging.state import State
+    from dist_logging.state import ResumeInfo, State
 
 __all__ = ['WandBLogger', 'STEP_METRIC']
 
@@ -264,6 +264,29 @@ class WandBLogger(TrackerDestination):
             if state.get(key) and self.init_kwargs.get(key) is None:
                 self.init_kwargs[key] = state[key]
                 setattr(self, key, state[key])
+
+    # ------------------------------------------------------------------ resumes
+    def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
+        """Record the superseded range on the run and say so in a warning: an open W&B run cannot drop rows.
+
+        The run's summary gets ``dist_logging/resume/wandb_step_<W>`` = ``{"step": S, "superseded_from": P,
+        "before_wandb_step": W, "resume": n, "attempt": a}``: the rows before wandb step ``W`` whose
+        ``trainer/global_step`` is ``>= P`` were superseded by the resumed run (the charts, whose x-axis is
+        ``trainer/global_step``, show both until filtered; see the "Resume" section of docs/destinations.md).
+        Rewinding the run on the W&B server (``wandb.init(resume_from=f'{run_id}?_step={P}')``) is not done here.
+        """
+        self._check_open()
+        before = self._last_wandb_step + 1
+        record = {'step': info.step, 'superseded_from': info.superseded_from, 'before_wandb_step': before,
+                  'resume': info.resume, 'attempt': info.attempt, 'time': info.time}
+        key = f'dist_logging/resume/wandb_step_{before}'
+        run = self.run
+        self._submit(lambda: run.summary.update({key: record}))
+        self._warn_once('resume', f'WandBLogger: resumed at step {info.step}: the rows of steps >= '
+                                  f'{info.superseded_from} logged before wandb step {before} are superseded but stay '
+                                  f'in the run (W&B cannot delete rows of an open run); recorded in the run summary '
+                                  f'as {key!r}')
+        self._row_step, self._row_keys = None, set()
 
     # ------------------------------------------------------------------ helpers
     def _warn_once(self, key: str, message: str) -> None:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 _pl = import_framework(('lightning.pytorch', 'pytorch_lightning'), 'lightning', 'dist_logging.integrations.lightning')
 
-__all__ = ['DistLoggingLogger', 'RankSections']
+__all__ = ['DistLoggingLogger', 'RankSections', 'LoggerState']
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +318,47 @@ class RankSections(_pl.Callback):
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._sections.switch(self._adapter.experiment, None)
+
+
+class LoggerState(_pl.Callback):
+    """Keeps the Logger's state in Lightning's checkpoints, so a resumed fit continues its step count and rewinds
+    no history (a Lightning ``Logger`` takes no part in checkpoints; a callback does).
+
+    ::
+
+        dl = DistLoggingLogger(config='configs/per_rank.yaml')
+        trainer = Trainer(logger=dl, callbacks=[LoggerState(dl)])
+        trainer.fit(model, ckpt_path='last')     # the Logger resumes at the checkpoint's step
+
+    ``state_dict`` is :meth:`Logger.state_dict`, stored by Lightning under ``checkpoint['callbacks']``;
+    ``load_state_dict`` hands it back to :meth:`Logger.load_state_dict` when Lightning restores the
+    checkpoint, on every rank: its destinations then show each step once, the resumed run's values
+    winning (the "Resume" section of docs/destinations.md).
+
+    Args:
+        adapter: the :class:`DistLoggingLogger` whose Logger is saved and restored.
+
+    Raises:
+        TypeError: ``adapter`` is not a :class:`DistLoggingLogger`.
+    """
+
+    def __init__(self, adapter: DistLoggingLogger):
+        if not isinstance(adapter, DistLoggingLogger):
+            raise TypeError(f'LoggerState: expected a DistLoggingLogger, got {type(adapter).__name__}')
+        self._adapter = adapter
+
+    def state_dict(self) -> dict[str, Any]:
+        """The Logger's state (:meth:`Logger.state_dict`)."""
+        return self._adapter.experiment.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the Logger (:meth:`Logger.load_state_dict`); an empty state (none saved) is ignored.
+
+        Raises:
+            TypeError, ValueError: as :meth:`Logger.load_state_dict`.
+        """
+        if state_dict:
+            self._adapter.experiment.load_state_dict(state_dict)
 
 
 def _close_when_collected(adapter: DistLoggingLogger) -> weakref.finalize:

@@ -54,6 +54,12 @@ class DistLoggingCallback(_transformers.TrainerCallback):
     every rank its own ``rng_state_{rank}.pth``; ``on_train_end`` -> close the Logger when this
     callback built it (waits for the uploads).
 
+    Resume: a ``trainer.train(resume_from_checkpoint=...)`` restores the ``TrainerState`` before
+    ``on_train_begin``, which then finds ``state.global_step > 0`` and calls
+    :meth:`Logger.resume_at` with it (and the epoch): the Logger continues at the checkpoint's step
+    and its destinations show each step once, the resumed run's values winning (the "Resume" section
+    of docs/destinations.md).
+
     With ``rank_report_every=N`` in the Logger, the hooks mark the rank report's sections on every
     rank (``data`` between steps, ``forward_backward`` as a wait section since it holds the gradient
     sync, ``optimizer``) and count one report step per optimizer step (docs/stragglers.md).
@@ -107,6 +113,9 @@ class DistLoggingCallback(_transformers.TrainerCallback):
         if model_config is not None and hasattr(model_config, 'to_dict'):
             hparams.update({f'model_config/{key}': value for key, value in model_config.to_dict().items()})
         logger = self._handle.get()
+        if int(state.global_step or 0) > 0 and logger.state.timestamp.batch != int(state.global_step):
+            # Resumed from a checkpoint: the TrainerState is restored before this hook.
+            logger.resume_at(int(state.global_step), epoch=int(state.epoch or 0))
         logger.log_hyperparameters(hparams)
         logger.fit_start()
 

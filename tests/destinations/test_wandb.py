@@ -422,3 +422,28 @@ def test_state_dict_continues_the_run(wandb_env, tmp_path):
     with pytest.raises(ValueError, match="contradicts init_kwargs\\['id'\\]='other'"):
         WandBLogger(init_kwargs={'id': 'other'}).load_state_dict({'run_id': 'x'})
     WandBLogger().load_state_dict({})  # what Composer's own WandBLogger saves
+
+
+def test_resume_records_the_superseded_range_on_the_run_with_a_warning(wandb_env):
+    """An open W&B run cannot drop rows: after Logger.load_state_dict the range is in the run summary, and a
+    warning says so; the resumed steps are logged again (new rows, their own trainer/global_step)."""
+    destination = WandBLogger(project='dl')
+    with Logger(destination, run_name='resumed-wandb') as logger:
+        saved = None
+        for _ in range(27):
+            logger.batch_end()
+            logger.log_metrics({'loss': float(logger.state.timestamp.batch)})
+            if logger.state.timestamp.batch == 20:
+                saved = logger.state_dict()
+        logger.load_state_dict(saved)
+        with pytest.warns(RuntimeWarning, match=r'resumed at step 20: the rows of steps >= 21 logged before wandb '
+                                                r'step 28 are superseded'):
+            for _ in range(5):
+                logger.batch_end()
+                logger.log_metrics({'loss': 1000.0 + logger.state.timestamp.batch})
+    log = run_log(destination)
+    record = log.summary['dist_logging/resume/wandb_step_28']
+    assert (record['step'], record['superseded_from'], record['before_wandb_step'], record['resume']) == \
+        (20, 21, 28, 1)
+    steps = [row[STEP_METRIC] for row in log.history if 'loss' in row]
+    assert steps == list(range(1, 28)) + list(range(21, 26))

@@ -96,3 +96,32 @@ def test_tracker_in_one_process_maps_calls_and_closes(monkeypatch, tmp_path):
     tracker.finish()
     with pytest.raises(RuntimeError, match='closed'):
         logger.log_metrics({'loss': 1.0})
+
+
+def test_register_for_checkpointing_restores_the_logger(tmp_path):
+    """A real Accelerator (one process): ``register_for_checkpointing(logger)`` saves the Logger with
+    ``save_state`` and ``load_state`` resumes a new Logger at the saved step."""
+    from accelerate import Accelerator
+
+    from dist_logging import Logger
+    from dist_logging.destinations import InMemoryLogger
+
+    accelerator = Accelerator(cpu=True, project_dir=str(tmp_path))
+    logger = Logger(InMemoryLogger(), run_name='acc')
+    accelerator.register_for_checkpointing(logger)
+    for _ in range(5):
+        logger.batch_end()
+        logger.log_metrics({'loss': 1.0})
+    accelerator.save_state(str(tmp_path / 'state'))
+    logger.close()
+
+    accelerator = Accelerator(cpu=True, project_dir=str(tmp_path))
+    memory = InMemoryLogger()
+    resumed = Logger(memory, run_name='acc')
+    accelerator.register_for_checkpointing(resumed)
+    accelerator.load_state(str(tmp_path / 'state'))
+    assert resumed.state.timestamp.batch == 5
+    resumed.batch_end()
+    resumed.log_metrics({'loss': 2.0})
+    assert memory.data['loss'] == [(6, 2.0)] and [info.step for info in memory.resumes] == [5]
+    resumed.close()

@@ -434,3 +434,61 @@ def test_interpreter_exit_drains_the_uploads_of_an_adapter_never_finalized(tmp_p
     assert (tmp_path / 'bucket' / 'at-exit' / 'model.ckpt').read_bytes() == b'weights'
     log = (tmp_path / 'bucket' / 'at-exit' / 'rank0.txt').read_text()  # closed, flushed and uploaded at exit
     assert '[metric][batch=1]: loss: 1.0' in log
+
+
+def test_logger_state_callback_resumes_a_fit_from_its_checkpoint(tmp_path):
+    """A real fit to step 6 with a checkpoint at 3 and 6; a second fit from the step-3 checkpoint (a new adapter, as
+    after a relaunch) resumes the Logger at 3 through ``LoggerState``: the log has a resume marker and the merged
+    view shows each step once, the resumed fit's values winning."""
+    import io
+
+    import torch
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from dist_logging import Logger
+    from dist_logging._cli_logs.merge import merge_logs
+    from dist_logging.destinations import FileLogger
+    from dist_logging.integrations.lightning import DistLoggingLogger, LoggerState
+
+    class Tiny(LightningModule):
+        def __init__(self, tag: float):
+            super().__init__()
+            self.tag = tag
+            self.net = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log('tag', self.tag)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    x = torch.randn(40, 2)
+    data = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4)
+    log = str(tmp_path / 'logs-rank{rank}.txt')
+
+    def fit(tag: float, max_steps: int, ckpt_path=None) -> None:
+        adapter = DistLoggingLogger(lambda: Logger(FileLogger(log), run_name='lit'), upload_checkpoints=False)
+        checkpoints = ModelCheckpoint(dirpath=str(tmp_path / 'ckpt'), every_n_train_steps=3, save_top_k=-1)
+        trainer = Trainer(accelerator='cpu', devices=1, max_steps=max_steps, log_every_n_steps=1, logger=adapter,
+                          callbacks=[checkpoints, LoggerState(adapter)], default_root_dir=str(tmp_path),
+                          enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(Tiny(tag), data, ckpt_path=ckpt_path)
+
+    fit(1.0, 6)
+    (step3,) = (tmp_path / 'ckpt').glob('*step=3.ckpt')
+    assert torch.load(step3, weights_only=False)['callbacks']['LoggerState']['timestamp']['batch'] > 0
+    fit(2.0, 8, ckpt_path=str(step3))
+    text = (tmp_path / 'logs-rank0.txt').read_text()
+    assert '[resume]: ===== resumed at step' in text
+    out = io.StringIO()
+    merge_logs([str(tmp_path / 'logs-rank0.txt')], out, collapse=False)
+    tags = [(int(line.split('[batch=')[1].split(']')[0]), float(line.split('tag: ')[1]))
+            for line in out.getvalue().splitlines() if ' tag: ' in line]
+    steps = [step for step, _ in tags]
+    assert steps == sorted(set(steps)), tags  # each step once
+    assert tags[-1][1] == 2.0 and tags[0][1] == 1.0

@@ -133,3 +133,51 @@ def test_on_log_splits_numbers_from_text_and_on_train_end_closes_what_it_built()
     callback.on_train_end(None, state, None)
     with pytest.raises(RuntimeError, match='closed'):
         logger.log_metrics({'loss': 1.0})
+
+
+def test_resume_from_checkpoint_resumes_the_logger(tmp_path):
+    """A real one-process Trainer run (tiny GPT-2, 10 steps, a checkpoint at 5), then a second Trainer with a new
+    callback and Logger (as after a relaunch) resumed from checkpoint-5: the log has a resume marker at step 5 and
+    the merged view shows steps 1..10 once each."""
+    import io
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from dist_logging import Logger
+    from dist_logging._cli_logs.merge import merge_logs
+    from dist_logging.destinations import FileLogger
+    from dist_logging.integrations.transformers import DistLoggingCallback
+
+    class TokenData(torch.utils.data.Dataset):
+        def __init__(self):
+            self.ids = torch.randint(0, 64, (40, 16), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self):
+            return len(self.ids)
+
+        def __getitem__(self, index):
+            return {'input_ids': self.ids[index], 'labels': self.ids[index]}
+
+    log = str(tmp_path / 'logs-rank{rank}.txt')
+
+    def train(resume=None):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+        args = TrainingArguments(output_dir=str(tmp_path / 'hf'), max_steps=10, save_strategy='steps', save_steps=5,
+                                 logging_steps=1, per_device_train_batch_size=2, learning_rate=1e-3,
+                                 dataloader_num_workers=0, use_cpu=True, report_to=[], disable_tqdm=True, seed=0)
+        logger = Logger(FileLogger(log), run_name='hf')
+        trainer = Trainer(model=model, args=args, train_dataset=TokenData(),
+                          callbacks=[DistLoggingCallback(logger, upload_checkpoints=False)])
+        trainer.train(resume_from_checkpoint=resume)
+        logger.close()
+
+    train()
+    train(str(tmp_path / 'hf' / 'checkpoint-5'))
+    text = (tmp_path / 'logs-rank0.txt').read_text()
+    assert 'resumed at step 5 (resume 1, attempt 0)' in text
+    out = io.StringIO()
+    merge_logs([str(tmp_path / 'logs-rank0.txt')], out, collapse=False)
+    steps = [int(line.split('[batch=')[1].split(']')[0]) for line in out.getvalue().splitlines() if ' loss: ' in line]
+    assert steps == list(range(1, 11))
