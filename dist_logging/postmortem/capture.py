@@ -174,6 +174,9 @@ def write_set(folder: str, *, reason: str, rank: int, world_size: int, attempt: 
         files['exception.txt'] = _write(folder, 'exception.txt', text.encode())
         first = str(exception).strip().splitlines()
         error = {'type': type(exception).__name__, 'message': first[0] if first else ''}
+        frames = traceback.extract_tb(exception.__traceback__)
+        if frames:
+            error['where'] = f'{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}'
     files['events.json'] = _write(folder, 'events.json', json.dumps(events or {}, default=str).encode())
     header = {
         'format': FORMAT_VERSION, 'rank': rank, 'host': socket.gethostname(), 'pid': os.getpid(),

@@ -266,6 +266,9 @@ def analyse(sets: dict[int, RankSet], world_size: Optional[int] = None) -> Verdi
         first = min(causes, key=lambda r: sets[r].header.get('time') or 0)
         others = sorted(set(sets) - causes)
         line = f'crash: {_culprits(sets, [first], roster, with_location=False)} raised {sets[first].error_line()}'
+        where = (sets[first].header.get('exception') or {}).get('where')
+        if where:
+            line += f' at {where}'
         if others:
             line += f'; {_ranks(others)} failed after it'
         culprits = [first]
