@@ -95,7 +95,8 @@ def plot(summary: dict, path: pathlib.Path) -> None:
     left.legend()
     left.set_title('step time per job')
     right.bar(range(len(rounds)), [100 * r['cost'] for r in rounds])
-    right.axhline(100 * summary['cost_median'], color='k', linestyle='--', label=f'median {100 * summary["cost_median"]:+.2f} %')
+    median = 100 * summary['cost_median']
+    right.axhline(median, color='k', linestyle='--', label=f'median {median:+.2f} %')
     right.axhline(1.0, color='r', linestyle=':', label='target 1 %')
     right.set_xlabel('round')
     right.set_ylabel('on / off - 1 (%)')
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         'host': os.uname().nodename, 'load_average': os.getloadavg(),
     }
     stamp = time.strftime('%Y%m%d-%H%M%S')
-    path = pathlib.Path(args.out_json) if args.out_json else RESULTS_DIR / f'{NAME}-{os.uname().nodename}-{stamp}-n{args.nproc}.json'
+    default = RESULTS_DIR / f'{NAME}-{os.uname().nodename}-{stamp}-n{args.nproc}.json'
+    path = pathlib.Path(args.out_json) if args.out_json else default
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=2) + '\n')
     print(json.dumps({k: v for k, v in summary.items() if k != 'rounds'}, indent=2))

@@ -17,7 +17,7 @@ from dist_logging import dist
 from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
 from dist_logging._logger.config_load import build_logger
 from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
-from dist_logging._logger.postmortem_link import check_reason, make_recorder, stop_recorder
+from dist_logging._logger.postmortem_link import check_hang_timeout, check_reason, make_recorder, stop_recorder
 from dist_logging._logger.routing import CLOSED_MESSAGE, ClosedRoutes, Router
 from dist_logging._logger.run_name import resolve_run_name
 from dist_logging._values import check_metric_key, check_table, metric_scalar
@@ -101,6 +101,7 @@ class Logger(RankReportMethods):
                 raise TypeError(f'destinations[{index}] is a {type(destination).__name__}, not a LoggerDestination')
             validate_ranks(getattr(destination, 'ranks', 'zero'), f'destinations[{index}] ({type(destination).__name__})')
             LogLevel.parse(destination.log_level)
+        check_hang_timeout(hang_timeout)  # before anything starts
         self._group = dist.LoggingGroup(sync_timeout)
         self._redact = build_redactor(redact)
         self.auto_flush = bool(auto_flush)

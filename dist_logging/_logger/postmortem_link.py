@@ -30,6 +30,16 @@ def check_reason(reason: Any) -> str:
     return reason
 
 
+def check_hang_timeout(value: Any) -> None:
+    """Check ``Logger(hang_timeout=...)``.
+
+    Raises:
+        ValueError: not None and not a positive number of seconds (named).
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ValueError(f'hang_timeout must be a positive number of seconds or None, got {value!r}')
+
+
 def make_recorder(router: Router, state: State, group: Any, gatherer: Any, hang_timeout: Optional[float],
                   enabled: bool) -> Optional[Recorder]:
     """The Logger's recorder (None when this rank has no destination that takes files), started when ``enabled``.
@@ -71,9 +81,7 @@ def make_recorder(router: Router, state: State, group: Any, gatherer: Any, hang_
                                      for d, e in router.failures.values()],
         }
 
-    if hang_timeout is not None and (isinstance(hang_timeout, bool) or not isinstance(hang_timeout, (int, float))
-                                     or not hang_timeout > 0):
-        raise ValueError(f'hang_timeout must be a positive number of seconds or None, got {hang_timeout!r}')
+    check_hang_timeout(hang_timeout)
     if not router.uploaders:
         if enabled:
             warnings.warn('Logger(hang_timeout=/postmortem=): no destination on this rank takes files, so there is '

@@ -157,6 +157,11 @@ class Recorder:
             self._claimed = True
             return True
 
+    @staticmethod
+    def _ours() -> bool:
+        """Whether the calling thread is one of the postmortem's own (its stack says nothing about the job)."""
+        return threading.current_thread().name.startswith('dist_logging-postmortem')
+
     def _capture(self, reason: str, exception: Optional[BaseException], wait: Optional[float]) -> None:
         folder = tempfile.mkdtemp(prefix=f'dist_logging-postmortem-rank{self.rank}-')
         try:
@@ -173,7 +178,8 @@ class Recorder:
             files = write_set(folder, reason=reason, rank=self.rank, world_size=self.world_size,
                               attempt=self.attempt, run_name=self.run_name, roster=roster,
                               logging_group=self._logging_group, exception=exception, events=events,
-                              training_thread=self.training_thread, skip_thread=threading.get_ident())
+                              training_thread=self.training_thread,
+                              skip_thread=threading.get_ident() if self._ours() else None)
             names = object_names(self.run_name, self.attempt, self.rank)
             order = ['fr'] + [name for name in names if name != 'fr']  # the header last
             for name in order:

@@ -1,0 +1,125 @@
+"""The Logger's postmortem API in one process: ``capture_postmortem``, validation, the config key, and the
+process-ending triggers (an uncaught exception, SIGTERM) in a real child process, hooks chained."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dist_logging import Logger
+from dist_logging.destinations.remote import RemoteUploaderDownloader
+from dist_logging.postmortem import analyse, rank_of_path
+
+pytestmark = pytest.mark.timeout(180)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+CHILD = '''
+import sys, time
+from dist_logging import Logger
+from dist_logging.destinations.remote import RemoteUploaderDownloader
+mode, bucket = sys.argv[1], sys.argv[2]
+logger = Logger(RemoteUploaderDownloader(bucket), run_name='child', postmortem=True)
+logger.batch_end()
+print('ready', flush=True)
+if mode == 'raise':
+    raise KeyError('no such column')
+time.sleep(60)
+'''
+
+
+def _env(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')]),
+               DIST_LOGGING_TMPDIR=str(tmp_path / 'state'))
+    for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'DIST_LOGGING_RUN_NAME'):
+        env.pop(key, None)
+    return env
+
+
+def test_capture_postmortem_on_demand_once(tmp_path):
+    bucket = tmp_path / 'bucket'
+    logger = Logger(RemoteUploaderDownloader(str(bucket)), run_name='demand', postmortem=False)
+    try:
+        logger.batch_end()
+        prefix = logger.capture_postmortem('checking', wait=30)
+        assert prefix == 'demand/postmortem/attempt-0/rank-0/'
+        assert logger.capture_postmortem('again') is None  # once per rank per attempt
+        with pytest.raises(ValueError, match='reason'):
+            logger.capture_postmortem('no/slashes')
+    finally:
+        logger.close()
+    header = json.loads((bucket / prefix / 'header.json').read_text())
+    assert header['reason'] == 'checking' and header['rank'] == 0 and header['pid'] == os.getpid()
+    assert json.loads((bucket / prefix / 'events.json').read_text())['timestamp']['batch'] == 1
+    assert 'test_capture_postmortem_on_demand_once' in (bucket / prefix / 'stacks.txt').read_text()
+    assert (bucket / 'demand/postmortem/attempt-0/fr/fr_trace_rank_0').exists()
+    assert all(rank_of_path(str(p.relative_to(bucket / 'demand'))) == 0 for p in bucket.rglob('*') if p.is_file())
+    with pytest.raises(RuntimeError):
+        logger.capture_postmortem('late')
+
+
+def test_nothing_is_written_when_nothing_is_wrong(tmp_path):
+    bucket = tmp_path / 'bucket'
+    logger = Logger(RemoteUploaderDownloader(str(bucket)), run_name='quiet', postmortem=True)
+    for _ in range(3):
+        logger.batch_end()
+    logger.close()
+    assert not (bucket / 'quiet' / 'postmortem').exists()
+
+
+@pytest.mark.parametrize('value', [0, -1.0, 'ten', True])
+def test_bad_hang_timeout_is_refused_at_construction(tmp_path, value):
+    with pytest.raises(ValueError, match='hang_timeout'):
+        Logger(RemoteUploaderDownloader(str(tmp_path)), run_name='bad', hang_timeout=value)
+
+
+def test_config_key(tmp_path):
+    from dist_logging.config import load_config
+
+    with pytest.raises(ValueError, match='hang_timeout'):
+        load_config({'hang_timeout': -3, 'upload': str(tmp_path)})
+    assert load_config({'hang_timeout': 600, 'upload': str(tmp_path)}).logger_kwargs['hang_timeout'] == 600
+
+
+def _child(tmp_path, mode):
+    bucket = tmp_path / 'bucket'
+    proc = subprocess.Popen([sys.executable, '-c', CHILD, mode, str(bucket)], env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == 'ready'
+        if mode == 'sigterm':
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return bucket / 'child' / 'postmortem' / 'attempt-0' / 'rank-0', proc.returncode, stderr
+
+
+def test_uncaught_exception_captures_then_the_previous_hook_runs(tmp_path):
+    folder, code, stderr = _child(tmp_path, 'raise')
+    assert code == 1
+    assert "KeyError: 'no such column'" in stderr  # the default hook still printed the traceback
+    header = json.loads((folder / 'header.json').read_text())
+    assert header['reason'] == 'exception' and header['exception']['type'] == 'KeyError'
+    assert 'no such column' in (folder / 'exception.txt').read_text()
+
+
+def test_sigterm_captures_then_ends_the_process_by_sigterm(tmp_path):
+    folder, code, _ = _child(tmp_path, 'sigterm')
+    assert code == -signal.SIGTERM
+    header = json.loads((folder / 'header.json').read_text())
+    assert header['reason'] == 'sigterm'
+    from dist_logging.postmortem import RankSet
+
+    verdict = analyse({0: RankSet(0, header)})
+    assert verdict.code == 0 and verdict.culprits == []
