@@ -52,6 +52,27 @@ def _kill(pids: list[int]) -> None:
             pass
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f'/proc/{pid}/stat') as handle:
+            return handle.read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')
+    except FileNotFoundError:
+        return False
+
+
+def _sigterm_when_ready(out: pathlib.Path, deadline: float) -> dict[int, float]:
+    """SIGTERM every worker once all are at the incident; worker pid -> when it was signalled."""
+    while time.monotonic() < deadline and len(list(out.glob('ready*'))) < NPROC:
+        time.sleep(0.2)
+    time.sleep(1.5)  # the others enter the all_reduce, rank 3 its sleep
+    signalled = {}
+    for path in out.glob('pid*'):
+        pid = int(path.read_text())
+        os.kill(pid, signal.SIGTERM)
+        signalled[pid] = time.monotonic()
+    return signalled
+
+
 def _run(tmp_path: pathlib.Path, mode: str, wait_sets: int) -> tuple[pathlib.Path, str, subprocess.Popen]:
     bucket, out = tmp_path / 'bucket', tmp_path / 'out'
     bucket.mkdir()
@@ -64,7 +85,12 @@ def _run(tmp_path: pathlib.Path, mode: str, wait_sets: int) -> tuple[pathlib.Pat
                             start_new_session=True)
     deadline = time.monotonic() + LAND_SECONDS
     try:
-        if wait_sets:
+        if mode == 'sigterm':
+            signalled = _sigterm_when_ready(out, deadline)
+            while time.monotonic() < deadline and any(_alive(pid) for pid in signalled):
+                time.sleep(0.2)
+            proc.ended_by_themselves = not any(_alive(pid) for pid in signalled)  # type: ignore[attr-defined]
+        elif wait_sets:
             while time.monotonic() < deadline and len(_headers(bucket, run)) < wait_sets:
                 time.sleep(0.2)
             time.sleep(0.5)  # the header is handed over last; let its neighbours' uploads finish
@@ -171,3 +197,15 @@ def test_clean_run_leaves_nothing(tmp_path):
     assert not (bucket / run / 'postmortem').exists()
     result = _diagnose(str(bucket / run))
     assert result.returncode == 0 and result.stdout.startswith('no postmortem'), result.stdout + result.stderr
+
+
+def test_sigterm_while_waiting_in_a_gloo_collective(tmp_path):
+    """A scheduler's SIGTERM reaches ranks stuck in all_reduce (no Python handler can run there) and a rank in
+    a sleep: every rank captures, its set lands, and every process ends by itself (no SIGKILL)."""
+    bucket, run, proc = _run(tmp_path, 'sigterm', 0)
+    assert proc.ended_by_themselves
+    headers = _assert_sets(bucket, run, set(range(NPROC)))
+    assert {h['reason'] for h in headers.values()} == {'sigterm'}
+    result = _diagnose(str(bucket / run))
+    first = result.stdout.splitlines()[0]
+    assert result.returncode == 1 and first.startswith('hang:') and _culprits(first) == {3}, result.stdout
