@@ -123,3 +123,44 @@ def test_sigterm_captures_then_ends_the_process_by_sigterm(tmp_path):
 
     verdict = analyse({0: RankSet(0, header)})
     assert verdict.code == 0 and verdict.culprits == []
+
+
+RECORDER_CHILD = '''
+import json, os, sys
+import torch, torch.distributed as torch_dist
+from dist_logging import Logger, dist
+from dist_logging.destinations.remote import RemoteUploaderDownloader
+dist.init_process_group_from_env(backend='gloo', timeout=60)
+logger = Logger(RemoteUploaderDownloader(sys.argv[1]), run_name='fr')
+torch_dist.all_reduce(torch.ones(2))
+prefix = logger.capture_postmortem('manual', wait=30)
+logger.close()
+print(json.dumps({'variable': os.environ.get('TORCH_FR_BUFFER_SIZE'), 'prefix': prefix}))
+'''
+
+
+@pytest.mark.parametrize('setting', [None, '0'])
+def test_recorder_on_by_default_and_a_user_setting_is_kept(tmp_path, setting):
+    from torchrun_helper import free_port
+
+    env = _env(tmp_path)
+    env.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
+    env.pop('TORCH_FR_BUFFER_SIZE', None)
+    if setting is not None:
+        env['TORCH_FR_BUFFER_SIZE'] = setting
+    bucket = tmp_path / 'bucket'
+    result = subprocess.run([sys.executable, '-c', RECORDER_CHILD, str(bucket)], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    header = json.loads((bucket / report['prefix'] / 'header.json').read_text())
+    assert (bucket / report['prefix'] / 'stacks.txt').exists()
+    if setting is None:
+        assert report['variable'] == '2000' and header['flight_recorder'] == 'on'
+        with open(bucket / 'fr/postmortem/attempt-0/fr/fr_trace_rank_0', 'rb') as handle:
+            from dist_logging.postmortem.diagnose import load_dump
+
+            names = [e['profiling_name'] for e in load_dump(handle.read())['entries']]
+        assert 'gloo:all_reduce' in names
+    else:
+        assert report['variable'] == '0' and header['flight_recorder'] == 'off'
