@@ -164,3 +164,27 @@ def test_recorder_on_by_default_and_a_user_setting_is_kept(tmp_path, setting):
         assert 'gloo:all_reduce' in names
     else:
         assert report['variable'] == '0' and header['flight_recorder'] == 'off'
+
+
+def test_unreachable_bucket_keeps_the_set_in_staging_for_drain(tmp_path):
+    import contextlib
+    import io
+
+    from dist_logging.cli import main
+    from dist_logging.errors import UploadError
+
+    blocker = tmp_path / 'bucket'
+    blocker.write_text('a file where the bucket should be')  # every upload fails (not a directory)
+    remote = RemoteUploaderDownloader(str(blocker / 'store'), num_attempts=1,
+                                      upload_staging_folder=str(tmp_path / 'staging'))
+    logger = Logger(remote, run_name='far', postmortem=True)
+    assert logger.capture_postmortem('cut_off', wait=10) == 'far/postmortem/attempt-0/rank-0/'
+    with pytest.raises(UploadError):
+        logger.close()
+    blocker.unlink()
+    (blocker / 'store').mkdir(parents=True)  # the bucket is back
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(['drain', str(tmp_path / 'staging'), '--no-progress']) == 0
+    header = json.loads((blocker / 'store/far/postmortem/attempt-0/rank-0/header.json').read_text())
+    assert header['reason'] == 'cut_off'
+    assert (blocker / 'store/far/postmortem/attempt-0/fr/fr_trace_rank_0').exists()
