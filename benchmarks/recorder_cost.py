@@ -62,9 +62,20 @@ def worker(args: argparse.Namespace) -> None:
         entries = len(pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False))['entries'])
     except Exception:  # noqa: BLE001 - a torch without it
         pass
+    # The recorder's own cost per collective, which a noisy step time hides: many small all_reduces,
+    # wall time and the training thread's CPU time per call.
+    small = torch.ones(8)
+    torch_dist.barrier()
+    wall, cpu = time.perf_counter(), time.thread_time()
+    for _ in range(args.collectives):
+        torch_dist.all_reduce(small)
+    per_call_us = 1e6 * (time.perf_counter() - wall) / args.collectives
+    per_call_cpu_us = 1e6 * (time.thread_time() - cpu) / args.collectives
     torch_dist.barrier()
     if torch_dist.get_rank() == 0:
-        pathlib.Path(args.worker_out).write_text(json.dumps({'step_s': times, 'fr_entries': entries}))
+        pathlib.Path(args.worker_out).write_text(json.dumps({'step_s': times, 'fr_entries': entries,
+                                                             'collective_us': per_call_us,
+                                                             'collective_cpu_us': per_call_cpu_us}))
     torch_dist.destroy_process_group()
 
 
@@ -73,7 +84,8 @@ def launch(args: argparse.Namespace, setting: str, out: str) -> dict:
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE=setting, OMP_NUM_THREADS='1')
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}',
            os.path.abspath(__file__), '--worker-out', out, '--width', str(args.width), '--depth', str(args.depth),
-           '--batch', str(args.batch), '--steps', str(args.steps), '--warmup', str(args.warmup)]
+           '--batch', str(args.batch), '--steps', str(args.steps), '--warmup', str(args.warmup),
+           '--collectives', str(args.collectives)]
     subprocess.run(cmd, env=env, check=True, timeout=900, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads(pathlib.Path(out).read_text())
 
@@ -117,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--width', type=int, default=1024)
     parser.add_argument('--depth', type=int, default=4)
     parser.add_argument('--batch', type=int, default=128)
+    parser.add_argument('--collectives', type=int, default=2000, help='small all_reduces timed after the steps')
     parser.add_argument('--out-json', default=None)
     parser.add_argument('--no-plot', action='store_true')
     parser.add_argument('--quick', action='store_true', help='2 rounds of 60 steps, a small model')
@@ -136,17 +149,26 @@ def main(argv: list[str] | None = None) -> int:
                 report = launch(args, setting, os.path.join(scratch, f'{index}-{setting}.json'))
                 steps = report['step_s']
                 row[setting] = {'median_ms': 1e3 * statistics.median(steps), 'mean_ms': 1e3 * statistics.fmean(steps),
-                                'fr_entries': report['fr_entries']}
+                                'fr_entries': report['fr_entries'], 'collective_us': report['collective_us'],
+                                'collective_cpu_us': report['collective_cpu_us']}
             row['cost'] = row['2000']['median_ms'] / row['0']['median_ms'] - 1
+            row['collective_extra_us'] = row['2000']['collective_us'] - row['0']['collective_us']
+            row['collective_extra_cpu_us'] = row['2000']['collective_cpu_us'] - row['0']['collective_cpu_us']
             rounds.append(row)
             print(f'[{NAME}] round {index}: off {row["0"]["median_ms"]:.2f} ms, on {row["2000"]["median_ms"]:.2f} ms, '
-                  f'cost {100 * row["cost"]:+.2f} % (entries on: {row["2000"]["fr_entries"]})', file=sys.stderr,
+                  f'cost {100 * row["cost"]:+.2f} % (entries on: {row["2000"]["fr_entries"]}); per small all_reduce '
+                  f'{row["collective_extra_us"]:+.1f} us wall, {row["collective_extra_cpu_us"]:+.1f} us CPU',
+                  file=sys.stderr,
                   flush=True)
     costs = [r['cost'] for r in rounds]
     summary = {
         'benchmark': NAME, 'nproc': args.nproc, 'steps': args.steps, 'width': args.width, 'depth': args.depth,
         'batch': args.batch, 'rounds': rounds, 'cost_median': statistics.median(costs),
         'cost_mean': statistics.fmean(costs), 'cost_min': min(costs), 'cost_max': max(costs), 'target': 0.01,
+        'collective_extra_us_median': statistics.median(r['collective_extra_us'] for r in rounds),
+        'collective_extra_cpu_us_median': statistics.median(r['collective_extra_cpu_us'] for r in rounds),
+        'collectives_per_step': (rounds[0]['2000']['fr_entries'] or 0) / max(1, args.steps + args.warmup),
+        'note': 'fr_entries counts the training steps only (taken before the small all_reduces)',
         'host': os.uname().nodename, 'load_average': os.getloadavg(),
     }
     stamp = time.strftime('%Y%m%d-%H%M%S')

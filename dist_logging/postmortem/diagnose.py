@@ -171,6 +171,15 @@ def _members(name: str, sets: dict[int, RankSet], world: int, seen: set[int]) ->
     return seen
 
 
+def _first_mismatch(entries: dict[int, list[dict[str, Any]]]) -> Optional[int]:
+    """The lowest sequence number at which ranks recorded different collectives (None: they agree)."""
+    ops: dict[int, set[str]] = {}
+    for rank_entries in entries.values():
+        for entry in rank_entries:
+            ops.setdefault(entry.get('collective_seq_id') or 0, set()).add(_op(entry.get('profiling_name')))
+    return min((seq for seq, names in ops.items() if len(names) > 1), default=None)
+
+
 def _collective_verdict(sets: dict[int, RankSet], world: int, roster: dict[int, str],
                         missing: set[int]) -> Optional[Verdict]:
     """A desync or a hang read from the flight-recorder dumps (None when they show neither)."""
@@ -188,9 +197,12 @@ def _collective_verdict(sets: dict[int, RankSet], world: int, roster: dict[int, 
             waiting = [e for e in per_rank[rank].get(name, []) if not e.get('retired')]
             if waiting:
                 pending[rank] = min(waiting, key=lambda e: e.get('collective_seq_id') or 0)
-        if not pending:
+        mismatch = _first_mismatch({r: per_rank[r].get(name, []) for r in last})
+        if not pending and mismatch is None:
             continue
-        seq = min(e.get('collective_seq_id') or 0 for e in pending.values())
+        seq = min(e.get('collective_seq_id') or 0 for e in pending.values()) if pending else mismatch
+        if mismatch is not None and mismatch < seq:
+            seq = mismatch  # collectives that paired up wrongly (and even completed) before the wait
         at_seq = {r: next((e for e in per_rank[r].get(name, []) if e.get('collective_seq_id') == seq), None)
                   for r in last}
         ops: dict[str, set[int]] = {}

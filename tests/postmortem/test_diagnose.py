@@ -68,6 +68,14 @@ def test_desync_names_the_minority_and_both_ops():
     assert 'broadcast #2' in verdict.line and 'called all_reduce' in verdict.line
 
 
+def test_desync_that_completed_is_still_found():
+    # broadcast and all_reduce of the same size can pair up in gloo and both retire: the ops still differ.
+    sets = {r: _set(r, [_entry(1), _entry(2), _entry(3, retired=False)], reason='manual') for r in range(3)}
+    sets[3] = _set(3, [_entry(1), _entry(2, 'broadcast'), _entry(3, retired=False)], reason='manual')
+    verdict = analyse(sets)
+    assert verdict.kind == 'desync' and verdict.culprits == [3] and 'broadcast #2' in verdict.line
+
+
 def test_crash_names_the_rank_with_its_own_error_not_the_consequences():
     closed = ('RuntimeError', '[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234')
     sets = {r: _set(r, [_entry(1), _entry(2, retired=False)], reason='exception', error=closed) for r in range(3)}
