@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_out:
         worker(args)
         return 0
+    if 'LOCAL_RANK' in os.environ:
+        parser.error('run this driver with plain python (it launches its own torchrun jobs)')
     if args.quick:
         args.rounds, args.steps, args.warmup, args.width = 2, 60, 10, 256
     rounds = []
