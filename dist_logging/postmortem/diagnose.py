@@ -40,6 +40,7 @@ _CONSEQUENCE = re.compile(r'Connection closed by peer|Connection reset|Broken pi
                           r'NCCL communicator was aborted|Watchdog caught collective operation timeout', re.I)
 _LIBRARY = re.compile(r'(site-packages|dist-packages|/lib/python\d[\d.]*/|<frozen |/dist_logging/)')
 _COLLECTIVE_FRAME = re.compile(r'torch/distributed/|distributed_c10d')
+_RANK_WORD = re.compile(r'(?<!\w)rank (\d+)', re.I)
 
 
 def rank_of_path(path: str) -> Optional[int]:
@@ -129,6 +130,11 @@ class Verdict:
                 'exit_code': self.code, 'facts': self.facts}
 
 
+def _quiet(text: Any) -> str:
+    """Free text for the verdict line with ``rank N`` written ``rank=N``: only culprits are written ``rank N``."""
+    return _RANK_WORD.sub(r'rank=\1', str(text))
+
+
 def _ranks(ranks: Any) -> str:
     """``ranks 0, 1, 2`` (always the plural: only culprits are written ``rank N``)."""
     return 'ranks ' + ', '.join(str(r) for r in sorted(ranks))
@@ -145,7 +151,7 @@ def _culprits(sets: dict[int, RankSet], ranks: Any, roster: dict[int, str], with
         host = sets[rank].host if rank in sets else roster.get(rank, '?')
         text = f'rank {rank} (host {host})'
         if with_location and rank in sets and sets[rank].location():
-            text += f' at {sets[rank].location()}'
+            text += f' at {_quiet(sets[rank].location())}'
         parts.append(text)
     return ', '.join(parts)
 
@@ -277,10 +283,11 @@ def analyse(sets: dict[int, RankSet], world_size: Optional[int] = None) -> Verdi
     if causes:
         first = min(causes, key=lambda r: sets[r].header.get('time') or 0)
         others = sorted(set(sets) - causes)
-        line = f'crash: {_culprits(sets, [first], roster, with_location=False)} raised {sets[first].error_line()}'
+        line = (f'crash: {_culprits(sets, [first], roster, with_location=False)} raised '
+                f'{_quiet(sets[first].error_line())}')
         where = (sets[first].header.get('exception') or {}).get('where')
         if where:
-            line += f' at {where}'
+            line += f' at {_quiet(where)}'
         if others:
             line += f'; {_ranks(others)} failed after it'
         culprits = [first]

@@ -86,6 +86,13 @@ def test_crash_names_the_rank_with_its_own_error_not_the_consequences():
     assert _first_line_ranks(verdict.line) == {3}
 
 
+def test_only_culprits_are_written_rank_n_on_the_first_line():
+    sets = {r: _set(r, [_entry(1), _entry(2, retired=False)], reason='sigterm') for r in range(3)}
+    sets[3] = _set(3, [_entry(1)], reason='exception', error=('AssertionError', 'rank 0 sent a bad shape'))
+    verdict = analyse(sets)
+    assert _first_line_ranks(verdict.line) == {3} and 'rank=0 sent a bad shape' in verdict.line
+
+
 def test_sigterm_consequences_and_a_missing_rank():
     # rank 2 was SIGKILLed (no set); the others were waiting for it in all_reduce #2.
     sets = {r: _set(r, [_entry(1), _entry(2, retired=False)], reason='sigterm') for r in (0, 1, 3)}
