@@ -79,6 +79,45 @@ def worker(args: argparse.Namespace) -> None:
     torch_dist.destroy_process_group()
 
 
+def micro_worker(args: argparse.Namespace) -> None:
+    """One process, a world of one (gloo over a file store): CPU and wall time per small all_reduce."""
+    import torch
+    import torch.distributed as torch_dist
+
+    torch_dist.init_process_group('gloo', init_method='file://' + args.micro_out + '.store', rank=0, world_size=1)
+    small = torch.ones(8)
+    for _ in range(200):
+        torch_dist.all_reduce(small)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(args.collectives):
+        torch_dist.all_reduce(small)
+    report = {'wall_us': 1e6 * (time.perf_counter() - wall) / args.collectives,
+              'cpu_us': 1e6 * (time.process_time() - cpu) / args.collectives}
+    pathlib.Path(args.micro_out).write_text(json.dumps(report))
+    torch_dist.destroy_process_group()
+
+
+def micro(args: argparse.Namespace, scratch: str) -> dict:
+    """Alternate single-process runs with the recorder off and on; the per-call differences, per round."""
+    rows = []
+    for index in range(args.micro_rounds):
+        row = {}
+        for setting in (SETTINGS if index % 2 == 0 else SETTINGS[::-1]):
+            out = os.path.join(scratch, f'micro-{index}-{setting}.json')
+            env = dict(os.environ, TORCH_FR_BUFFER_SIZE=setting, OMP_NUM_THREADS='1')
+            subprocess.run([sys.executable, os.path.abspath(__file__), '--micro-out', out, '--collectives',
+                            str(args.collectives)], env=env, check=True, timeout=600)
+            row[setting] = json.loads(pathlib.Path(out).read_text())
+        row['extra_cpu_us'] = row['2000']['cpu_us'] - row['0']['cpu_us']
+        row['extra_wall_us'] = row['2000']['wall_us'] - row['0']['wall_us']
+        print(f'[{NAME}] micro round {index}: off {row["0"]["cpu_us"]:.1f} us CPU, on {row["2000"]["cpu_us"]:.1f} us '
+              f'CPU per all_reduce ({row["extra_cpu_us"]:+.1f} us)', file=sys.stderr, flush=True)
+        rows.append(row)
+    return {'rounds': rows, 'extra_cpu_us_median': statistics.median(r['extra_cpu_us'] for r in rows),
+            'extra_wall_us_median': statistics.median(r['extra_wall_us'] for r in rows),
+            'collectives': args.collectives}
+
+
 def launch(args: argparse.Namespace, setting: str, out: str) -> dict:
     """Run one job with ``TORCH_FR_BUFFER_SIZE=setting`` and return rank zero's report."""
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE=setting, OMP_NUM_THREADS='1')
@@ -133,10 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--out-json', default=None)
     parser.add_argument('--no-plot', action='store_true')
     parser.add_argument('--quick', action='store_true', help='2 rounds of 60 steps, a small model')
+    parser.add_argument('--micro-only', action='store_true', help='only the single-process per-call timing')
     parser.add_argument('--worker-out', default=None, help=argparse.SUPPRESS)
+    parser.add_argument('--micro-out', default=None, help=argparse.SUPPRESS)
+    parser.add_argument('--micro-rounds', type=int, default=6,
+                        help='single-process runs per setting timing the recorder per all_reduce (0: none)')
     args = parser.parse_args(argv)
     if args.worker_out:
         worker(args)
+        return 0
+    if args.micro_out:
+        micro_worker(args)
         return 0
     if 'LOCAL_RANK' in os.environ:
         parser.error('run this driver with plain python (it launches its own torchrun jobs)')
@@ -144,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rounds, args.steps, args.warmup, args.width = 2, 60, 10, 256
     rounds = []
     with tempfile.TemporaryDirectory() as scratch:
-        for index in range(args.rounds):
+        per_call = micro(args, scratch) if args.micro_rounds else None
+        for index in range(0 if args.micro_only else args.rounds):
             order = SETTINGS if index % 2 == 0 else SETTINGS[::-1]
             row: dict = {'order': list(order)}
             for setting in order:
@@ -160,19 +207,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f'[{NAME}] round {index}: off {row["0"]["median_ms"]:.2f} ms, on {row["2000"]["median_ms"]:.2f} ms, '
                   f'cost {100 * row["cost"]:+.2f} % (entries on: {row["2000"]["fr_entries"]}); per small all_reduce '
                   f'{row["collective_extra_us"]:+.1f} us wall, {row["collective_extra_cpu_us"]:+.1f} us CPU',
-                  file=sys.stderr,
-                  flush=True)
-    costs = [r['cost'] for r in rounds]
-    summary = {
-        'benchmark': NAME, 'nproc': args.nproc, 'steps': args.steps, 'width': args.width, 'depth': args.depth,
-        'batch': args.batch, 'rounds': rounds, 'cost_median': statistics.median(costs),
-        'cost_mean': statistics.fmean(costs), 'cost_min': min(costs), 'cost_max': max(costs), 'target': 0.01,
-        'collective_extra_us_median': statistics.median(r['collective_extra_us'] for r in rounds),
-        'collective_extra_cpu_us_median': statistics.median(r['collective_extra_cpu_us'] for r in rounds),
-        'collectives_per_step': (rounds[0]['2000']['fr_entries'] or 0) / max(1, args.steps + args.warmup),
-        'note': 'fr_entries counts the training steps only (taken before the small all_reduces)',
-        'host': os.uname().nodename, 'load_average': os.getloadavg(),
-    }
+                  file=sys.stderr, flush=True)
+    summary = {'benchmark': NAME, 'nproc': args.nproc, 'steps': args.steps, 'width': args.width,
+               'depth': args.depth, 'batch': args.batch, 'rounds': rounds, 'target': 0.01,
+               'single_process_per_all_reduce': per_call, 'host': os.uname().nodename,
+               'load_average': os.getloadavg()}
+    if rounds:
+        costs = [r['cost'] for r in rounds]
+        summary.update({
+            'cost_median': statistics.median(costs), 'cost_mean': statistics.fmean(costs), 'cost_min': min(costs),
+            'cost_max': max(costs),
+            'collective_extra_us_median': statistics.median(r['collective_extra_us'] for r in rounds),
+            'collective_extra_cpu_us_median': statistics.median(r['collective_extra_cpu_us'] for r in rounds),
+            'collectives_per_step': (rounds[0]['2000']['fr_entries'] or 0) / max(1, args.steps + args.warmup),
+            'note': 'fr_entries counts the training steps only (taken before the small all_reduces)'})
     stamp = time.strftime('%Y%m%d-%H%M%S')
     default = RESULTS_DIR / f'{NAME}-{os.uname().nodename}-{stamp}-n{args.nproc}.json'
     path = pathlib.Path(args.out_json) if args.out_json else default
@@ -180,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     path.write_text(json.dumps(summary, indent=2) + '\n')
     print(json.dumps({k: v for k, v in summary.items() if k != 'rounds'}, indent=2))
     print(f'[bench] wrote {path}', file=sys.stderr)
-    if not args.no_plot:
+    if not args.no_plot and rounds:
         plot(summary, path.with_suffix('.png'))
         print(f'[bench] wrote {path.with_suffix(".png")}', file=sys.stderr)
     return 0

@@ -188,3 +188,22 @@ def test_unreachable_bucket_keeps_the_set_in_staging_for_drain(tmp_path):
     header = json.loads((blocker / 'store/far/postmortem/attempt-0/rank-0/header.json').read_text())
     assert header['reason'] == 'cut_off'
     assert (blocker / 'store/far/postmortem/attempt-0/fr/fr_trace_rank_0').exists()
+
+
+def test_a_failed_logging_collective_captures_in_the_background(tmp_path):
+    from dist_logging.errors import DistributedLoggingError
+
+    bucket = tmp_path / 'bucket'
+    logger = Logger(RemoteUploaderDownloader(str(bucket)), run_name='lerr', postmortem=True)
+    try:
+        # What a collective of the Logger's group does when it fails: abandon the group with the named error
+        # (the failure listeners run then; a real failure needs a peer that does not arrive).
+        logger._group._abandon(DistributedLoggingError('flush: rank 1 did not arrive within 5 s'))
+        deadline = time.monotonic() + 60
+        header = bucket / 'lerr/postmortem/attempt-0/rank-0/header.json'
+        while not header.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        logger.close()
+    data = json.loads(header.read_text())
+    assert data['reason'] == 'logging_error' and data['exception']['type'] == 'DistributedLoggingError'
