@@ -312,8 +312,9 @@ class _ProcessHooks:
             read_fd, write_fd = self._wakeup
             self._wakeup = None
             try:
-                if signal.set_wakeup_fd(-1) != write_fd:  # not ours any more: put it back
-                    signal.set_wakeup_fd(signal.set_wakeup_fd(-1))
+                current = signal.set_wakeup_fd(-1)
+                if current != write_fd:  # not ours any more: put it back
+                    signal.set_wakeup_fd(current)
             except (ValueError, OSError):
                 pass
             os.write(write_fd, b'\0')  # ends the signal thread

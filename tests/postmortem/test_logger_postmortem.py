@@ -207,3 +207,16 @@ def test_a_failed_logging_collective_captures_in_the_background(tmp_path):
         logger.close()
     data = json.loads(header.read_text())
     assert data['reason'] == 'logging_error' and data['exception']['type'] == 'DistributedLoggingError'
+
+
+def test_close_restores_the_hooks_and_ends_the_threads(tmp_path):
+    import signal as signals
+    import threading
+
+    before = (signals.getsignal(signals.SIGTERM), sys.excepthook, threading.excepthook)
+    logger = Logger(RemoteUploaderDownloader(str(tmp_path / 'bucket')), run_name='hooks', postmortem=True)
+    assert signals.getsignal(signals.SIGTERM) is not before[0] and sys.excepthook is not before[1]
+    logger.close()
+    assert (signals.getsignal(signals.SIGTERM), sys.excepthook, threading.excepthook) == before
+    assert signals.set_wakeup_fd(-1) == -1
+    assert not [t.name for t in threading.enumerate() if t.name.startswith('dist_logging-postmortem')]
