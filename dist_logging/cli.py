@@ -502,6 +502,10 @@ def build_parser() -> argparse.ArgumentParser:
     from dist_logging.ranks.command import add_parser as add_stragglers  # its own module (docs/stragglers.md)
 
     add_stragglers(sub)
+
+    from dist_logging.postmortem.command import add_parser as add_diagnose  # its own module (docs/postmortem.md)
+
+    add_diagnose(sub)
     return parser
 
 

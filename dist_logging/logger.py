@@ -19,6 +19,7 @@ from dist_logging import dist
 from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
 from dist_logging._logger.config_load import build_logger
 from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
+from dist_logging._logger.postmortem_link import check_hang_timeout, check_reason, make_recorder, stop_recorder
 from dist_logging._logger.resume import PendingResume, PendingRoutes, logger_state, parse_state
 from dist_logging._logger.routing import CLOSED_MESSAGE, ClosedRoutes, Router
 from dist_logging._logger.run_name import resolve_run_name
@@ -84,6 +85,14 @@ class Logger(RankReportMethods):
         gather_summary_above: above this many ranks, keys logged with ``reduce='gather'`` reach trackers as
             summaries (min, median, p90, max, argmin and argmax rank) and their per-rank values go only to
             destinations keeping per-rank series (files) and to the endpoint; None: never. See docs/gather.md.
+        hang_timeout: seconds the training thread may stay away from the Logger (between :meth:`batch_end`
+            / :meth:`epoch_end` calls) before this rank captures its postmortem (stacks, torch's
+            flight-recorder dump, header) and uploads it under ``{run_name}/postmortem/``. Setting it also
+            turns on the other triggers (see ``postmortem``). None (default): no hang watchdog. Choose it
+            longer than your slowest step, evaluation or checkpoint; see docs/postmortem.md.
+        postmortem: capture a postmortem on an uncaught exception, SIGTERM, or a failed Logger
+            collective. None (default): on when ``hang_timeout`` is set. Needs a destination that takes
+            files; ``dist-logging diagnose`` reads the result.
 
     Raises:
         TypeError: a destination that is not a :class:`LoggerDestination`.
@@ -108,6 +117,8 @@ class Logger(RankReportMethods):
         metrics_port: Optional[int] = None,
         metrics_host: str = '0.0.0.0',
         gather_summary_above: Optional[int] = DEFAULT_GATHER_SUMMARY_ABOVE,
+        hang_timeout: Optional[float] = None,
+        postmortem: Optional[bool] = None,
     ):
         if destinations is None:
             destinations = ()
@@ -121,6 +132,7 @@ class Logger(RankReportMethods):
             LogLevel.parse(destination.log_level)
         telemetry_options = TelemetryOptions(system_metrics_every, metrics_port, metrics_host)
         summarize_above = check_summary_above(gather_summary_above)
+        check_hang_timeout(hang_timeout)  # before anything starts
         self._group = dist.LoggingGroup(sync_timeout)
         self._redact = build_redactor(redact)
         self.auto_flush = bool(auto_flush)
@@ -155,6 +167,9 @@ class Logger(RankReportMethods):
         self._pending_resume: Optional[PendingResume] = None
 
         self.run_event(Event.INIT)
+        # The black box (docs/postmortem.md): after INIT, so the uploaders it delivers through are started.
+        self._postmortem = make_recorder(self._router, self.state, self._group, self._gatherer, hang_timeout,
+                                         bool(postmortem) if postmortem is not None else hang_timeout is not None)
         if log_run_info:
             self._log_run_info()
 
@@ -443,6 +458,31 @@ class Logger(RankReportMethods):
             self._warn_no_uploader(f'upload_folder({remote!r})')
         hand_folder(self._router, self.state, remote, local, commit, copy)
 
+    def capture_postmortem(self, reason: str = 'manual', *, wait: Optional[float] = None) -> Optional[str]:
+        """Capture this rank's postmortem now (stacks, flight-recorder dump, header, last events) and upload it.
+
+        Not a collective: call it on the ranks you want evidence from. Once per rank per attempt: after
+        a capture (this one or an automatic one) it returns None. See docs/postmortem.md.
+
+        Args:
+            reason: a short word saying why (lands in the header).
+            wait: seconds to wait for the set to land in the bucket (default: return once handed over).
+
+        Returns:
+            The set's object prefix (``{run_name}/postmortem/attempt-{A}/rank-{N}/``), or None when this
+            rank captured already or has no destination that takes files.
+
+        Raises:
+            ValueError: a reason that is not a short word.
+            RuntimeError: the Logger is closed.
+        """
+        self._check_open()
+        check_reason(reason)
+        if self._postmortem is None:
+            self._warn_no_uploader('capture_postmortem()')
+            return None
+        return self._postmortem.capture(reason, wait=wait)
+
     # ------------------------------------------------------------------ gathering
     def flush(self) -> None:
         """Combine the metrics buffered with ``reduce=`` across ranks and emit them on rank zero.
@@ -700,6 +740,7 @@ class Logger(RankReportMethods):
             return
         if self._pending_resume is not None:  # closed before logging anything after a resume: still recorded
             self._settle_resume(None)
+        stop_recorder(self._postmortem, self._group)  # a capture in progress is handed over first
         gather_error: Optional[BaseException] = None
         if self._gatherer.in_flight:
             try:

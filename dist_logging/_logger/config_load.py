@@ -323,6 +323,10 @@ def load_config(source: ConfigSource, environ: Optional[Mapping[str, str]], logg
                 check_options(**{key: logger_kwargs[key]})
             except ValueError as exc:
                 raise ValueError(f'{key}: {exc}') from None
+    if logger_kwargs.get('hang_timeout') is not None:  # at load, with the key (docs/postmortem.md)
+        from dist_logging._logger.postmortem_link import check_hang_timeout
+
+        check_hang_timeout(logger_kwargs['hang_timeout'])
     raw_destinations = data.get('destinations') or []
     if not isinstance(raw_destinations, list):
         raise ValueError(f'destinations: expected a list of destinations, got {type(raw_destinations).__name__}')

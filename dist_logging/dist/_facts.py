@@ -147,6 +147,10 @@ def get_num_nodes() -> int:
 
 
 _DEFAULT_INIT_TIMEOUT = datetime.timedelta(minutes=10)  # torch's own default for gloo and NCCL
+#: The environment variable sizing torch's flight recorder (torch >= 2.6; older: TORCH_NCCL_TRACE_BUFFER_SIZE).
+FLIGHT_RECORDER_VARIABLE = 'TORCH_FR_BUFFER_SIZE'
+#: Entries :func:`init_process_group_from_env` asks the flight recorder to keep unless the environment says.
+FLIGHT_RECORDER_ENTRIES = 2000
 
 
 def _derived_port(seed: str) -> int:
@@ -217,6 +221,8 @@ def init_process_group_from_env(backend: Optional[str] = None,
     * Under torchrun, each restart gets its own key prefix in torchrun's store: the agent keeps
       one store across restarts, and with the previous attempt's keys still in it a restarted
       gloo group tries to connect to the dead ranks (seen with torch 2.13).
+    * ``TORCH_FR_BUFFER_SIZE``: set to 2000 (torch's flight recorder keeps the last 2,000 collectives
+      for postmortems, see docs/postmortem.md) unless the environment sets it; ``0`` turns it off.
     * ``backend``: default ``'nccl'`` when CUDA is available, else ``'gloo'``. With CUDA the
       current device becomes ``local_rank % device_count()`` (right both when every task sees
       all GPUs and when SLURM gives each task its own).
@@ -248,6 +254,9 @@ def init_process_group_from_env(backend: Optional[str] = None,
                 'LOCAL_WORLD_SIZE': str(facts.local_world_size), 'GROUP_RANK': str(facts.node_rank)}
     for name, value in exported.items():
         os.environ.setdefault(name, value)
+    # The flight recorder (torch's ring of the last collectives, read by postmortems: docs/postmortem.md).
+    # torch reads the variable when the group is made; a value the user set (0: off) is kept.
+    os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, str(FLIGHT_RECORDER_ENTRIES))
     use_cuda = torch.cuda.is_available()
     if backend is None:
         backend = 'nccl' if use_cuda else 'gloo'

@@ -113,6 +113,7 @@ class LoggingGroup:
         self._lent_to: Optional[int] = None
         self._given_back = threading.Event()
         self._given_back.set()
+        self._failure_listeners: list[Callable[[DistributedLoggingError], None]] = []
         _LIVE_GROUPS.add(self)
 
     @property
@@ -270,6 +271,44 @@ class LoggingGroup:
         return [r for r in range(line.world_size)
                 if r != line.rank and (r not in beats or beats[r].sequences.get(self._id, 0) < self._sequence)]
 
+    # ------------------------------------------------------------------ watching (the postmortem's hooks)
+    def watch(self, tick: Callable[[], None], period: float) -> bool:
+        """Call ``tick()`` on this process's watch thread (the store line) at least every ``period`` seconds.
+
+        ``tick`` must return at once (start a thread for real work): it runs between the line's beats.
+        The line's beat period is lowered to :func:`~dist_logging.dist._watch.beat_period` of ``period``
+        if that is shorter. No thread is added.
+
+        Returns:
+            False when there is no line (no process group, or no store): ``tick`` is never called.
+        """
+        line = self._get_line()
+        if not line:
+            return False
+        wanted = beat_period(period)
+        if wanted < line.period:
+            line.period = wanted
+            line.submit(lambda store: None)  # wake the thread: the next beat comes sooner
+        line.ticks.append(tick)
+        return True
+
+    def unwatch(self, tick: Callable[[], None]) -> None:
+        """Stop calling ``tick`` (no error if it was not watching)."""
+        line = self._line
+        if line and tick in line.ticks:
+            line.ticks.remove(tick)
+
+    def add_failure_listener(self, listener: Callable[[DistributedLoggingError], None]) -> None:
+        """Call ``listener(error)`` (on the failing collective's thread; keep it short) when a collective of
+        this group fails and the group is abandoned."""
+        self._failure_listeners.append(listener)
+
+    def roster(self) -> dict[int, tuple[str, int]]:
+        """Global rank -> ``(host, pid)`` of the ranks this process has heard of through the store (may be partial;
+        empty without a process group)."""
+        line = self._line
+        return dict(line.roster) if line else {}
+
     # ------------------------------------------------------------------ failures
     def _check_usable(self, what: str) -> None:
         if self._failed is not None:
@@ -346,6 +385,11 @@ class LoggingGroup:
     def _abandon(self, error: DistributedLoggingError) -> None:
         """Refuse this group's later collectives; let gloo end what is in flight (its timeout is ours)."""
         self._failed = error
+        for listener in list(self._failure_listeners):
+            try:
+                listener(error)
+            except Exception:  # noqa: BLE001 - the error is raised to the caller regardless
+                pass
         group = self._group
         if group is not None:
             try:

@@ -132,6 +132,7 @@ class StoreLine:
         self.sequences: dict[int, int] = {}  # logging group id -> the collective number it reached
         self.last_entered = time.monotonic()  # when this rank last entered a logging collective
         self.waiting = 0  # logging waits in progress on this process
+        self.ticks: list[Callable[[], None]] = []  # run after every beat, on this thread (the postmortem watchdog)
         self._source, self._clone, self._store = store, clone, None
         self._calls: 'queue.SimpleQueue[Any]' = queue.SimpleQueue()
         self._busy_since: Optional[float] = None
@@ -225,6 +226,11 @@ class StoreLine:
                 last_beat = time.monotonic()
             finally:
                 self._busy_since = None
+            for tick in list(self.ticks):  # cheap checks (a postmortem watchdog starts its own thread to capture)
+                try:
+                    tick()
+                except Exception:  # noqa: BLE001 - a watcher's failure must not stop the beats
+                    pass
 
     def _beat(self) -> None:
         self._count += 1
