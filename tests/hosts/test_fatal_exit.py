@@ -70,7 +70,8 @@ def _progress(rig):
 
 
 def _logs(rig):
-    return '\n'.join(f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}' for p in sorted(rig.workdir.glob('*.log')))
+    return '\n'.join(f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}'
+                     for p in sorted(rig.workdir.glob('*.log')))
 
 
 def test_after_a_partition_every_worker_ends_by_itself_despite_training_collectives_in_flight(rig, capsys):
@@ -97,7 +98,8 @@ def test_after_a_partition_every_worker_ends_by_itself_despite_training_collecti
     assert all(out and 'leaving' in out for out in results.values()), (results, _logs(rig))
     exit_after = {r: gone[r] - results[r]['leaving'] for r in results}
     with capsys.disabled():
-        print(f'\n[rig] fatal exit: error after {json.dumps({r: round(o["error"]["wall"] - cut_at, 1) for r, o in results.items()})} s; '
+        errors = {r: round(o['error']['wall'] - cut_at, 1) for r, o in results.items()}
+        print(f'\n[rig] fatal exit: error after {json.dumps(errors)} s; '
               f'close() {json.dumps({r: round(o["close_seconds"], 1) for r, o in results.items()})} s; process gone '
               f'{json.dumps({r: round(s, 2) for r, s in exit_after.items()})} s after leaving the script; '
               f'in flight {json.dumps({r: o["error"]["in_flight"] for r, o in results.items()})}', file=sys.stderr)
