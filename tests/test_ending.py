@@ -83,3 +83,22 @@ def test_a_flush_that_blocks_still_ends_the_process_within_the_bound():
     assert 'Timeout' in result.stderr and 'flush' in result.stderr  # the dumped stacks name where it blocked
     print(f'a blocked flush ended after {seconds:.1f} s (bound {dist.FLUSH_SECONDS:g} s + interpreter start)')
     assert seconds < 4 * dist.FLUSH_SECONDS + 30  # liveness: a generous multiple (interpreter start, a loaded machine)
+
+
+def test_file_logger_lines_since_the_last_batch_end_are_written_before_the_end(tmp_path):
+    """A Logger never closed: its FileLogger's buffered lines would be written only when Python objects are
+    finalized, which the exit after a fatal error skips; FileLogger flushes them through dist.on_fatal_exit."""
+    path = tmp_path / 'rank0.txt'
+    result, _ = _run(f"""
+        from dist_logging import Logger, dist
+        from dist_logging.destinations import FileLogger
+        logger = Logger(FileLogger({str(path)!r}), run_name='fatal')
+        logger.log_metrics({{'written_at_batch_end': 1}})
+        logger.batch_end()
+        logger.log_metrics({{'logged_after_the_last_batch_end': 2}})
+        dist.note_fatal_error(RuntimeError('fatal'))
+        raise SystemExit(0)
+    """)
+    assert result.returncode == 1, result.stderr
+    text = path.read_text()
+    assert 'written_at_batch_end' in text and 'logged_after_the_last_batch_end' in text, text

@@ -15,10 +15,11 @@ What: when this process hit a fatal error (:func:`note_fatal_error`: a logging c
 :class:`~dist_logging.dist.LoggingGroup` failed and its group was abandoned; other rooms, e.g.
 the postmortem after SIGTERM, call it too), the ``atexit`` hook below ends the process with
 ``os._exit(1)`` once the hooks registered after it ran (Loggers, user code imported later), after
-a bounded flush of what can still be flushed: Python's ``logging`` handlers, ``sys.stdout`` and
-``sys.stderr``. It writes one line on stderr saying so. Nothing accepted for upload is lost:
-an upload's file is in its staging folder (journaled) from the moment it was accepted, and what
-did not land stays there for ``dist-logging drain``. The flush is itself bounded
+a bounded flush of what can still be flushed: what registered with :func:`on_fatal_exit`
+(``FileLogger``'s buffered lines), Python's ``logging`` handlers, ``sys.stdout`` and ``sys.stderr``.
+It writes one line on stderr saying so. Nothing accepted for upload is lost: an upload's file is
+in its staging folder (journaled) from the moment it was accepted, and what did not land stays
+there for ``dist-logging drain``. The flush is itself bounded
 (:data:`FLUSH_SECONDS`): a handler that blocks gets the stacks of every thread dumped on stderr
 and the process ends with ``_exit(1)`` (``faulthandler``'s native watchdog thread). A process
 with no fatal error exits exactly as before.
@@ -35,9 +36,9 @@ import logging
 import os
 import sys
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
-__all__ = ['note_fatal_error', 'fatal_error', 'forget_fatal_error', 'FLUSH_SECONDS', 'EXIT_STATUS']
+__all__ = ['note_fatal_error', 'fatal_error', 'forget_fatal_error', 'on_fatal_exit', 'FLUSH_SECONDS', 'EXIT_STATUS']
 
 #: The longest the flush before the forced exit may take; past it the process ends all the same.
 FLUSH_SECONDS = 5.0
@@ -46,6 +47,19 @@ EXIT_STATUS = 1
 
 _fatal: Optional[BaseException] = None
 _lock = threading.Lock()
+_flushes: list[Callable[[], None]] = []
+
+
+def on_fatal_exit(flush: Callable[[], None]) -> None:
+    """Call ``flush()`` (within the bounded flush, before ``logging``'s) when the process ends after a
+    fatal error: for what would otherwise be written only when Python objects are finalized (e.g.
+    ``FileLogger`` lines logged since the last ``batch_end`` of a Logger never closed). Its exceptions are
+    ignored. Register module-level functions: the list is kept for the life of the process.
+
+    Args:
+        flush: a callable without arguments.
+    """
+    _flushes.append(flush)
 
 
 def note_fatal_error(error: BaseException) -> None:
@@ -89,6 +103,11 @@ def _end_after_fatal_error() -> None:
     if error is None:
         return
     faulthandler.dump_traceback_later(FLUSH_SECONDS, exit=True)  # a flush that blocks still ends the process
+    for flush in list(_flushes):
+        try:
+            flush()
+        except Exception:  # noqa: BLE001 - ending anyway: flush what can be flushed
+            pass
     try:
         logging.shutdown()  # registered before us (at ``import logging``), so it would run after: run it now
     except Exception:  # noqa: BLE001 - ending anyway
