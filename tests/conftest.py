@@ -56,6 +56,16 @@ def single_process_env(monkeypatch):
             monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def no_fatal_error_left():
+    """A test that makes a logging collective fail in this process (a fake group) must not make the whole
+    pytest process end with status 1 at exit (dist_logging.dist.note_fatal_error)."""
+    yield
+    from dist_logging import dist
+
+    dist.forget_fatal_error()
+
+
 @pytest.fixture
 def fake_rank(monkeypatch):
     """Pretend to be a given torchrun rank (environment only; no process group)."""

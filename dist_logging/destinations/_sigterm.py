@@ -24,7 +24,9 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ['register', 'unregister']
+from dist_logging import dist
+
+__all__ = ['register', 'unregister', 'flush_all']
 
 _registered: 'weakref.WeakSet[Any]' = weakref.WeakSet()
 _lock = threading.Lock()
@@ -32,12 +34,17 @@ _previous: Any = None
 _installed = False
 
 
-def _handler(signum: int, frame: Any) -> None:
+def flush_all() -> None:
+    """Flush every registered owner (the process is ending: SIGTERM, or the exit after a fatal error)."""
     for owner in list(_registered):
         try:
             owner._flush_on_signal()
         except Exception:  # noqa: BLE001 - the process is ending; flush what can be flushed
             pass
+
+
+def _handler(signum: int, frame: Any) -> None:
+    flush_all()
     previous = _previous
     if callable(previous):
         previous(signum, frame)
@@ -77,3 +84,7 @@ def unregister(owner: Any) -> None:
         except (ValueError, OSError):
             return
         _previous, _installed = None, False
+
+
+# The exit after a fatal error skips the finalization of Python objects: flush the owners' lines first.
+dist.on_fatal_exit(flush_all)

@@ -18,11 +18,15 @@ naming the missing ranks instead of blocking forever.
 
 The package's rooms: ``_launchers`` (what each launcher's environment says), ``_facts``
 (the getters and :func:`init_process_group_from_env`), ``_group`` (:class:`LoggingGroup`),
-``_gloo_exit`` (the exit-time wait for gloo's worker threads).
+``_gloo_exit`` (the exit-time wait for gloo's worker threads), ``_ending`` (after a fatal error, the
+process ends at exit in bounded time: :func:`note_fatal_error`).
 """
 
 from __future__ import annotations
 
+# First: its exit hook must be registered before the package's others (atexit runs them last-in first-out).
+from dist_logging.dist._ending import (EXIT_STATUS, FLUSH_SECONDS, fatal_error, forget_fatal_error, note_fatal_error,
+                                      on_fatal_exit)
 from dist_logging.dist import _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's worker threads
 from dist_logging.dist._facts import (
     LaunchFacts,
@@ -46,4 +50,5 @@ from dist_logging.dist._group import LoggingGroup
 
 from dist_logging.dist._facts import __all__ as _fact_names
 
-__all__ = [*_fact_names, 'LoggingGroup']
+__all__ = [*_fact_names, 'LoggingGroup', 'note_fatal_error', 'fatal_error',
+           'forget_fatal_error', 'on_fatal_exit', 'FLUSH_SECONDS', 'EXIT_STATUS']

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as torch_dist
 
 from dist_logging.dist._diagnose import Read, diagnose
+from dist_logging.dist._ending import note_fatal_error
 from dist_logging.dist._facts import get_attempt, get_global_rank, is_initialized, select_reduction_device
 from dist_logging.dist._watch import STORE_ANSWER_SECONDS, StoreLine, StoreUnreachable, beat_period, line_for
 from dist_logging.dist._watch import release
@@ -383,13 +384,17 @@ class LoggingGroup:
             return None, f'{type(exc).__name__}: {exc}'
 
     def _abandon(self, error: DistributedLoggingError) -> None:
-        """Refuse this group's later collectives; let gloo end what is in flight (its timeout is ours)."""
+        """Refuse this group's later collectives; let gloo end what is in flight (its timeout is ours).
+
+        The error is fatal for the process: at interpreter exit it ends in bounded time instead of
+        waiting in torch's teardown for collectives that cannot complete (see ``_ending``)."""
         self._failed = error
         for listener in list(self._failure_listeners):
             try:
                 listener(error)
             except Exception:  # noqa: BLE001 - the error is raised to the caller regardless
                 pass
+        note_fatal_error(error)
         group = self._group
         if group is not None:
             try:

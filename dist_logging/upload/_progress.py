@@ -3,10 +3,40 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+import time
+from typing import Any, Callable, Optional
 
 log = logging.getLogger(__name__)
 BAR_AFTER = 2.0  # seconds: a close that waits less shows nothing
+#: After a fatal error in the process, the longest a close waits with no upload landing (then it gives up and
+#: leaves the rest in staging for ``dist-logging drain``).
+FATAL_STALL_SECONDS = 10.0
+
+
+def process_fatal_error() -> Optional[BaseException]:
+    """The fatal error this process noted (``dist_logging.dist.note_fatal_error``), or None.
+
+    Without importing ``dist_logging.dist`` (and torch): a process that never imported it noted nothing.
+    """
+    dist = sys.modules.get('dist_logging.dist')
+    fatal_error = getattr(dist, 'fatal_error', None)
+    return fatal_error() if fatal_error is not None else None
+
+
+def wait_while_landing(scheduler: Any, landed: Callable[[], int], stall: Optional[float] = None) -> bool:
+    """Wait until ``scheduler`` has nothing outstanding, as long as an upload lands (``landed()`` grows) at
+    least every ``stall`` seconds (default :data:`FATAL_STALL_SECONDS`); True when nothing is outstanding,
+    False when it gave up."""
+    stall = FATAL_STALL_SECONDS if stall is None else stall
+    count, since = landed(), time.monotonic()
+    while not scheduler.wait(min(0.5, stall)):
+        now = landed()
+        if now != count:
+            count, since = now, time.monotonic()
+        elif time.monotonic() - since >= stall:
+            return False
+    return True
 
 
 def wait_with_progress(scheduler: Any) -> None:

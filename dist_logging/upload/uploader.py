@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from dist_logging.errors import UploadError
 from dist_logging.object_store import ObjectStore, split_bucket_uri, store_from_uri
-from dist_logging.upload._progress import wait_with_progress
+from dist_logging.upload._progress import (FATAL_STALL_SECONDS, process_fatal_error, wait_while_landing,
+                                           wait_with_progress)
 from dist_logging.upload.journal import StoreRecord
 from dist_logging.upload.node_slots import ENV_VAR as _SLOTS_VAR, parse_slots
 from dist_logging.upload.priority import check_priority
@@ -44,6 +45,10 @@ UploadCallback = Callable[[str, Optional[BaseException]], None]
 # by the store when that upload runs (an UploadError at a later call): remembering every name ever queued
 # would grow by one per upload for the life of the process.
 RECENT_NAMES = 1024
+
+
+class _GaveUp(Exception):
+    """(Internal) close stopped waiting for uploads that do not land after a fatal error."""
 
 
 def _check_int(label: str, value: Any, *, optional: bool = False) -> None:
@@ -534,6 +539,10 @@ class Uploader:
         workers, compact the journal, release the staging folder, close the store.
 
         Idempotent. Issues no collective. Ctrl-C while waiting stops at once: what did not land stays in staging.
+        After a fatal error in this process (``dist_logging.dist.note_fatal_error``: the job is ending), it waits
+        only as long as uploads land: after ``FATAL_STALL_SECONDS`` (10 s) with none (an unreachable bucket) it
+        stops the workers, and what did not land stays in staging for ``dist-logging drain`` (reported in the
+        UploadError), instead of waiting out every upload's attempts and client timeouts (102 s seen).
 
         Raises:
             UploadError: failed uploads not yet reported by an :meth:`enqueue` call; their files stay in staging.
@@ -545,11 +554,18 @@ class Uploader:
         scheduler, staging = self._scheduler, self._staging
         if scheduler is not None and staging is not None:
             try:
+                fatal = process_fatal_error()
+                if fatal is not None and not wait_while_landing(scheduler, lambda: self.uploaded_count):
+                    log.warning('%s: no upload landed for %g s after a fatal error in this process (%s): the '
+                                '%d upload(s) left stay in staging; deliver them with `dist-logging drain %s`',
+                                self.bucket_uri or self.object_store, FATAL_STALL_SECONDS, type(fatal).__name__,
+                                scheduler.outstanding, os.path.dirname(self.staging_dir or '') or '<staging folder>')
+                    raise _GaveUp()
                 wait_with_progress(scheduler)
                 for hook in self._close_hooks:
                     hook(False)
                 scheduler.shutdown()
-            except BaseException:
+            except BaseException as exc:
                 for hook in self._close_hooks:
                     try:
                         hook(True)
@@ -557,12 +573,17 @@ class Uploader:
                         log.exception('upload close hook %r failed while aborting', hook)
                 scheduler.shutdown(abort=True, timeout=5)
                 staging.close()
+                if isinstance(exc, _GaveUp):  # the uploads left failed as interrupted: raised below
+                    return self._close_store_and_raise()
                 raise
             left = staging.close()
             if left.pending:
                 log.warning('%s keeps %d upload(s) that did not land', staging.dir, len(left.pending))
             elif staging.removed and self.upload_staging_folder is None:
                 remove_empty_default_folders(staging.root)
+        self._close_store_and_raise()
+
+    def _close_store_and_raise(self) -> None:
         try:
             close = getattr(self.object_store, 'close', None)  # optional for a Composer-written store
             if close is not None:

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection, wait as wait_connections
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -268,7 +269,8 @@ class ThreadExecutor:
                 raise
 
     def shutdown(self, abort: bool = False, timeout: Optional[float] = None) -> None:
-        """Stop the threads (after the queued tasks, or at once with ``abort``, interrupting backoffs)."""
+        """Stop the threads (after the queued tasks, or at once with ``abort``, interrupting backoffs);
+        ``timeout`` bounds the whole wait for them, not each thread's."""
         self._stopping = True
         if abort:
             self._stop.set()
@@ -276,9 +278,10 @@ class ThreadExecutor:
             threads = list(self._threads)
         for _ in threads:
             self._queue.put(None)
+        deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
             if thread is not threading.current_thread():
-                thread.join(timeout)
+                thread.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
 
 
 _BOOT = r'''

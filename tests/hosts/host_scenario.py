@@ -1,6 +1,8 @@
 """One rank of a two-host job on the rig (tests/hosts/test_across_hosts.py), under torchrun --nnodes 2.
 
 argv: steps (the job logs until then, or until an error), checkpoint_every (0: no checkpoints).
+With ``RIG_INFLIGHT=1`` each step also issues an all_reduce on the default (training) group without waiting for
+it, as DDP overlaps its bucket all-reduces with the step: after a partition they stay in flight.
 Each rank: per-rank log file and uploads staged under this host's private /tmp, a mean over every rank,
 an upload per step, a DCP checkpoint through CheckpointWriter every ``checkpoint_every`` steps. It writes
 ``start-rank<r>.json`` (pid, host), ``progress-rank<r>`` (the last step done) and ``result-rank<r>.json``
@@ -74,9 +76,13 @@ if checkpoint_every:
     writer = CheckpointWriter(f's3://{bucket}', upload_staging_folder='/tmp/ckpt-staging',
                               commit_timeout=sync_timeout, backend_kwargs=client)
 result = {'rank': rank, 'host': host, 'pid': os.getpid(), 'accepted': {}, 'saved': []}
+inflight, works = os.environ.get('RIG_INFLIGHT') == '1', []
 os.makedirs('/tmp/src', exist_ok=True)
 try:
     for step in range(1, steps + 1):
+        if inflight:
+            works = [work for work in works if not work.is_completed()]
+            works.append(torch_dist.all_reduce(torch.ones(4), async_op=True))
         logger.log_metrics({'loss': float(rank + step)}, step=step, reduce='mean')
         logger.log_metrics({'rank_step': step}, step=step)
         data = f'rank {rank} step {step} on {host}\n'.encode() * 200
@@ -100,7 +106,8 @@ except Exception as exc:
                        'missing': list(getattr(exc, 'missing_ranks', ())),
                        'unreachable': list(getattr(exc, 'unreachable_ranks', ())),
                        'left': list(getattr(exc, 'left_ranks', ())), 'late': list(getattr(exc, 'late_ranks', ())),
-                       'hosts': {str(r): h for r, h in getattr(exc, 'hosts', {}).items()}}
+                       'hosts': {str(r): h for r, h in getattr(exc, 'hosts', {}).items()},
+                       'in_flight': len(works)}
     dump(f'result-rank{rank}.json', result)  # on record even if this rank is ended during close()
     t0 = time.monotonic()
     try:
@@ -110,6 +117,8 @@ except Exception as exc:
     result['close_seconds'] = time.monotonic() - t0
     dump(f'result-rank{rank}.json', result)
     wait_for_host_mates()
+    result['leaving'] = time.time()  # from here on, only the interpreter's exit
+    dump(f'result-rank{rank}.json', result)
     raise
 result['means'] = dict(sink.data.get('loss', [])) if rank == 0 else {}
 dump(f'result-rank{rank}.json', result)

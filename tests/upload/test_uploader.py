@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 
 import pytest
@@ -136,3 +137,46 @@ def test_bad_arguments_are_refused_naming_the_value(kwargs, error, match):
         warnings.simplefilter('ignore')
         with pytest.raises(error, match=match):
             Uploader(**kwargs)
+
+
+def test_after_a_fatal_error_close_stops_waiting_for_a_bucket_that_does_not_answer(tmp_path, monkeypatch):
+    """Issue 40: once the process noted a fatal error, close waits only while uploads land; what did not land
+    stays in staging (reported in the UploadError) and drain delivers it later."""
+    from dist_logging import dist
+    from dist_logging.upload import _progress
+
+    monkeypatch.setattr(_progress, 'FATAL_STALL_SECONDS', 1.0)
+    store = TestStore(str(tmp_path / 'bucket'), str(tmp_path / 'state'), fail_first=10**6, error='reset', delay=0.2)
+    uploader = make(tmp_path, store)
+    uploader.retry_policy = RetryPolicy(num_attempts=1000, initial_backoff=0.01, max_backoff=0.05)  # ~4 min
+    uploader.enqueue(write(tmp_path / 'a', b'aa'), 'left.bin')
+    deadline = time.monotonic() + 60
+    while store.attempts('left.bin') < 2:  # the bucket fails (a loaded machine may start the worker late)
+        assert time.monotonic() < deadline, 'the worker never tried twice'
+        time.sleep(0.05)
+    dist.note_fatal_error(RuntimeError('a logging collective failed'))  # forgotten after the test (conftest)
+    started = time.monotonic()
+    with pytest.raises(UploadError) as raised:
+        uploader.shutdown()
+    took = time.monotonic() - started
+    assert set(raised.value.failures) == {'left.bin'}, raised.value
+    assert took < 30, took  # liveness: the stall (1 s) plus stopping the workers, never the retries' 4 minutes
+    assert store.successes('left.bin') == 0
+    report = Uploader.drain(tmp_path / 'staging', object_store=TestStore(str(tmp_path / 'bucket'),
+                                                                       str(tmp_path / 'state2')), progress_bar=False)
+    assert report.uploaded == ['left.bin'] and store.read('left.bin') == b'aa'
+
+
+def test_after_a_fatal_error_close_still_waits_while_uploads_land(tmp_path, monkeypatch):
+    from dist_logging import dist
+    from dist_logging.upload import _progress
+
+    monkeypatch.setattr(_progress, 'FATAL_STALL_SECONDS', 1.0)
+    store = TestStore(str(tmp_path / 'bucket'), str(tmp_path / 'state'), delay=0.4)
+    uploader = make(tmp_path, store, num_concurrent_uploads=1)
+    names = [f'f{i}' for i in range(6)]  # 2.4 s of uploads, one landing every 0.4 s
+    for name in names:
+        uploader.enqueue(write(tmp_path / name, name.encode()), name)
+    dist.note_fatal_error(RuntimeError('a logging collective failed'))
+    uploader.shutdown()
+    assert all(store.successes(name) == 1 for name in names)
