@@ -9,7 +9,7 @@ EXTRAS ?= s3,tensorboard,mlflow,bench,fsspec,wandb,lightning,transformers,accele
 
 .PHONY: install system-packages demo test bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile setup.py dist_logging/ranks/_csections.c
+$(VENV)/.installed: pyproject.toml Makefile setup.py dist_logging/stragglers/_csections.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
@@ -41,4 +41,4 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .venv-mlflow-lowest .venv-mlflow-lowest.lock runs buckets .pytest_cache build dist_logging/ranks/_csections*.so
+	rm -rf $(VENV) .venv-mlflow-lowest .venv-mlflow-lowest.lock runs buckets .pytest_cache build dist_logging/stragglers/_csections*.so

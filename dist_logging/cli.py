@@ -496,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='keep reading as the files grow and new ones appear, until Ctrl-C or SIGTERM')
     p.set_defaults(func=_cmd_logs)
 
-    from dist_logging.ranks.command import add_parser as add_stragglers  # its own module (docs/stragglers.md)
+    from dist_logging.stragglers.command import add_parser as add_stragglers  # its own module (docs/stragglers.md)
 
     add_stragglers(sub)
     return parser

@@ -14,15 +14,15 @@ import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging import dist
-from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
+from dist_logging._logger.gather import REDUCTIONS, FlushSchedule, MetricGatherer
 from dist_logging._logger.config_load import build_logger
 from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
 from dist_logging._logger.routing import CLOSED_MESSAGE, ClosedRoutes, Router
 from dist_logging._logger.run_name import resolve_run_name
 from dist_logging._values import check_metric_key, check_table, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
-from dist_logging.ranks.api import RankReportMethods
-from dist_logging.ranks.reporter import RankReportOptions, make_reporter
+from dist_logging.stragglers.api import RankReportMethods
+from dist_logging.stragglers.reporter import RankReportOptions, make_reporter
 from dist_logging.redaction import RedactOption, build_redactor
 from dist_logging.state import State
 
@@ -60,7 +60,7 @@ class Logger(RankReportMethods):
         rank_report_every: every this many batches, compare the ranks' busy time (see
             :meth:`section`) and report the spread and the stragglers on rank zero (a collective;
             none in between). None (default): off. See docs/stragglers.md.
-        rank_report_options: a :class:`~dist_logging.ranks.RankReportOptions` or a mapping of its fields.
+        rank_report_options: a :class:`~dist_logging.stragglers.RankReportOptions` or a mapping of its fields.
 
     Raises:
         TypeError: a destination that is not a :class:`LoggerDestination`.

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping, Optional
 from dist_logging.checkpoint._layout import (METADATA_NAME, Marker, decode_record, encode_record, marker_name,
                                              markers_by_checkpoint, missing_files)
 from dist_logging.object_store import ObjectInfo
-from dist_logging.object_store._crc32c import file_crc32c
+from dist_logging.object_store.checksums import file_crc32c
 from dist_logging.upload.retry import RetryPolicy, call_with_retries
 
 __all__ = ['NotLanded', 'ChecksumMismatch', 'CorruptCheckpoint', 'landed_mismatches', 'commit_checkpoint', 'uncommit', 'delete_checkpoint', 'read_record', 'retry']

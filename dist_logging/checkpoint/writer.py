@@ -41,9 +41,9 @@ from dist_logging.checkpoint._shards import (ASYNC_FILE_BYTES, ASYNC_FILES_PER_R
                                              name_rank_files, no_checkpoint_id, seal_metadata, write_rank_files)
 from dist_logging.checkpoint._shards import async_files as _async_files
 from dist_logging.checkpoint._spares import SparePool
-from dist_logging.checkpoint._staging import StagingBuffers
+from dist_logging.checkpoint._state_copy import StagingBuffers
 from dist_logging.checkpoint._timing import SaveTiming
-from dist_logging.checkpoint._uploader import UPLOADER_OPTIONS, uploader_for  # noqa: F401 - UPLOADER_OPTIONS: docs
+from dist_logging.checkpoint._writer_uploader import UPLOADER_OPTIONS, uploader_for  # noqa: F401 - UPLOADER_OPTIONS: docs
 from dist_logging.errors import UploadError
 from dist_logging.upload.staging import rank_folder_name
 from dist_logging.upload.uploader import Uploader

@@ -359,7 +359,7 @@ class NeptuneLogger(TrackerDestination):
                 already queued) a field of that name.
             RuntimeError: this destination is not open, or an earlier neptune call failed.
         """
-        from dist_logging.upload.snapshot import copy_file
+        from dist_logging._files import copy_file
 
         self._check_open()
         path = pathlib.Path(file_path)

@@ -105,7 +105,7 @@ class DistLoggingLogger(_pl.loggers.Logger):
 
     def __init__(self, logger: Any = None, *, config: Any = None, upload_checkpoints: bool = True,
                  checkpoint_name: str = '{run_name}/checkpoints/{name}', reduce: Optional[str] = None):
-        from dist_logging._gather import REDUCTIONS
+        from dist_logging._logger.gather import REDUCTIONS
 
         super().__init__()
         if reduce is not None and reduce not in REDUCTIONS:

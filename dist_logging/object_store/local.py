@@ -11,8 +11,8 @@ from typing import Callable, Optional, Union
 
 from dist_logging import _private_dirs
 from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
-from dist_logging.object_store._crc32c import ALGORITHM, file_crc32c
-from dist_logging.upload.snapshot import copy_file
+from dist_logging.object_store.checksums import ALGORITHM, file_crc32c
+from dist_logging._files import copy_file
 
 __all__ = ['LocalObjectStore']
 

@@ -17,7 +17,7 @@ except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('S3ObjectStore needs boto3: pip install "dist-logging[s3]"', name='boto3') from _exc
 
 from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
-from dist_logging.object_store._crc32c import ALGORITHM, b64, combine, crc32c
+from dist_logging.object_store.checksums import ALGORITHM, b64, combine, crc32c
 
 __all__ = ['S3ObjectStore']
 

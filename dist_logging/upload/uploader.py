@@ -28,7 +28,7 @@ from dist_logging.upload.node_slots import ENV_VAR as _SLOTS_VAR, parse_slots
 from dist_logging.upload.priority import check_priority
 from dist_logging.upload.rate_limit import ENV_VAR as _RATE_VAR, parse_byte_rate
 from dist_logging.upload.retry import RetryPolicy
-from dist_logging.upload.snapshot import copy_file, fsync_dir, link_file, links_work
+from dist_logging._files import copy_file, fsync_dir, link_file, links_work
 from dist_logging.upload.staging import (RankStaging, default_staging_folder, remove_empty_default_folders,
                                          store_record)
 from dist_logging.upload.workers import UploadScheduler, UploadTask

@@ -16,17 +16,17 @@ NCCL) or its GPU stream. Each collective has a timeout; when some rank does not
 arrive the others raise :class:`~dist_logging.errors.DistributedLoggingError`
 naming the missing ranks instead of blocking forever.
 
-The package's rooms: ``_launchers`` (what each launcher's environment says), ``_facts``
-(the getters and :func:`init_process_group_from_env`), ``_group`` (:class:`LoggingGroup`),
-``_gloo_exit`` (the exit-time wait for gloo's worker threads).
+This module is the public face; the rooms live in ``dist_logging/_world/``: ``launchers`` (what each
+launcher's environment says), ``facts`` (the getters and :func:`init_process_group_from_env`), ``group``
+(:class:`LoggingGroup`), ``watch`` (each process's beat in the rendezvous store), ``diagnose`` (who is missing
+from a collective), ``gloo_exit`` (the exit-time wait for gloo's worker threads).
 """
 
 from __future__ import annotations
 
-from dist_logging.dist import _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's worker threads
-from dist_logging.dist._facts import (
+from dist_logging._world import gloo_exit as _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's threads
+from dist_logging._world.facts import (
     LaunchFacts,
-    _rendezvous_address,
     expand_hostlist,
     get_attempt,
     get_global_rank,
@@ -42,8 +42,8 @@ from dist_logging.dist._facts import (
     launcher,
     select_reduction_device,
 )
-from dist_logging.dist._group import LoggingGroup
-
-from dist_logging.dist._facts import __all__ as _fact_names
+from dist_logging._world.facts import __all__ as _fact_names
+from dist_logging._world.facts import rendezvous_address as _rendezvous_address  # noqa: F401 - tests/test_dist.py
+from dist_logging._world.group import LoggingGroup
 
 __all__ = [*_fact_names, 'LoggingGroup']
