@@ -88,7 +88,8 @@ class Logger(RankReportMethods):
         for index, destination in enumerate(self.destinations):
             if not isinstance(destination, LoggerDestination):
                 raise TypeError(f'destinations[{index}] is a {type(destination).__name__}, not a LoggerDestination')
-            validate_ranks(getattr(destination, 'ranks', 'zero'), f'destinations[{index}] ({type(destination).__name__})')
+            validate_ranks(getattr(destination, 'ranks', 'zero'),
+                           f'destinations[{index}] ({type(destination).__name__})')
             LogLevel.parse(destination.log_level)
         self._group = dist.LoggingGroup(sync_timeout)
         self._redact = build_redactor(redact)

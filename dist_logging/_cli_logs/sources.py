@@ -124,7 +124,7 @@ def _first_line(path: str) -> Optional[str]:
     return line or None
 
 
-class _Parser:
+class LineParser:
     """Turns the lines of one file into records: ``feed`` returns the record a line completes."""
 
     def __init__(self, source: LogSource):
@@ -297,7 +297,7 @@ def ensure_open_file_limit(count: int) -> None:
 # ---------------------------------------------------------------------------- reading and merging
 def read_records(source: LogSource) -> Iterator[Record]:
     """Every record of one file, in file order, reading one line at a time."""
-    parser = _Parser(source)
+    parser = LineParser(source)
     with open(source.path, 'r', encoding='utf-8', errors='replace', newline='\n', buffering=1 << 16) as handle:
         for line in handle:
             record = parser.feed(line)

@@ -67,9 +67,9 @@ import torch
 import torch.distributed as torch_dist
 
 from dist_logging import dist
-from dist_logging._logger.gather_layout import (ACC, COUNT, HEADER, SPEC, STEP, TENSORS, REDUCTIONS, Results,
-                                       combine, group_results, Layout, local_results, pack_flush, scatter_device_values, as_table,
-                                       unpack_values, to_vector)
+from dist_logging._logger.gather_layout import (ACC, COUNT, HEADER, REDUCTIONS, SPEC, STEP, TENSORS, Layout, Results,
+                                                as_table, combine, group_results, local_results, pack_flush,
+                                                scatter_device_values, to_vector, unpack_values)
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.errors import DistributedLoggingError
 

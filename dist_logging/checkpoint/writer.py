@@ -1,4 +1,4 @@
-"""CheckpointWriter: a torch.distributed.checkpoint StorageWriter over the upload port (:class:`~dist_logging.upload.Uploader`).
+"""CheckpointWriter: a ``torch.distributed.checkpoint`` StorageWriter over the upload port (``upload.Uploader``).
 
 The data path, top to bottom: ``reset`` opens a local folder next to the uploader's staging folder;
 ``write_data`` writes the shard files there with torch's file writer (over recycled spares, ``_spares``),
@@ -36,14 +36,14 @@ from dist_logging.checkpoint._intents import CommitIntent, read_intents, remove_
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._options import check_torch_options, probe_bucket, refuse_existing
 from dist_logging.checkpoint._paths import INTENTS_FOLDER, PROCESS_FOLDER, WRITES_FOLDER, scratch_folder
-from dist_logging.checkpoint._shards import (ASYNC_FILE_BYTES, ASYNC_FILES_PER_RANK, ASYNC_MAX_FILES_PER_RANK,  # noqa: F401
-                                             SHARD_NAME, HandOverQueue, check_file_size, check_role, file_sizes,
-                                             name_rank_files, no_checkpoint_id, seal_metadata, write_rank_files)
+from dist_logging.checkpoint._shards import (  # noqa: F401 - the ASYNC_ constants: re-exported for docs and tests
+    ASYNC_FILE_BYTES, ASYNC_FILES_PER_RANK, ASYNC_MAX_FILES_PER_RANK, SHARD_NAME, HandOverQueue, check_file_size,
+    check_role, file_sizes, name_rank_files, no_checkpoint_id, seal_metadata, write_rank_files)
 from dist_logging.checkpoint._shards import async_files as _async_files
 from dist_logging.checkpoint._spares import SparePool
 from dist_logging.checkpoint._state_copy import StagingBuffers
 from dist_logging.checkpoint._timing import SaveTiming
-from dist_logging.checkpoint._writer_uploader import UPLOADER_OPTIONS, uploader_for  # noqa: F401 - UPLOADER_OPTIONS: docs
+from dist_logging.checkpoint._writer_uploader import UPLOADER_OPTIONS, uploader_for  # noqa: F401 - OPTIONS: docs
 from dist_logging.errors import UploadError
 from dist_logging.upload.staging import rank_folder_name
 from dist_logging.upload.uploader import Uploader
@@ -59,10 +59,10 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     Use it as ``dcp.save(state_dict, checkpoint_id='run/checkpoints/step100', storage_writer=writer)``
     or with ``dcp.async_save`` (thread or process checkpointer); the ``checkpoint_id`` is the checkpoint's
     folder in the bucket. On every rank the shards are written (by torch's own file writer)
-    into a folder next to the rank's upload staging folder, then handed to the :class:`~dist_logging.upload.Uploader` by hard
-    link (no second copy) and recorded in its durable journal: ``dcp.save`` returns then. The
-    coordinator's ``finish`` records a commit intent (with the ``.metadata``) on local disk and
-    hands it to a background committer, which commits the checkpoint once every shard is in the
+    into a folder next to the rank's upload staging folder, then handed to the
+    :class:`~dist_logging.upload.Uploader` by hard link (no second copy) and recorded in its durable journal:
+    ``dcp.save`` returns then. The coordinator's ``finish`` records a commit intent (with the ``.metadata``) on
+    local disk and hands it to a background committer, which commits the checkpoint once every shard is in the
     bucket with its size: ``.metadata`` first, then the commit marker (see ``docs/checkpoints.md``).
     Until then the checkpoint is invisible to :func:`latest_checkpoint` and :class:`CheckpointReader`.
 
@@ -355,7 +355,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         """
         if not self.overwrite:
             pending = [intent.checkpoint_id for intent in read_intents(self._intents_dir)]
-            refuse_existing(self.store, self._cid, pending, self.uploader.bucket_uri or repr(self.store))  # type: ignore[arg-type]
+            where = self.uploader.bucket_uri or repr(self.store)
+            refuse_existing(self.store, self._cid, pending, where)  # type: ignore[arg-type]
         return name_rank_files(plans)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
@@ -374,7 +375,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             files = _async_files(plan) if self._async else 1
         self._spare_pool.start_save()  # type: ignore[union-attr]
         try:
-            write_rank_files(self, plan, planner, handed, files, create_stream=self._spare_pool.open)  # type: ignore[union-attr]
+            spares = self._spare_pool
+            write_rank_files(self, plan, planner, handed, files, create_stream=spares.open)  # type: ignore[union-attr]
         except BaseException:
             shutil.rmtree(str(self.path), ignore_errors=True)  # a half-written file of a failed save: nothing stays
             raise
@@ -411,7 +413,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
                               stacklevel=3)
             if recyclable:
-                self._spare_pool.keep_or_remove(path, size, self._last_bytes, self.max_staged_bytes)  # type: ignore[union-attr]
+                spares = self._spare_pool
+                spares.keep_or_remove(path, size, self._last_bytes, self.max_staged_bytes)  # type: ignore[union-attr]
             else:
                 os.unlink(path)
             total += size
@@ -472,8 +475,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Record the commit intent and hand it to the background committer (coordinator only; no I/O to the bucket)."""
         files, checksums = seal_metadata(metadata, results, self.storage_meta())
-        self._submit_commit(self._cid, files, time.time_ns(), pickle.dumps(metadata), self._timing, self._t0,  # type: ignore[arg-type]
-                            checksums)
+        self._submit_commit(self._cid, files, time.time_ns(), pickle.dumps(metadata),  # type: ignore[arg-type]
+                            self._timing, self._t0, checksums)
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self._cid, save_id=self.save_id)

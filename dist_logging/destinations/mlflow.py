@@ -162,8 +162,8 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                              f'got {logging_buffer_seconds!r}')
         if rename_metrics is not None and not isinstance(rename_metrics, Mapping):
             raise TypeError(f'MLFlowLogger: rename_metrics must be a mapping, got {type(rename_metrics).__name__}')
-        if (isinstance(log_duplicated_metric_every_n_steps, bool) or not isinstance(log_duplicated_metric_every_n_steps, int)
-                or log_duplicated_metric_every_n_steps < 0):
+        every = log_duplicated_metric_every_n_steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f'MLFlowLogger: log_duplicated_metric_every_n_steps must be an int >= 0, '
                              f'got {log_duplicated_metric_every_n_steps!r}')
         if log_system_metrics and importlib.util.find_spec('psutil') is None:

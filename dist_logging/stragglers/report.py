@@ -14,8 +14,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from dist_logging.stragglers.stats import (CHRONIC, OK, ONE_OFF, SeriesStats, VerdictTracker, Verdicts, individual_scores,
-                                      reference, relative_scores, series_table, slow_mask)
+from dist_logging.stragglers.stats import (CHRONIC, OK, ONE_OFF, SeriesStats, VerdictTracker, Verdicts,
+                                           individual_scores, reference, relative_scores, series_table, slow_mask)
 from dist_logging.stragglers.timer import WindowTotals
 
 __all__ = ['RankEntry', 'RankReport', 'STEPS', 'WALL', 'BUSY', 'COLLECTIVE', 'MEMORY', 'JITTER', 'FIXED', 'record_of',

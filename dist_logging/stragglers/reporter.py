@@ -39,8 +39,8 @@ from dist_logging import dist
 from dist_logging.stragglers._core import NullSectionCore
 from dist_logging.stragglers._report_thread import ReportThread
 from dist_logging.stragglers.history import HISTORY_NAME, HistoryWriter, private_history_path, read_history
-from dist_logging.stragglers.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, own_series, record_of,
-                                       report_metrics, straggler_line, table_rows)
+from dist_logging.stragglers.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, own_series,
+                                            record_of, report_metrics, straggler_line, table_rows)
 from dist_logging.stragglers.stats import VerdictTracker, Verdicts
 from dist_logging.stragglers.timer import Section, SectionTimer, WindowTotals, check_section_name
 
