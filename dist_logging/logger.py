@@ -15,7 +15,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging import dist
 from dist_logging._logger.gather import REDUCTIONS, FlushSchedule, MetricGatherer
-from dist_logging._logger.config_load import build_logger
 from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
 from dist_logging._logger.routing import CLOSED_MESSAGE, ClosedRoutes, Router
 from dist_logging._logger.run_name import resolve_run_name
@@ -574,6 +573,8 @@ class Logger(RankReportMethods):
             TypeError: an override the Logger does not take, or a value of the wrong type.
             ImportError: a destination's optional package is missing (names the extra to install).
         """
+        from dist_logging._logger.config_load import build_logger  # at call time: the core does not load it at import
+
         return build_logger(cls, config, overrides)
 
     def __repr__(self) -> str:
