@@ -42,8 +42,24 @@ from dist_logging._world.facts import (
     launcher,
     select_reduction_device,
 )
-from dist_logging._world.facts import __all__ as _fact_names
 from dist_logging._world.facts import rendezvous_address as _rendezvous_address  # noqa: F401 - tests/test_dist.py
 from dist_logging._world.group import LoggingGroup
 
-__all__ = [*_fact_names, 'LoggingGroup']
+__all__ = [
+    'get_global_rank',
+    'get_local_rank',
+    'get_world_size',
+    'get_local_world_size',
+    'get_node_rank',
+    'get_num_nodes',
+    'get_attempt',
+    'launcher',
+    'launch_facts',
+    'LaunchFacts',
+    'expand_hostlist',
+    'init_process_group_from_env',
+    'is_initialized',
+    'is_available',
+    'select_reduction_device',
+    'LoggingGroup',
+]
