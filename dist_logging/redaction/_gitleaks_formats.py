@@ -44,8 +44,8 @@ RULES = (
      '\\bcmVmd[A-Za-z0-9]{59}\\b',
      ('cmvmd',), 4.5, ()),
     ('authress-service-client-access-key',
-     '\\b((?:sc|ext|scauth|authress)_(?i:[a-z0-9]{5,30}\\.[a-z0-9]{4,6}\\.(?-i:acc)[_-][a-z0-9-]{10,32}\\.[a-z0-9+/_='
-     '-]{30,120}))(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
+     '\\b((?:sc|ext|scauth|authress)_(?i:[a-z0-9]{5,30}\\.[a-z0-9]{4,6}\\.(?-i:acc)[_-][a-z0-9-]{10,32}\\.['
+     'a-z0-9+/_=-]{30,120}))(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
      ('sc_', 'ext_', 'scauth_', 'authress_'), 2.0, ()),
     ('aws-access-token',
      '\\b((?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16})\\b',
@@ -108,8 +108,8 @@ RULES = (
      'FLWSECK_TEST-(?i:[a-h0-9]{32}-X)',
      ('flwseck_test',), 2.0, ()),
     ('flyio-access-token',
-     '\\b((?:fo1_[\\w-]{43}|fm1[ar]_[a-zA-Z0-9+\\/]{100,}={0,3}|fm2_[a-zA-Z0-9+\\/]{100,}={0,3}))(?=[\\x60\'"\\s;&,)'
-     '\\]}<>|]|\\\\[nr]|$)',
+     '\\b((?:fo1_[\\w-]{43}|fm1[ar]_[a-zA-Z0-9+\\/]{100,}={0,3}|fm2_[a-zA-Z0-9+\\/]{100,}={0,3}))(?=[\\x60'
+     '\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
      ('fo1_', 'fm1', 'fm2_'), 4.0, ()),
     ('frameio-api-token',
      'fio-u-(?i:[a-z0-9\\-_=]{64})',
@@ -215,17 +215,18 @@ RULES = (
      '\\b(s-s4t2(?:ud|af)-(?i:[abcdef0123456789]{64}))(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
      ('intra', 's-s4t2ud-', 's-s4t2af-'), 3.0, ()),
     ('jwt',
-     '\\b(ey[a-zA-Z0-9]{17,}\\.ey[a-zA-Z0-9\\/\\\\_-]{17,}\\.(?:[a-zA-Z0-9\\/\\\\_-]{10,}={0,2})?)(?=[\\x60\'"\\s;&,)'
-     '\\]}<>|]|\\\\[nr]|$)',
+     '\\b(ey[a-zA-Z0-9]{17,}\\.ey[a-zA-Z0-9\\/\\\\_-]{17,}\\.(?:[a-zA-Z0-9\\/\\\\_-]{10,}={0,2})?)(?=[\\x60'
+     '\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
      ('ey',), 3.0, ()),
     ('jwt-base64',
-     '\\bZXlK(?:(?P<alg>aGJHY2lPaU)|(?P<apu>aGNIVWlPaU)|(?P<apv>aGNIWWlPaU)|(?P<aud>aGRXUWlPaU)|(?P<b64>aU5qUWlP)|(?P'
-     '<crit>amNtbDBJanBi)|(?P<cty>amRIa2lPaU)|(?P<epk>bGNHc2lPbn)|(?P<enc>bGJtTWlPaU)|(?P<jku>cWEzVWlPaU)|(?P<jwk>cWQ'
-     'yc2lPb)|(?P<iss>cGMzTWlPaU)|(?P<iv>cGRpSTZJ)|(?P<kid>cmFXUWlP)|(?P<key_ops>clpYbGZiM0J6SWpwY)|(?P<kty>cmRIa2lPa'
-     'Up)|(?P<nonce>dWIyNWpaU0k2)|(?P<p2c>d01tTWlP)|(?P<p2s>d01uTWlPaU)|(?P<ppt>d2NIUWlPaU)|(?P<sub>emRXSWlPaU)|(?P<s'
-     'vt>emRuUWlP)|(?P<tag>MFlXY2lPaU)|(?P<typ>MGVYQWlPaUp)|(?P<url>MWNtd2l)|(?P<use>MWMyVWlPaUp)|(?P<ver>MlpYSWlPaU)'
-     '|(?P<version>MlpYSnphVzl1SWpv)|(?P<x>NElqb2)|(?P<x5c>NE5XTWlP)|(?P<x5t>NE5YUWlPaU)|(?P<x5ts256>NE5YUWpVekkxTmlJ'
-     'Nkl)|(?P<x5u>NE5YVWlPaU)|(?P<zip>NmFYQWlPaU))[a-zA-Z0-9\\/\\\\_+\\-\\r\\n]{40,}={0,2}',
+     '\\bZXlK(?:(?P<alg>aGJHY2lPaU)|(?P<apu>aGNIVWlPaU)|(?P<apv>aGNIWWlPaU)|(?P<aud>aGRXUWlPaU)|(?P<b64>aU5'
+     'qUWlP)|(?P<crit>amNtbDBJanBi)|(?P<cty>amRIa2lPaU)|(?P<epk>bGNHc2lPbn)|(?P<enc>bGJtTWlPaU)|(?P<jku>cWE'
+     'zVWlPaU)|(?P<jwk>cWQyc2lPb)|(?P<iss>cGMzTWlPaU)|(?P<iv>cGRpSTZJ)|(?P<kid>cmFXUWlP)|(?P<key_ops>clpYbG'
+     'ZiM0J6SWpwY)|(?P<kty>cmRIa2lPaUp)|(?P<nonce>dWIyNWpaU0k2)|(?P<p2c>d01tTWlP)|(?P<p2s>d01uTWlPaU)|(?P<p'
+     'pt>d2NIUWlPaU)|(?P<sub>emRXSWlPaU)|(?P<svt>emRuUWlP)|(?P<tag>MFlXY2lPaU)|(?P<typ>MGVYQWlPaUp)|(?P<url'
+     '>MWNtd2l)|(?P<use>MWMyVWlPaUp)|(?P<ver>MlpYSWlPaU)|(?P<version>MlpYSnphVzl1SWpv)|(?P<x>NElqb2)|(?P<x5'
+     'c>NE5XTWlP)|(?P<x5t>NE5YUWlPaU)|(?P<x5ts256>NE5YUWpVekkxTmlJNkl)|(?P<x5u>NE5YVWlPaU)|(?P<zip>NmFYQWlP'
+     'aU))[a-zA-Z0-9\\/\\\\_+\\-\\r\\n]{40,}={0,2}',
      ('zxlk',), 2.0, ()),
     ('linear-api-key',
      'lin_api_(?i:[a-z0-9]{40})',
@@ -234,8 +235,9 @@ RULES = (
      '\\b([A-Za-z0-9]{6}_[A-Za-z0-9]{29}_mmk)(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
      ('_mmk',), 4.0, ()),
     ('microsoft-teams-webhook',
-     'https://[a-z0-9]+\\.webhook\\.office\\.com/webhookb2/[a-z0-9]{8}-([a-z0-9]{4}-){3}[a-z0-9]{12}@[a-z0-9]{8}-([a-'
-     'z0-9]{4}-){3}[a-z0-9]{12}/IncomingWebhook/[a-z0-9]{32}/[a-z0-9]{8}-([a-z0-9]{4}-){3}[a-z0-9]{12}',
+     'https://[a-z0-9]+\\.webhook\\.office\\.com/webhookb2/[a-z0-9]{8}-([a-z0-9]{4}-){3}[a-z0-9]{12}@[a-z0-'
+     '9]{8}-([a-z0-9]{4}-){3}[a-z0-9]{12}/IncomingWebhook/[a-z0-9]{32}/[a-z0-9]{8}-([a-z0-9]{4}-){3}[a-z0-9'
+     ']{12}',
      ('webhook.office.com', 'webhookb2', 'incomingwebhook'), 0.0, ()),
     ('notion-api-token',
      '\\b(ntn_[0-9]{11}[A-Za-z0-9]{32}[A-Za-z0-9]{3})(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
@@ -247,8 +249,8 @@ RULES = (
      '\\b(API-[A-Z0-9]{26})(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
      ('api-',), 3.0, ()),
     ('openai-api-key',
-     '\\b(sk-(?:proj|svcacct|admin)-(?:[A-Za-z0-9_-]{74}|[A-Za-z0-9_-]{58})T3BlbkFJ(?:[A-Za-z0-9_-]{74}|[A-Za-z0-9_-]'
-     '{58})\\b|sk-[a-zA-Z0-9]{20}T3BlbkFJ[a-zA-Z0-9]{20})(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
+     '\\b(sk-(?:proj|svcacct|admin)-(?:[A-Za-z0-9_-]{74}|[A-Za-z0-9_-]{58})T3BlbkFJ(?:[A-Za-z0-9_-]{74}|[A-'
+     'Za-z0-9_-]{58})\\b|sk-[a-zA-Z0-9]{20}T3BlbkFJ[a-zA-Z0-9]{20})(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
      ('t3blbkfj',), 3.0, ()),
     ('openshift-user-token',
      '\\b(sha256~[\\w-]{43})(?![\\w-])',
@@ -293,8 +295,8 @@ RULES = (
      '\\b(xkeysib-[a-f0-9]{64}\\-(?i:[a-z0-9]{16}))(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
      ('xkeysib-',), 2.0, ()),
     ('sentry-org-token',
-     '\\bsntrys_eyJpYXQiO[a-zA-Z0-9+/]{10,200}(?:LCJyZWdpb25fdXJs|InJlZ2lvbl91cmwi|cmVnaW9uX3VybCI6)[a-zA-Z0-9+/]{10,'
-     '200}={0,2}_[a-zA-Z0-9+/]{43}(?![a-zA-Z0-9+/])',
+     '\\bsntrys_eyJpYXQiO[a-zA-Z0-9+/]{10,200}(?:LCJyZWdpb25fdXJs|InJlZ2lvbl91cmwi|cmVnaW9uX3VybCI6)[a-zA-Z'
+     '0-9+/]{10,200}={0,2}_[a-zA-Z0-9+/]{43}(?![a-zA-Z0-9+/])',
      ('sntrys_eyjpyxqio',), 4.5, ()),
     ('sentry-user-token',
      '\\b(sntryu_[a-f0-9]{64})(?=[\\x60\'"\\s;&,)\\]}<>|]|\\\\[nr]|$)',
@@ -324,8 +326,8 @@ RULES = (
      'shpss_[a-fA-F0-9]{32}',
      ('shpss_',), 2.0, ()),
     ('sidekiq-sensitive-url',
-     '(?i:\\bhttps?://([a-f0-9]{8}:[a-f0-9]{8})@(?:gems.contribsys.com|enterprise.contribsys.com)(?:[\\/|\\#|\\?|:]|$'
-     '))',
+     '(?i:\\bhttps?://([a-f0-9]{8}:[a-f0-9]{8})@(?:gems.contribsys.com|enterprise.contribsys.com)(?:[\\/|\\'
+     '#|\\?|:]|$))',
      ('gems.contribsys.com', 'enterprise.contribsys.com'), 0.0, ()),
     ('slack-app-token',
      '(?i:xapp-\\d-[A-Z0-9]+-\\d+-[a-z0-9]+)',
