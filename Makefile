@@ -5,11 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 NPROC ?= 2
-EXTRAS ?= s3,tensorboard,mlflow,bench,fsspec,wandb,lightning,transformers,accelerate,comet,neptune,system,prometheus,test
+EXTRAS ?= s3,tensorboard,mlflow,bench,fsspec,wandb,lightning,transformers,accelerate,comet,neptune,system,prometheus,test,lint
 
-.PHONY: install system-packages demo test bench clean
+.PHONY: install system-packages demo test lint bench clean
 
-$(VENV)/.installed: pyproject.toml Makefile setup.py dist_logging/ranks/_csections.c
+$(VENV)/.installed: pyproject.toml Makefile setup.py dist_logging/stragglers/_csections.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
@@ -39,8 +39,15 @@ test: install
 	$(PY) -m pytest -n auto -q -m "not serial" --durations=15
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q -m serial || test $$? -eq 5  # 5: no serial test selected
 
+# Lint: ruff's rules (on the package; tests/ and benchmarks/ not yet), ruff's format check, mypy at the strictness
+# pyproject.toml documents ([tool.ruff], [tool.mypy]).
+lint: install
+	$(PY) -m ruff check dist_logging
+	$(PY) -m ruff format --check dist_logging tests benchmarks launch
+	$(PY) -m mypy
+
 bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .venv-mlflow-lowest .venv-mlflow-lowest.lock runs buckets .pytest_cache build dist_logging/ranks/_csections*.so
+	rm -rf $(VENV) .venv-mlflow-lowest .venv-mlflow-lowest.lock runs buckets .pytest_cache build dist_logging/stragglers/_csections*.so

@@ -19,7 +19,7 @@ import time
 import zlib
 
 from dist_logging.checkpoint._checksums import SummingWriter
-from dist_logging.object_store._crc32c import crc32c, file_crc32c
+from dist_logging.object_store.checksums import crc32c, file_crc32c
 
 MiB = 1 << 20
 

@@ -151,7 +151,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from _gather_v1 import MetricGatherer as OldGatherer
 
     from dist_logging import Logger
-    from dist_logging._gather import MetricGatherer
+    from dist_logging._logger.gather import MetricGatherer
 
     logger = Logger([null_destination()], run_name='bench-gather-cost', auto_flush=False)
     auto_logger = Logger([null_destination()], run_name='bench-gather-cost', flush_every=1)

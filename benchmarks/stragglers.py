@@ -299,9 +299,9 @@ def overhead(d: C.Dist, args: Any, grad: torch.Tensor) -> dict[str, Any]:
 
 def simulate(args: Any, worlds: list[int]) -> dict[str, Any]:
     """The report code over modelled per-rank windows: +-5 % per-step jitter, one rank 1.2x, at N ranks."""
-    from dist_logging.ranks.report import (BUSY, FIXED, JITTER, MEMORY, STEPS, WALL, build_report, report_metrics,
+    from dist_logging.stragglers.report import (BUSY, FIXED, JITTER, MEMORY, STEPS, WALL, build_report, report_metrics,
                                            table_rows)
-    from dist_logging.ranks.stats import VerdictTracker, Verdicts
+    from dist_logging.stragglers.stats import VerdictTracker, Verdicts
 
     step_s = (args.cpu_ms + args.device_ms) / 1e3
     every = args.every

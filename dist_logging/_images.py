@@ -74,7 +74,8 @@ def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
     if array.shape[-1] not in (1, 3, 4):
         layout = 'HWC/NHWC' if channels_last else 'CHW/NCHW'
         raise ValueError(f'expected 1, 3 or 4 channels in {layout} layout, got shape {tuple(array.shape)} '
-                         f'({array.shape[-1]} channels); set channels_last={not channels_last} if the layout is the other one')
+                         f'({array.shape[-1]} channels); set channels_last={not channels_last} '
+                         'if the layout is the other one')
     if array.shape[1] == 0 or array.shape[2] == 0:
         raise ValueError(f'images must have a non-zero height and width, got shape {tuple(array.shape)}')
     if np.issubdtype(array.dtype, np.integer) and array.dtype != np.uint8:

@@ -436,7 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description='Upload every pending upload in STAGING_FOLDER (as left by a killed run), '
                                    'each to the bucket recorded with it. Exits 1 if any upload failed or '
                                    'needs a custom object store (those stay in the folder).')
-    p.add_argument('staging_folder', metavar='STAGING_FOLDER', help="a run's upload_staging_folder (or one rank{r} folder)")
+    p.add_argument('staging_folder', metavar='STAGING_FOLDER',
+                   help="a run's upload_staging_folder (or one rank{r} folder)")
     p.add_argument('--workers', type=_positive_int, default=4, help='concurrent uploads (default 4)')
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
     p.set_defaults(func=_cmd_drain)
@@ -499,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
                         'markers; left out by default, except with --follow, which shows every line as written)')
     p.set_defaults(func=_cmd_logs)
 
-    from dist_logging.ranks.command import add_parser as add_stragglers  # its own module (docs/stragglers.md)
+    from dist_logging.stragglers.command import add_parser as add_stragglers  # its own module (docs/stragglers.md)
 
     add_stragglers(sub)
 

@@ -66,4 +66,5 @@ class DistributedLoggingError(RuntimeError):
         if match:
             missing = [int(r) for r in re.findall(r'\d+', match.group(1))]
         where = f'; missing ranks: {missing}' if missing else ''
-        return cls(f'{what}: not every rank arrived within {timeout:g} s{where} ({text.splitlines()[0] if text else type(exc).__name__})', missing)
+        cause = text.splitlines()[0] if text else type(exc).__name__
+        return cls(f'{what}: not every rank arrived within {timeout:g} s{where} ({cause})', missing)

@@ -16,8 +16,7 @@ import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from dist_logging import dist
-from dist_logging._gather import REDUCTIONS, FlushSchedule, MetricGatherer
-from dist_logging._logger.config_load import build_logger
+from dist_logging._logger.gather import REDUCTIONS, FlushSchedule, MetricGatherer
 from dist_logging._logger.handover import file_names, folder_names, hand_file, hand_folder
 from dist_logging._logger.postmortem_link import check_hang_timeout, check_reason, make_recorder, stop_recorder
 from dist_logging._logger.resume import PendingResume, PendingRoutes, logger_state, parse_state
@@ -26,8 +25,8 @@ from dist_logging._logger.run_name import resolve_run_name
 from dist_logging._logger.summaries import DEFAULT_GATHER_SUMMARY_ABOVE, check_summary_above, per_rank_groups
 from dist_logging._values import check_metric_key, check_table, metric_scalar
 from dist_logging.destination import Event, LoggerDestination, LogLevel, validate_ranks
-from dist_logging.ranks.api import RankReportMethods
-from dist_logging.ranks.reporter import RankReportOptions, make_reporter
+from dist_logging.stragglers.api import RankReportMethods
+from dist_logging.stragglers.reporter import RankReportOptions, make_reporter
 from dist_logging.redaction import RedactOption, build_redactor
 from dist_logging.state import State, Timestamp
 from dist_logging.telemetry.hub import Telemetry, TelemetryOptions
@@ -71,7 +70,7 @@ class Logger(RankReportMethods):
         rank_report_every: every this many batches, compare the ranks' busy time (see
             :meth:`section`) and report the spread and the stragglers on rank zero (a collective;
             none in between). None (default): off. See docs/stragglers.md.
-        rank_report_options: a :class:`~dist_logging.ranks.RankReportOptions` or a mapping of its fields.
+        rank_report_options: a :class:`~dist_logging.stragglers.RankReportOptions` or a mapping of its fields.
         system_metrics_every: seconds between samples of each node's CPU, memory, disk, network (and GPUs,
             with NVML), taken off the training thread by each node's local-zero rank; rank zero's destinations
             get them as ``system/{host}/{metric}`` at its next ``batch_end``. None (default): off. Needs
@@ -128,7 +127,8 @@ class Logger(RankReportMethods):
         for index, destination in enumerate(self.destinations):
             if not isinstance(destination, LoggerDestination):
                 raise TypeError(f'destinations[{index}] is a {type(destination).__name__}, not a LoggerDestination')
-            validate_ranks(getattr(destination, 'ranks', 'zero'), f'destinations[{index}] ({type(destination).__name__})')
+            validate_ranks(getattr(destination, 'ranks', 'zero'),
+                           f'destinations[{index}] ({type(destination).__name__})')
             LogLevel.parse(destination.log_level)
         telemetry_options = TelemetryOptions(system_metrics_every, metrics_port, metrics_host)
         summarize_above = check_summary_above(gather_summary_above)
@@ -812,6 +812,8 @@ class Logger(RankReportMethods):
             TypeError: an override the Logger does not take, or a value of the wrong type.
             ImportError: a destination's optional package is missing (names the extra to install).
         """
+        from dist_logging._logger.config_load import build_logger  # at call time: the core does not load it at import
+
         return build_logger(cls, config, overrides)
 
     def __repr__(self) -> str:

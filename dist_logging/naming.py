@@ -53,7 +53,8 @@ def _parse_placeholders(format_str: str) -> frozenset[str]:
             continue
         root = field.split('.', 1)[0].split('[', 1)[0]
         if root == '' or root.isdigit():
-            raise ValueError(f'name template {format_str!r} has a positional placeholder {{{field}}}; use a name such as {{rank}}')
+            raise ValueError(f'name template {format_str!r} has a positional placeholder {{{field}}}; '
+                             'use a name such as {rank}')
         names.add(root)
         if spec and '{' in spec:
             names |= template_placeholders(spec)

@@ -37,7 +37,7 @@ def test_bad_env_value_names_variable(monkeypatch):
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 
-from dist_logging.dist._launchers import expand_hostlist, launch_facts, parse_tasks_per_node  # noqa: E402
+from dist_logging._world.launchers import expand_hostlist, launch_facts, parse_tasks_per_node  # noqa: E402
 
 SLURM_STEP = {  # what a real srun -n 4 over two nodes exports to task 3 (SLURM 22.05)
     'SLURM_JOB_ID': '4242', 'SLURM_STEP_ID': '0', 'SLURM_PROCID': '3', 'SLURM_LOCALID': '1',
@@ -213,7 +213,7 @@ def test_init_process_group_from_env_single_process(monkeypatch):
 
 def test_every_variable_read_is_in_the_cache_key():
     # dist.launch_facts() caches on ENVIRONMENT_VARIABLES' values: a variable read but not listed would be stale.
-    from dist_logging.dist._launchers import ENVIRONMENT_VARIABLES
+    from dist_logging._world.launchers import ENVIRONMENT_VARIABLES
 
     class Recording(dict):
         def get(self, key, default=None):

@@ -15,7 +15,7 @@ import torch.distributed as torch_dist
 
 from dist_logging import DistributedLoggingError
 from dist_logging.dist import LoggingGroup
-from dist_logging.dist._watch import HOST, StoreLine, beat_period
+from dist_logging._world.watch import HOST, StoreLine, beat_period
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -244,7 +244,7 @@ def test_a_long_wait_warns_naming_the_late_rank_before_the_timeout():
 def test_exit_hook_drops_the_groups_of_loggers_never_closed():
     """At interpreter exit (atexit), a LoggingGroup never destroyed lets go of its dedicated group, so it
     is not freed during finalization (which aborts a gloo process)."""
-    from dist_logging.dist import _group
+    from dist_logging._world import group as _group
 
     group = LoggingGroup()
     group._group = object()

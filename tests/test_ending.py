@@ -1,4 +1,4 @@
-"""After a fatal error the process ends at exit in bounded time (dist_logging/dist/_ending.py), in subprocesses:
+"""After a fatal error the process ends at exit in bounded time (dist_logging/_world/ending.py), in subprocesses:
 the hook ends the interpreter it runs in."""
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as torch_dist
 
 from dist_logging import DistributedLoggingError, Logger
-from dist_logging import _gather
+from dist_logging._logger import gather as _gather
 from dist_logging._logger.consistency import canonical_json, check_hyperparameters
-from dist_logging._gather import MetricGatherer
+from dist_logging._logger.gather import MetricGatherer
 from dist_logging.destinations.in_memory import InMemoryLogger
 from dist_logging.dist import LoggingGroup
 
@@ -510,7 +510,7 @@ def test_log_metrics_keeps_device_tensors_unread():
     value = torch.tensor(2.0, device='meta')  # .item() on a meta tensor raises
     logger.log_metrics({'loss': value}, reduce='mean')
     entry = logger._gatherer._buffer['loss']
-    assert entry[_gather._TENSORS][0].device.type == 'meta' and entry[_gather._COUNT] == 0
+    assert entry[_gather.TENSORS][0].device.type == 'meta' and entry[_gather.COUNT] == 0
     logger._gatherer._buffer.clear()
     logger.close()
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dist_logging.dist import _gloo_exit
+from dist_logging._world import gloo_exit as _gloo_exit
 
 
 def _fake_tasks(tmp_path, threads: dict[str, tuple[str, str]]):
@@ -97,7 +97,7 @@ def test_real_gloo_group_workers_are_found_and_idle_after_a_collective(tmp_path)
     """
     script = textwrap.dedent(f"""
         import torch, torch.distributed as dist
-        from dist_logging.dist import _gloo_exit
+        from dist_logging._world import gloo_exit as _gloo_exit
         dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, world_size=1)
         tensor = torch.ones(3)
         dist.all_reduce(tensor)
@@ -115,7 +115,7 @@ def test_real_gloo_group_workers_are_found_and_idle_after_a_collective(tmp_path)
 def test_importing_the_package_registers_the_wait_at_exit():
     script = textwrap.dedent("""
         import dist_logging
-        from dist_logging.dist import _gloo_exit
+        from dist_logging._world import gloo_exit as _gloo_exit
         real = _gloo_exit._gloo_workers
         def reporting():
             print('looked for gloo workers at exit', flush=True)

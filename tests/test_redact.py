@@ -436,7 +436,7 @@ def test_every_rule_keyword_is_found_where_a_secret_would_follow():
     missed = []
     for keyword, rules in _redact._RULES_BY_KEYWORD.items():
         text = f'value: {keyword}' + 'Ab3' * 10  # the keyword, then a run as a secret's body would make
-        found = _redact._found_keywords(text, _redact._run_map(text))
+        found = _redact.found_keywords(text, _redact.map_runs(text))
         if not any(rule in _redact._RULES_BY_KEYWORD[f] for f in found for rule in rules):
             missed.append(keyword)
     assert not missed, f'keywords never found: {missed}'
@@ -482,7 +482,7 @@ def test_keyword_scan_finds_what_the_plain_definition_finds():
     for _ in range(800):
         text = ''.join(rng.choice(pieces) if rng.random() < 0.6 else rng.choice(keywords).upper()
                        for _ in range(rng.randint(1, 12)))
-        found = _redact._found_keywords(text, _redact._run_map(text))
+        found = _redact.found_keywords(text, _redact.map_runs(text))
         expected = _reference_keywords(text)
         if found != expected:
             mismatches.append((text, sorted(found), sorted(expected)))
@@ -515,7 +515,7 @@ def test_in_chains_equal_their_loops():
         text = ''.join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
         assert _redact._any_inner_gate(text) == any(gate in text for gate in gates), text
         assert _redact._any_credential_fragment(text) == any(f in text for f in _redact._CREDENTIAL_FRAGMENTS), text
-    assert _redact._any_of(())('anything') is False
+    assert _redact.any_of(())('anything') is False
 
 
 # --------------------------------------------------------------------------- issue 35

@@ -1,4 +1,4 @@
-"""``dist-logging logs`` (only the CLI uses this package): many ranks' log files as one time-ordered stream, identical records collapsed.
+"""``dist-logging logs``: many ranks' log files as one time-ordered stream, identical records collapsed (CLI only).
 
 Reads the files :func:`~dist_logging.setup_logging` writes (:mod:`dist_logging._log_line`)
 and :class:`~dist_logging.destinations.FileLogger`'s (JSON Lines with a ``time`` field, or

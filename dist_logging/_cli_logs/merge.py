@@ -10,7 +10,7 @@ import os
 import time
 from typing import IO, Callable, Iterator, Optional, Sequence
 
-from dist_logging._cli_logs.sources import (LogSource, Record, _Parser, ensure_open_file_limit, find_log_files,
+from dist_logging._cli_logs.sources import (LogSource, Record, LineParser, ensure_open_file_limit, find_log_files,
                                             format_ranks, read_records)
 from dist_logging._log_line import CONTINUATION, level_number, utc_iso
 
@@ -193,7 +193,7 @@ class _Tail:
 
     def __init__(self, source: LogSource):
         self.source = source
-        self.parser = _Parser(source)
+        self.parser = LineParser(source)
         self.handle: Optional[IO[str]] = None
         self.partial = ''
         self.seq = 0

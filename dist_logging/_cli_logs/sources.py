@@ -134,7 +134,7 @@ def _first_line(path: str) -> Optional[str]:
     return line or None
 
 
-class _Parser:
+class LineParser:
     """Turns the lines of one file into records: ``feed`` returns the record a line completes."""
 
     def __init__(self, source: LogSource):
@@ -362,7 +362,7 @@ def read_records(source: LogSource, *, all_attempts: bool = True) -> Iterator[Re
     """
     markers = [] if all_attempts or source.kind == 'python' else resume_markers(source.path)
     superseded = _superseded_filter(markers) if markers else None
-    parser = _Parser(source)
+    parser = LineParser(source)
     with open(source.path, 'r', encoding='utf-8', errors='replace', newline='\n', buffering=1 << 16) as handle:
         for line in handle:
             record = parser.feed(line)

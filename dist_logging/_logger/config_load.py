@@ -304,14 +304,14 @@ def load_config(source: ConfigSource, environ: Optional[Mapping[str, str]], logg
             raise _unknown_key('', key, logger_keys + list(_SPECIAL_TOP_LEVEL))
         logger_kwargs[key] = value
     if 'flush_every' in logger_kwargs:  # checked here so a bad schedule fails at load, with its key
-        from dist_logging._gather import FlushSchedule
+        from dist_logging._logger.gather import FlushSchedule
 
         try:
             FlushSchedule(logger_kwargs['flush_every'])
         except ValueError as exc:
             raise ValueError(f'flush_every: {exc}') from None
     if 'rank_report_every' in logger_kwargs or 'rank_report_options' in logger_kwargs:  # also at load, with the key
-        from dist_logging.ranks.reporter import check_report_options
+        from dist_logging.stragglers.reporter import check_report_options
 
         check_report_options(logger_kwargs.get('rank_report_every'), logger_kwargs.get('rank_report_options'))
     telemetry_keys = ('system_metrics_every', 'metrics_port', 'metrics_host')

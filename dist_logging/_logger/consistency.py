@@ -39,7 +39,8 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), 'big')  # < 2**63
 
 
-def check_hyperparameters(hparams: Mapping[str, Any], group: dist.LoggingGroup) -> Optional[dict[str, list[dict[str, Any]]]]:
+def check_hyperparameters(hparams: Mapping[str, Any],
+                          group: dist.LoggingGroup) -> Optional[dict[str, list[dict[str, Any]]]]:
     """Compare ``hparams`` across ranks (a collective: every rank must call it).
 
     Args:

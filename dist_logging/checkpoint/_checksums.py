@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.storage import WriteResult
 
-from dist_logging.object_store._crc32c import crc32c, encode
+from dist_logging.object_store.checksums import crc32c, encode
 
 __all__ = ['CheckedInfo', 'SummingWriter', 'ChecksummedResults', 'summing_streams', 'file_checksums',
            'plain_results']

@@ -1,7 +1,7 @@
 """What writers whose process is gone left in the staging folder, and the hand-off folder's file names.
 
 Imports nothing of torch's checkpoint package (``dist-logging drain`` imports it through
-:mod:`dist_logging.checkpoint.drain`); a writer is dead when :func:`dist_logging.dist._watch.process_state`,
+:mod:`dist_logging.checkpoint.drain`); a writer is dead when :func:`dist_logging._world.watch.process_state`,
 the one liveness check, says its process has ended:
 
 * :func:`remove_dead_writes`: the local-write folders (``checkpoint-writes/rank{r}/<pid>-<token>``) of
@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from dist_logging.checkpoint._intents import write_intent
 from dist_logging.checkpoint._paths import WRITES_FOLDER
-from dist_logging.dist._watch import process_state
+from dist_logging._world.watch import process_state
 from dist_logging.upload.staging import rank_folder_name
 
 __all__ = ['STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'WRITER_INFO', 'read_json',

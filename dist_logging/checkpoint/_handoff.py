@@ -31,7 +31,7 @@ from dist_logging.checkpoint._dead_writers import (COMMIT, COMMIT_METADATA, MANI
 from dist_logging.checkpoint._intents import publish
 from dist_logging.checkpoint._process_side import ProcessSideWriter
 
-__all__ = ['HandOff', 'HandOffTarget', 'TargetInfo', 'WriterTarget']
+__all__ = ['HandOff', 'HandOffTarget', 'TargetInfo']
 
 log = logging.getLogger(__name__)
 POLL_S = 0.015
@@ -257,36 +257,3 @@ class HandOff:
             left.write_intent(info.intents_dir, info.bucket_uri, info.backend_kwargs, info.keep_last,
                               info.sync_files)
         return True
-
-
-class WriterTarget:
-    """A ``CheckpointWriter`` as its hand-off sees it (a :class:`HandOffTarget`): the only writer members the
-    hand-off reaches, in one place."""
-
-    def __init__(self, writer: Any):
-        self._writer = writer
-
-    def info(self) -> TargetInfo:
-        writer = self._writer
-        record = writer.uploader.store_record
-        return TargetInfo(record.uri, dict(record.kwargs), writer.keep_last, writer.sync_files, writer._intents_dir,
-                          writer.max_staged_bytes,
-                          dict(files_per_rank=writer.files_per_rank, thread_count=writer.thread_count,
-                               sync_files=writer.sync_files, per_thread_copy_ahead=writer.per_thread_copy_ahead,
-                               serialization_format=writer.serialization_format,
-                               single_file_per_rank=writer.single_file_per_rank, extensions=writer._extensions,
-                               overwrite=writer.overwrite, intents_dir=writer._intents_dir,
-                               bucket_uri=record.uri, backend_kwargs=dict(record.kwargs)))
-
-    def wait_for_room(self) -> None:
-        self._writer._wait_for_room()
-
-    def queue_files(self, folder: str, checkpoint_id: str, files: dict[str, int], *, skip_missing: bool = False) -> int:
-        return self._writer._queue_for_upload(folder, checkpoint_id, files, skip_missing=skip_missing)
-
-    def saved(self, checkpoint_id: str, started_at: float, t0: float, total: int) -> Any:
-        return self._writer._record_process_save(checkpoint_id, started_at, t0, total)
-
-    def commit(self, checkpoint_id: str, files: dict[str, int], time_ns: int, metadata: bytes, timing: Any,
-               t0: float, checksums: dict[str, str]) -> None:
-        self._writer._submit_commit(checkpoint_id, files, time_ns, metadata, timing, t0, checksums)

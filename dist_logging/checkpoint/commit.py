@@ -3,8 +3,9 @@
 Store-level steps, each safe to interrupt at any point (see ``docs/checkpoints.md``):
 
 * :func:`commit_checkpoint`: one listing of ``C/``; if every file the checkpoint lists is there
-  with its size and (where the store keeps one) the checksum it was written with, remove older markers of ``C`` (un-commit), upload ``.metadata`` (DCP), upload
-  the new marker (the commit), then delete the files only the un-committed version listed.
+  with its size and (where the store keeps one) the checksum it was written with, remove older markers of ``C``
+  (un-commit), upload ``.metadata`` (DCP), upload the new marker (the commit), then delete the files only the
+  un-committed version listed.
 * :func:`delete_checkpoint`: markers first (the checkpoint becomes invisible), then
   ``.metadata``, then the rest.
 
@@ -22,10 +23,11 @@ from typing import Any, Iterable, Mapping, Optional
 from dist_logging.checkpoint._layout import (METADATA_NAME, Marker, decode_record, encode_record, marker_name,
                                              markers_by_checkpoint, missing_files)
 from dist_logging.object_store import ObjectInfo
-from dist_logging.object_store._crc32c import file_crc32c
+from dist_logging.object_store.checksums import file_crc32c
 from dist_logging.upload.retry import RetryPolicy, call_with_retries
 
-__all__ = ['NotLanded', 'ChecksumMismatch', 'CorruptCheckpoint', 'landed_mismatches', 'commit_checkpoint', 'uncommit', 'delete_checkpoint', 'read_record', 'retry']
+__all__ = ['NotLanded', 'ChecksumMismatch', 'CorruptCheckpoint', 'landed_mismatches', 'commit_checkpoint', 'uncommit',
+           'delete_checkpoint', 'read_record', 'retry']
 
 log = logging.getLogger(__name__)
 _POLICY = RetryPolicy(num_attempts=3, initial_backoff=0.5)

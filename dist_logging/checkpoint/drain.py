@@ -1,4 +1,4 @@
-"""Finishing commits a killed coordinator left: run by ``dist-logging drain`` after the uploads."""
+"""The checkpoint half of ``dist-logging drain``: finishing commits a killed coordinator left (after uploads)."""
 
 from __future__ import annotations
 

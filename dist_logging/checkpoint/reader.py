@@ -22,7 +22,7 @@ from dist_logging.checkpoint._layout import (METADATA_NAME, CheckpointIdMixin, c
 from dist_logging.checkpoint._paths import default_cache_folder
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
 from dist_logging.checkpoint.latest import committed_markers, open_store
-from dist_logging.object_store._crc32c import file_crc32c
+from dist_logging.object_store.checksums import file_crc32c
 
 __all__ = ['CheckpointReader']
 

@@ -1,4 +1,4 @@
-"""CheckpointWriter: a torch.distributed.checkpoint StorageWriter over the upload port (:class:`~dist_logging.upload.Uploader`).
+"""CheckpointWriter: a ``torch.distributed.checkpoint`` StorageWriter over the upload port (``upload.Uploader``).
 
 The data path, top to bottom: ``reset`` opens a local folder next to the uploader's staging folder;
 ``write_data`` writes the shard files there with torch's file writer (over recycled spares, ``_spares``),
@@ -31,19 +31,19 @@ from torch.distributed.checkpoint.storage import WriteResult
 from dist_logging import dist
 from dist_logging.checkpoint._committer import Committer
 from dist_logging.checkpoint._dead_writers import remove_dead_writes
-from dist_logging.checkpoint._handoff import HandOff, WriterTarget
+from dist_logging.checkpoint._handoff import HandOff, TargetInfo
 from dist_logging.checkpoint._intents import CommitIntent, read_intents, remove_intent, write_intent
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._options import check_torch_options, probe_bucket, refuse_existing
 from dist_logging.checkpoint._paths import INTENTS_FOLDER, PROCESS_FOLDER, WRITES_FOLDER, scratch_folder
-from dist_logging.checkpoint._shards import (ASYNC_FILE_BYTES, ASYNC_FILES_PER_RANK, ASYNC_MAX_FILES_PER_RANK,  # noqa: F401
-                                             SHARD_NAME, HandOverQueue, check_file_size, check_role, file_sizes,
-                                             name_rank_files, no_checkpoint_id, seal_metadata, write_rank_files)
+from dist_logging.checkpoint._shards import (  # noqa: F401 - the ASYNC_ constants: re-exported for docs and tests
+    ASYNC_FILE_BYTES, ASYNC_FILES_PER_RANK, ASYNC_MAX_FILES_PER_RANK, SHARD_NAME, HandOverQueue, check_file_size,
+    check_role, file_sizes, name_rank_files, no_checkpoint_id, seal_metadata, write_rank_files)
 from dist_logging.checkpoint._shards import async_files as _async_files
 from dist_logging.checkpoint._spares import SparePool
-from dist_logging.checkpoint._staging import StagingBuffers
+from dist_logging.checkpoint._state_copy import StagingBuffers
 from dist_logging.checkpoint._timing import SaveTiming
-from dist_logging.checkpoint._uploader import UPLOADER_OPTIONS, uploader_for  # noqa: F401 - UPLOADER_OPTIONS: docs
+from dist_logging.checkpoint._writer_uploader import UPLOADER_OPTIONS, uploader_for  # noqa: F401 - OPTIONS: docs
 from dist_logging.errors import UploadError
 from dist_logging.upload.staging import rank_folder_name
 from dist_logging.upload.uploader import Uploader
@@ -59,10 +59,10 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     Use it as ``dcp.save(state_dict, checkpoint_id='run/checkpoints/step100', storage_writer=writer)``
     or with ``dcp.async_save`` (thread or process checkpointer); the ``checkpoint_id`` is the checkpoint's
     folder in the bucket. On every rank the shards are written (by torch's own file writer)
-    into a folder next to the rank's upload staging folder, then handed to the :class:`~dist_logging.upload.Uploader` by hard
-    link (no second copy) and recorded in its durable journal: ``dcp.save`` returns then. The
-    coordinator's ``finish`` records a commit intent (with the ``.metadata``) on local disk and
-    hands it to a background committer, which commits the checkpoint once every shard is in the
+    into a folder next to the rank's upload staging folder, then handed to the
+    :class:`~dist_logging.upload.Uploader` by hard link (no second copy) and recorded in its durable journal:
+    ``dcp.save`` returns then. The coordinator's ``finish`` records a commit intent (with the ``.metadata``) on
+    local disk and hands it to a background committer, which commits the checkpoint once every shard is in the
     bucket with its size: ``.metadata`` first, then the commit marker (see ``docs/checkpoints.md``).
     Until then the checkpoint is invisible to :func:`latest_checkpoint` and :class:`CheckpointReader`.
 
@@ -106,29 +106,24 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         files_per_rank: shard files per rank and save (at least ``thread_count``; fewer when the
             rank has fewer items). Each file is queued for upload as soon as it is written, so
             with several files the upload of the first ones overlaps the write of the next.
-            None (default): one file for a save that runs on the training thread (``dcp.save``:
-            there the overlap made the call block longer on a 2-core VM, the upload's CPU
-            competing with the write) and, for one that runs on another thread
-            (``dcp.async_save``: nothing waits for the write), one file per 64 MiB of the rank's
-            shard bytes, at least 4 and at most 16: the smaller the last file, the sooner its
-            upload ends after the write (on a 2-core VM, 1 GiB over 2 ranks: 8 files committed
-            14 % sooner than 4; benchmarks/README.md). The process checkpointer hands a save's
-            files over together, so there it is one file unless set.
+            None (default): one file for a save that runs on the training thread (``dcp.save``) and,
+            for one that runs on another thread (``dcp.async_save``), one file per 64 MiB of the
+            rank's shard bytes, at least 4 and at most 16. The process checkpointer hands a save's
+            files over together, so there it is one file unless set. Why: ``docs/checkpoints.md``,
+            "Why the writer's defaults".
         recycle_files: keep each shard file whose upload landed as a spare (up to two saves' bytes
             per rank, next to staging) and write the next save's shards over the spares instead of
-            into new files, as databases recycle their log segments: writing over pages the page
-            cache already holds skips the page and block allocation of a new file (measured on a
-            2-vCPU VM: 0.14 CPU s per GiB, against 0.24 for a new file and up to 2.4 when the VM
-            had handed the freed memory back to its host). A spare is reused only once no other
-            link to it is left (its upload landed and the uploader let go of it). The spares are
-            deleted at ``close``; with ``max_staged_bytes`` they hold at most that many bytes.
-            Off (or without hard links into staging): every shard is a new file.
+            into new files, as databases recycle their log segments (writing over pages the page
+            cache already holds skips the allocation of a new file; figures in ``docs/checkpoints.md``).
+            A spare is reused only once no other link to it is left (its upload landed and the uploader
+            let go of it). The spares are deleted at ``close``; with ``max_staged_bytes`` they hold at
+            most that many bytes. Off (or without hard links into staging): every shard is a new file.
         cache_staged_state_dict: keep the CPU copy that ``dcp.async_save`` stages the state into
             (before it returns) for the next save, pinned where an accelerator is available, instead
             of allocating a new copy every save: the next ``async_save`` copies into memory already
-            allocated and touched (2-vCPU VM, 1 GiB over 2 ranks: 75 ms against 746 ms). The copy
-            stays allocated between saves (the memory each save takes anyway, kept instead of freed
-            and taken again) until ``close``. It is reused only while the state keeps its structure,
+            allocated and touched (figures in ``docs/checkpoints.md``). The copy stays allocated
+            between saves (the memory each save takes anyway, kept instead of freed and taken again)
+            until ``close``. It is reused only while the state keeps its structure,
             shapes and dtypes (otherwise replaced), and only once the previous save is over (if it
             is not, this save is staged into fresh memory, warned once). Off: torch's staging, a
             new copy per save.
@@ -355,7 +350,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         """
         if not self.overwrite:
             pending = [intent.checkpoint_id for intent in read_intents(self._intents_dir)]
-            refuse_existing(self.store, self._cid, pending, self.uploader.bucket_uri or repr(self.store))  # type: ignore[arg-type]
+            where = self.uploader.bucket_uri or repr(self.store)
+            refuse_existing(self.store, self._cid, pending, where)  # type: ignore[arg-type]
         return name_rank_files(plans)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
@@ -374,7 +370,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             files = _async_files(plan) if self._async else 1
         self._spare_pool.start_save()  # type: ignore[union-attr]
         try:
-            write_rank_files(self, plan, planner, handed, files, create_stream=self._spare_pool.open)  # type: ignore[union-attr]
+            spares = self._spare_pool
+            write_rank_files(self, plan, planner, handed, files, create_stream=spares.open)  # type: ignore[union-attr]
         except BaseException:
             shutil.rmtree(str(self.path), ignore_errors=True)  # a half-written file of a failed save: nothing stays
             raise
@@ -411,7 +408,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
                               stacklevel=3)
             if recyclable:
-                self._spare_pool.keep_or_remove(path, size, self._last_bytes, self.max_staged_bytes)  # type: ignore[union-attr]
+                spares = self._spare_pool
+                spares.keep_or_remove(path, size, self._last_bytes, self.max_staged_bytes)  # type: ignore[union-attr]
             else:
                 os.unlink(path)
             total += size
@@ -472,8 +470,8 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Record the commit intent and hand it to the background committer (coordinator only; no I/O to the bucket)."""
         files, checksums = seal_metadata(metadata, results, self.storage_meta())
-        self._submit_commit(self._cid, files, time.time_ns(), pickle.dumps(metadata), self._timing, self._t0,  # type: ignore[arg-type]
-                            checksums)
+        self._submit_commit(self._cid, files, time.time_ns(), pickle.dumps(metadata),  # type: ignore[arg-type]
+                            self._timing, self._t0, checksums)
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self._cid, save_id=self.save_id)
@@ -601,3 +599,41 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
 
     def __repr__(self) -> str:
         return f'CheckpointWriter({self.uploader.bucket_uri or self.store!r}, keep_last={self.keep_last})'
+
+
+class WriterTarget:
+    """A ``CheckpointWriter`` as its hand-off sees it (a ``HandOffTarget``): the only writer members the
+    hand-off reaches, in one place, beside the writer whose private members it reads."""
+
+    def __init__(self, writer: Any):
+        self._writer = writer
+
+    def info(self) -> TargetInfo:
+        """What the checkpoint process's copy of the writer needs (store, options, folders)."""
+        writer = self._writer
+        record = writer.uploader.store_record
+        return TargetInfo(record.uri, dict(record.kwargs), writer.keep_last, writer.sync_files, writer._intents_dir,
+                          writer.max_staged_bytes,
+                          dict(files_per_rank=writer.files_per_rank, thread_count=writer.thread_count,
+                               sync_files=writer.sync_files, per_thread_copy_ahead=writer.per_thread_copy_ahead,
+                               serialization_format=writer.serialization_format,
+                               single_file_per_rank=writer.single_file_per_rank, extensions=writer._extensions,
+                               overwrite=writer.overwrite, intents_dir=writer._intents_dir,
+                               bucket_uri=record.uri, backend_kwargs=dict(record.kwargs)))
+
+    def wait_for_room(self) -> None:
+        """Wait, as a save in the trainer would, until the uploader has room (``max_staged_bytes``)."""
+        self._writer._wait_for_room()
+
+    def queue_files(self, folder: str, checkpoint_id: str, files: dict[str, int], *, skip_missing: bool = False) -> int:
+        """Hand a save's files in ``folder`` to the uploader; returns their bytes."""
+        return self._writer._queue_for_upload(folder, checkpoint_id, files, skip_missing=skip_missing)
+
+    def saved(self, checkpoint_id: str, started_at: float, t0: float, total: int) -> Any:
+        """Record a process save's timing and metrics; returns its timing record."""
+        return self._writer._record_process_save(checkpoint_id, started_at, t0, total)
+
+    def commit(self, checkpoint_id: str, files: dict[str, int], time_ns: int, metadata: bytes, timing: Any,
+               t0: float, checksums: dict[str, str]) -> None:
+        """Record the commit intent of a process save and hand it to the committer (coordinator)."""
+        self._writer._submit_commit(checkpoint_id, files, time_ns, metadata, timing, t0, checksums)

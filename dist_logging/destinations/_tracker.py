@@ -7,7 +7,7 @@ import warnings
 from typing import TYPE_CHECKING, Callable, Optional
 
 from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
-from dist_logging.destinations._worker import SerialWorker
+from dist_logging.worker import SerialWorker
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger

@@ -1,4 +1,4 @@
-"""FileLogger: each rank's log as a text or JSON Lines file, with its tables and images beside it, uploaded when an uploader exists."""
+"""FileLogger: each rank's log as a text or JSON Lines file with its tables and images, uploaded if it can be."""
 
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         if format not in FORMATS:
             raise ValueError(f'FileLogger: unknown format {format!r}; expected one of {list(FORMATS)}')
         if table_format not in TABLE_FORMATS:
-            raise ValueError(f'FileLogger: unknown table_format {table_format!r}; expected one of {list(TABLE_FORMATS)}')
+            raise ValueError(f'FileLogger: unknown table_format {table_format!r}; '
+                             f'expected one of {list(TABLE_FORMATS)}')
         validate_template(filename, DIST_PLACEHOLDERS)
         check_rank_distinct(filename, self.ranks, 'FileLogger filename')
         if remote_file_name is None:

@@ -6,10 +6,8 @@ import fnmatch
 import importlib.util
 import json
 import os
-import queue
 import re
 import tempfile
-import threading
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
@@ -24,6 +22,7 @@ from dist_logging.destinations._mlflow_runs import (COMPOSER_RUN_NAME_TAG, DEFAU
 from dist_logging.destinations._optional import require_installed
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist, validate_template
+from dist_logging.worker import BackgroundWorker
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -171,8 +170,8 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                              f'got {logging_buffer_seconds!r}')
         if rename_metrics is not None and not isinstance(rename_metrics, Mapping):
             raise TypeError(f'MLFlowLogger: rename_metrics must be a mapping, got {type(rename_metrics).__name__}')
-        if (isinstance(log_duplicated_metric_every_n_steps, bool) or not isinstance(log_duplicated_metric_every_n_steps, int)
-                or log_duplicated_metric_every_n_steps < 0):
+        every = log_duplicated_metric_every_n_steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f'MLFlowLogger: log_duplicated_metric_every_n_steps must be an int >= 0, '
                              f'got {log_duplicated_metric_every_n_steps!r}')
         if log_system_metrics and importlib.util.find_spec('psutil') is None:
@@ -213,10 +212,8 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self._metrics: list[Any] = []
         self._existing_params: dict[str, str] = {}
         self._warned: set[str] = set()
-        self._queue: 'queue.Queue[Optional[Callable[[], None]]]' = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
-        self._errors: list[BaseException] = []
-        self._lock = threading.Lock()
+        self._worker: Optional[BackgroundWorker] = None  # None: synchronous (or not open)
+        self._errors: list[BaseException] = []  # failures of calls made inline (synchronous)
         self._tmpdir: Optional[tempfile.TemporaryDirectory] = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -249,8 +246,7 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             self._system_monitor.start()
         self._tmpdir = tempfile.TemporaryDirectory(prefix='mlflow-', dir=_private_dirs.private_dir('scratch'))
         if not self.synchronous:
-            self._thread = threading.Thread(target=self._work, name='dist_logging-mlflow', daemon=True)
-            self._thread.start()
+            self._worker = BackgroundWorker('MLFlowLogger', thread_name='dist_logging-mlflow', what='MLflow call(s)')
 
     def _resume_key(self, state: 'State') -> str:
         # One run per job (rank zero) or one per rank: the key must tell the runs of one job apart.
@@ -265,10 +261,8 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                 monitor, self._system_monitor = self._system_monitor, None
                 self._submit(monitor.finish)  # sends its last samples, before the run ends
             self._submit(lambda: self.client.set_terminated(self.run_id, status='FINISHED'))
-            if self._thread is not None:
-                self._queue.put(None)
-                self._thread.join()
-                self._thread = None
+            if self._worker is not None:
+                self._worker.close()  # runs what is queued (the run's end last), then the thread ends
         finally:
             if self._tmpdir is not None:
                 self._tmpdir.cleanup()
@@ -302,28 +296,18 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
 
     # ------------------------------------------------------------------ background work
     def _submit(self, job: Callable[[], None]) -> None:
-        if self._thread is None:
+        if self._worker is None or self._worker.closed:
             try:
                 job()
             except Exception as exc:  # noqa: BLE001 - surfaced like a background failure
                 self._errors.append(exc)
         else:
-            self._queue.put(job)
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            try:
-                job()
-            except Exception as exc:  # noqa: BLE001 - recorded, raised at the next call or close
-                with self._lock:
-                    self._errors.append(exc)
+            self._worker.submit(job)
 
     def _raise_errors(self) -> None:
-        with self._lock:
-            errors, self._errors = self._errors, []
+        if self._worker is not None:
+            self._worker.raise_errors()
+        errors, self._errors = self._errors, []
         if errors:
             error = RuntimeError(f'MLFlowLogger: {len(errors)} MLflow call(s) failed; first: '
                                  f'{type(errors[0]).__name__}: {errors[0]}')

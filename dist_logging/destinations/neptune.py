@@ -53,8 +53,8 @@ class NeptuneLogger(TrackerDestination):
     * metrics -> float series ``<base>/metrics/<key>`` at their step (``step``, else the
       Logger's batch count). Neptune series only take increasing steps, so a point waits
       until a later step of its key arrives, its batch ends (``batch_end``/``epoch_end``), or
-      close: a key logged twice at one step keeps the later value, as W&B does. A point for a step below one already written is
-      dropped with a warning naming the key (once per key) instead of failing at sync;
+      close: a key logged twice at one step keeps the later value, as W&B does. A point for a step below one
+      already written is dropped with a warning naming the key (once per key) instead of failing at sync;
     * traces -> ``<base>/traces/<name>`` (the latest value, as Composer's);
     * tables -> ``<base>/tables/<name>``: a JSON file ``{"columns": [...], "data": [...]}``
       (the latest table of that name);
@@ -359,7 +359,7 @@ class NeptuneLogger(TrackerDestination):
                 already queued) a field of that name.
             RuntimeError: this destination is not open, or an earlier neptune call failed.
         """
-        from dist_logging.upload.snapshot import copy_file
+        from dist_logging._files import copy_file
 
         self._check_open()
         path = pathlib.Path(file_path)

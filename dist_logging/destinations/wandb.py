@@ -460,7 +460,7 @@ class WandBLogger(TrackerDestination):
             RuntimeError: this destination is not open, or an earlier wandb call failed.
         """
         del overwrite
-        from dist_logging.upload.snapshot import copy_file, link_file
+        from dist_logging._files import copy_file, link_file
 
         self._check_open()
         remote = os.fspath(remote_file_name)

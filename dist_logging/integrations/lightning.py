@@ -105,11 +105,12 @@ class DistLoggingLogger(_pl.loggers.Logger):
 
     def __init__(self, logger: Any = None, *, config: Any = None, upload_checkpoints: bool = True,
                  checkpoint_name: str = '{run_name}/checkpoints/{name}', reduce: Optional[str] = None):
-        from dist_logging._gather import REDUCTIONS
+        from dist_logging._logger.gather import REDUCTIONS
 
         super().__init__()
         if reduce is not None and reduce not in REDUCTIONS:
-            raise ValueError(f'DistLoggingLogger: unknown reduce {reduce!r}; expected one of {list(REDUCTIONS)} or None')
+            raise ValueError(f'DistLoggingLogger: unknown reduce {reduce!r}; '
+                             f'expected one of {list(REDUCTIONS)} or None')
         if not isinstance(upload_checkpoints, bool):
             raise TypeError(f'DistLoggingLogger: upload_checkpoints must be a bool, got {upload_checkpoints!r}')
         self._namer = CheckpointNamer(checkpoint_name, ('name',), 'DistLoggingLogger')
@@ -196,7 +197,8 @@ class DistLoggingLogger(_pl.loggers.Logger):
             return
         if not any(_same_callback(checkpoint_callback, known) for known in self._checkpoint_callbacks):
             self._checkpoint_callbacks.append(checkpoint_callback)
-        self._upload_new_files(checkpoint_callback, just_saved=getattr(checkpoint_callback, '_last_checkpoint_saved', None))
+        just_saved = getattr(checkpoint_callback, '_last_checkpoint_saved', None)
+        self._upload_new_files(checkpoint_callback, just_saved=just_saved)
 
     def _upload_new_files(self, callback: Any, just_saved: Optional[str] = None) -> None:
         try:

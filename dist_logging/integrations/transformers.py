@@ -226,7 +226,8 @@ def _own_files(folder: str, rank: int, writes_shared_files: bool) -> list[str]:
         for file_name in sorted(files):
             match = _RNG_STATE.fullmatch(file_name)
             if match is not None and root == folder:
-                mine = match.group(1) is None and rank == 0 or match.group(1) is not None and int(match.group(1)) == rank
+                mine = (match.group(1) is None and rank == 0
+                        or match.group(1) is not None and int(match.group(1)) == rank)
             else:
                 mine = writes_shared_files
             if mine:

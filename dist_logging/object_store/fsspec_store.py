@@ -13,7 +13,8 @@ try:
 except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('FsspecObjectStore needs fsspec: pip install "dist-logging[fsspec]"', name='fsspec') from _exc
 
-from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
+from dist_logging.object_store.base import (LazyClient, ObjectInfo, ObjectStore, check_object_name, check_prefix,
+                                            download_target)
 
 __all__ = ['FsspecObjectStore', 'filesystem_class']
 
@@ -66,7 +67,7 @@ class _Progress(Callback):
             self._fn(int(self.value), int(self.size))
 
 
-class FsspecObjectStore(ObjectStore):
+class FsspecObjectStore(LazyClient, ObjectStore):
     """Objects under a URL on any filesystem fsspec implements.
 
     Used for every scheme dist_logging has no native store for: ``gs://bucket/prefix``
@@ -107,31 +108,16 @@ class FsspecObjectStore(ObjectStore):
         root = cls._strip_protocol(url)
         self.root = root.rstrip('/') if isinstance(root, str) else str(root)
         self.bucket_uri = f'{self.protocol}://{match.group(2).rstrip("/")}'
-        self._fs: Any = None
-        self._fs_lock = threading.Lock()
+        self._client: Any = None  # the filesystem
 
     @classmethod
     def from_location(cls, location: str, **kwargs: Any) -> 'FsspecObjectStore':  # pragma: no cover - by URL
         raise TypeError('FsspecObjectStore is built from a full URL: FsspecObjectStore(url, **storage_options)')
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state['_fs'] = None
-        del state['_fs_lock']
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._fs_lock = threading.Lock()
-
     @property
     def fs(self) -> Any:
         """The fsspec filesystem (created on first use; thread-safe)."""
-        if self._fs is None:
-            with self._fs_lock:
-                if self._fs is None:
-                    self._fs = fsspec.filesystem(self.protocol, **self.storage_options)
-        return self._fs
+        return self.lazy_client(lambda: fsspec.filesystem(self.protocol, **self.storage_options))
 
     def _path(self, object_name: str) -> str:
         check_object_name(object_name)
@@ -206,16 +192,6 @@ class FsspecObjectStore(ObjectStore):
             raise FileNotFoundError(f'{self.get_uri(object_name)} is a folder, not an object')
         return int(info['size'])
 
-    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
-        root = self.fs._strip_protocol(self.root) if self.root else ''
-        try:
-            found = self.fs.find(root or '/')
-        except FileNotFoundError:
-            return []
-        skip = len(root.rstrip('/')) + 1 if root else 0
-        names = [path[skip:] if root else path.lstrip('/') for path in found]
-        return sorted(n for n in names if n.startswith(prefix or ''))
-
     def list(self, prefix: str = '') -> 'list[ObjectInfo]':
         """Objects under ``prefix`` with sizes: one ``find(detail=True)`` below the deepest folder the prefix names."""
         check_prefix(prefix)
@@ -244,7 +220,7 @@ class FsspecObjectStore(ObjectStore):
             pass
 
     def close(self) -> None:
-        self._fs = None
+        self._client = None
 
     def __repr__(self) -> str:
         return f'FsspecObjectStore({self.bucket_uri!r})'

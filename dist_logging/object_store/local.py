@@ -10,9 +10,9 @@ import uuid
 from typing import Callable, Optional, Union
 
 from dist_logging import _private_dirs
-from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
-from dist_logging.object_store._crc32c import ALGORITHM, file_crc32c
-from dist_logging.upload.snapshot import copy_file
+from dist_logging._files import copy_file
+from dist_logging.object_store.base import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
+from dist_logging.object_store.checksums import ALGORITHM, file_crc32c
 
 __all__ = ['LocalObjectStore']
 
@@ -167,19 +167,6 @@ class LocalObjectStore(ObjectStore):
     def get_uri(self, object_name: str) -> str:
         return 'file://' + os.path.join(self.root, object_name)
 
-    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
-        names = []
-        for folder, subfolders, files in os.walk(self.root):
-            subfolders.sort()
-            relative = os.path.relpath(folder, self.root)
-            for entry in files:
-                if entry.startswith('.') and entry.endswith('.tmp'):
-                    continue  # an upload being published
-                name = entry if relative == '.' else f'{relative}/{entry}'.replace(os.sep, '/')
-                if name.startswith(prefix or ''):
-                    names.append(name)
-        return sorted(names)
-
     def list(self, prefix: str = '') -> 'list[ObjectInfo]':
         check_prefix(prefix)
         # Walk only below the deepest folder the prefix names (a whole bucket is not scanned for one run).
@@ -192,8 +179,8 @@ class LocalObjectStore(ObjectStore):
             subfolders.sort()
             relative = os.path.relpath(directory, self.root)
             for entry in files:
-                if entry.startswith('.') and entry.endswith(('.tmp', '.probe')):
-                    continue  # an upload being published
+                if being_written(entry):
+                    continue
                 name = entry if relative == '.' else f'{relative}/{entry}'.replace(os.sep, '/')
                 if not name.startswith(prefix):
                     continue
@@ -224,6 +211,15 @@ class LocalObjectStore(ObjectStore):
 
     def __reduce__(self):
         return (type(self), (self.root,))
+
+
+def being_written(entry: str) -> bool:
+    """Whether the file name ``entry`` is one this store writes before publishing (never listed as an object).
+
+    Uploads go to ``.<name>.<hex>.tmp`` and are renamed into place; a link's attribute probe is
+    ``.<name>.<hex>.tmp.probe``. The one rule :meth:`LocalObjectStore.list` (hence ``list_objects``) applies.
+    """
+    return entry.startswith('.') and entry.endswith(('.tmp', '.probe'))
 
 
 _LINK_FALLBACK = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP,

@@ -16,8 +16,9 @@ try:
 except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('S3ObjectStore needs boto3: pip install "dist-logging[s3]"', name='boto3') from _exc
 
-from dist_logging.object_store import ObjectInfo, ObjectStore, check_object_name, check_prefix, download_target
-from dist_logging.object_store._crc32c import ALGORITHM, b64, combine, crc32c
+from dist_logging.object_store.base import (LazyClient, ObjectInfo, ObjectStore, check_object_name, check_prefix,
+                                            download_target)
+from dist_logging.object_store.checksums import ALGORITHM, b64, combine, crc32c
 
 __all__ = ['S3ObjectStore']
 
@@ -146,7 +147,7 @@ class _Progress:
             self.callback(self.done, self.total)
 
 
-class S3ObjectStore(ObjectStore):
+class S3ObjectStore(LazyClient, ObjectStore):
     """Objects in an S3 bucket under an optional prefix.
 
     Large files go up as multipart uploads read from disk part by part, so memory
@@ -221,7 +222,6 @@ class S3ObjectStore(ObjectStore):
         self.max_concurrency = max_concurrency
         self.client_config = dict(client_config or {})
         self._client: Any = None
-        self._client_lock = threading.Lock()
 
     @classmethod
     def from_location(cls, location: str, **kwargs: Any) -> 'S3ObjectStore':
@@ -243,34 +243,22 @@ class S3ObjectStore(ObjectStore):
         return cls(bucket, prefix, **kwargs)
 
     # ------------------------------------------------------------------ plumbing
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state['_client'] = None
-        del state['_client_lock']
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._client_lock = threading.Lock()
-
     @property
     def client(self) -> Any:
-        """The boto3 S3 client (created on first use; thread-safe)."""
-        if self._client is None:
-            with self._client_lock:
-                if self._client is None:
-                    options: dict[str, Any] = {'retries': {'mode': 'standard', 'total_max_attempts': 3},
-                                               'connect_timeout': 10, 'read_timeout': 60,
-                                               'max_pool_connections': max(10, 2 * self.max_concurrency)}
-                    options.update(self.client_config)
-                    options['s3'] = self._s3_options(options.get('s3'))
-                    key_id, secret, token = self._credentials
-                    session = boto3.session.Session()
-                    self._client = session.client(
-                        's3', endpoint_url=self.endpoint_url, region_name=self.region_name,
-                        aws_access_key_id=key_id, aws_secret_access_key=secret, aws_session_token=token,
-                        config=Config(**options))
-        return self._client
+        """The boto3 S3 client (created on first use; thread-safe; never pickled)."""
+        return self.lazy_client(self._make_client)
+
+    def _make_client(self) -> Any:
+        options: dict[str, Any] = {'retries': {'mode': 'standard', 'total_max_attempts': 3},
+                                   'connect_timeout': 10, 'read_timeout': 60,
+                                   'max_pool_connections': max(10, 2 * self.max_concurrency)}
+        options.update(self.client_config)
+        options['s3'] = self._s3_options(options.get('s3'))
+        key_id, secret, token = self._credentials
+        session = boto3.session.Session()
+        return session.client('s3', endpoint_url=self.endpoint_url, region_name=self.region_name,
+                              aws_access_key_id=key_id, aws_secret_access_key=secret, aws_session_token=token,
+                              config=Config(**options))
 
     def _s3_options(self, given: Any) -> dict[str, Any]:
         # Over HTTPS botocore sends S3 payloads unsigned when a checksum travels with them (TLS
@@ -479,15 +467,6 @@ class S3ObjectStore(ObjectStore):
         if not value or '-' in value or head.get('ChecksumType', 'FULL_OBJECT') != 'FULL_OBJECT':
             return None
         return f'{ALGORITHM}:{value}'
-
-    def list_objects(self, prefix: Optional[str] = None) -> list[str]:
-        """Names of the objects under ``prefix`` (relative to the store's prefix, like every other method)."""
-        key_prefix = self._key(prefix) if prefix else (f'{self.prefix}/' if self.prefix else '')
-        skip = len(self.prefix) + 1 if self.prefix else 0
-        names = []
-        for page in self.client.get_paginator('list_objects_v2').paginate(Bucket=self.bucket, Prefix=key_prefix):
-            names += [item['Key'][skip:] for item in page.get('Contents', [])]
-        return sorted(names)
 
     def list(self, prefix: str = '') -> 'list[ObjectInfo]':
         """Objects under ``prefix`` with sizes: one paginated ``ListObjectsV2`` (1,000 keys a page)."""

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 REDACTED = '***'
 
 
-def _any_of(fragments: Iterable[str]) -> Callable[[str], bool]:
+def any_of(fragments: Iterable[str]) -> Callable[[str], bool]:
     """``text -> any(f in text for f in fragments)`` as one chain of ``in`` tests (no loop, no generator):
     about a third of the loop's cost, and these tests run on nearly every log line."""
     fragments = tuple(fragments)
@@ -25,7 +25,7 @@ def _any_of(fragments: Iterable[str]) -> Callable[[str], bool]:
 
 
 # Values that hold no secret (JSON/YAML/Python literals, already redacted, empty).
-_NOT_SECRET_VALUES = frozenset({REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False',
+NOT_SECRET_VALUES = frozenset({REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False',
                                 '~', '"***"', "'***'"})
 # A reference to where the secret is, not the secret: ``$VAR``, ``${VAR}``, ``%VAR%``, ``{{ .Values.x }}``,
 # ``${{ secrets.HF_TOKEN }}`` (gitleaks' global allowlist), quoted or not. ``${VAR:-default}`` is not one.
@@ -35,25 +35,25 @@ _REFERENCE_VALUE = re.compile(
     r'''|\$\{\{[ \t]*(?:env|github|secrets|vars|inputs)(?:\.[A-Za-z]\w*)+[ \t]*\}\})\1''')
 
 
-def _is_reference(value: str) -> bool:
+def is_reference(value: str) -> bool:
     return ('$' in value or '%' in value or '{{' in value) and _REFERENCE_VALUE.fullmatch(value) is not None
 
 
-def _is_placeholder(value: str) -> bool:
+def is_placeholder(value: str) -> bool:
     """A header or ``--user`` value that is a template: a reference, ``$1``, ``$(command)``, ``${...}``,
     ``<token>``, ``[PASSWORD]``, ``{base64(...)}`` (gitleaks' curl rules skip these too)."""
-    return value.startswith(('$(', '${', '<', '[', '{')) or _is_reference(value) or (
+    return value.startswith(('$(', '${', '<', '[', '{')) or is_reference(value) or (
         value[:1] == '$' and value[1:].isdigit())
 
 
-def _quoted_or_bare(value: str) -> str:
+def quoted_or_bare(value: str) -> str:
     if len(value) >= 2 and value[0] in '"\'`' and value[-1] == value[0]:
         return value[0] + REDACTED + value[0]
     return REDACTED
 
 
 
-def _entropy(text: str) -> float:
+def shannon_entropy(text: str) -> float:
     """Shannon entropy in bits per character (gitleaks' measure)."""
     size = len(text)
     return -sum(n / size * math.log2(n / size) for n in collections.Counter(text).values())

@@ -22,10 +22,10 @@ RULES = (
     ('slack-webhook-url-secret',
      r'hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9]+/[A-Za-z0-9]+/(?P<secret>[A-Za-z0-9]{20,})',
      ('hooks.slack.com',), 0.0, ()),
-    # Microsoft Teams incoming webhooks (https://learn.microsoft.com/en-us/microsoftteams/platform/webhooks-and-connectors/
-    # how-to/add-incoming-webhook): gitleaks' microsoft-teams-webhook has capture groups around a repeated
-    # ``xxxx-``, so its first group (what would be replaced) is 5 characters of a UUID; this replaces the
-    # whole path after ``webhookb2/`` (the ids, the 32-character secret, a trailing ``/V2...`` token).
+    # Microsoft Teams incoming webhooks (https://learn.microsoft.com/en-us/microsoftteams/platform/
+    # webhooks-and-connectors/how-to/add-incoming-webhook): gitleaks' microsoft-teams-webhook has capture groups
+    # around a repeated ``xxxx-``, so its first group (what would be replaced) is 5 characters of a UUID; this
+    # replaces the whole path after ``webhookb2/`` (the ids, the 32-character secret, a trailing ``/V2...`` token).
     ('microsoft-teams-webhook-secret',
      r'https://[A-Za-z0-9\-]+\.webhook\.office\.com/webhookb2/'
      r'(?P<secret>[A-Za-z0-9]{8}-(?:[A-Za-z0-9]{4}-){3}[A-Za-z0-9]{12}@[A-Za-z0-9]{8}-(?:[A-Za-z0-9]{4}-){3}'

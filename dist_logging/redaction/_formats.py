@@ -12,7 +12,7 @@ import re
 from typing import Iterable, NamedTuple, Optional, Pattern, Union
 
 from dist_logging.redaction import _extra_formats, _gitleaks_formats
-from dist_logging.redaction._common import REDACTED, _any_of, _entropy
+from dist_logging.redaction._common import REDACTED, any_of, shannon_entropy
 
 
 class _Format(NamedTuple):
@@ -107,11 +107,11 @@ _INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~', 'hooks.slack.com', 'webhook.offic
                              'scauth_', 'authress_'})
 # Shared parts of those keywords (a webhook host's ``.com``, ``webhook``, ``=``, Slack's ``xox``, ``pscale_``).
 _INNER_GATES = ('.com', 'webhook', '=', 'xox', 'pscale_')
-# Substrings of the secrets that hold no run of 18 (see ``_RUN`` below), tested on every string: Slack's
+# Substrings of the secrets that hold no run of 18 (see ``RUN`` below), tested on every string: Slack's
 # short tokens, Azure's ``Q~``, SendGrid's ``SG.``, Azure SAS ``sig=``, and the alphabets above.
-may_hold_runless_secret = _any_of(('xox', 'Q~', 'SG.', 'sig=', 'pscale_', 'fm1', 'fm2_', 'fio-u-', '.acc'))
+may_hold_runless_secret = any_of(('xox', 'Q~', 'SG.', 'sig=', 'pscale_', 'fm1', 'fm2_', 'fio-u-', '.acc'))
 _RULES_BY_KEYWORD, _KEYWORD_SCAN, _INNER = _load_formats()
-_any_inner_gate = _any_of(gate for gate, _ in _INNER)
+_any_inner_gate = any_of(gate for gate, _ in _INNER)
 
 #: Where each rule list comes from (recorded in the docs).
 FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
@@ -120,19 +120,19 @@ FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
 # check below: one C-level translate and substring search tells a plain line holds none.
 _RUN_TABLE = bytes(ord('a') if chr(b).isascii() and (chr(b).isalnum() or chr(b) in '_-') else ord(' ')
                    for b in range(256))
-_RUN = b'a' * 18
+RUN = b'a' * 18
 
 
-def _run_map(text: str) -> bytes:
+def map_runs(text: str) -> bytes:
     """``text`` as bytes with every run character ``a`` and every other one a space."""
     return text.encode('utf-8', 'surrogatepass').translate(_RUN_TABLE)
 
 
-def _found_keywords(text: str, run_map: bytes, lower: Optional[str] = None, start: Optional[int] = None) -> set[str]:
+def found_keywords(text: str, run_map: bytes, lower: Optional[str] = None, start: Optional[int] = None) -> set[str]:
     """The keywords in ``text``: looked for by the scan only around runs (a keyword starts a run or
     ends at most 8 characters before it: ``dt0c01.<run>``), and by substring for the rest.
 
-    ``lower`` is ``text.lower()`` and ``start`` is ``run_map.find(_RUN)`` when the caller has them already.
+    ``lower`` is ``text.lower()`` and ``start`` is ``run_map.find(RUN)`` when the caller has them already.
     """
     if lower is None:
         lower = text.lower()
@@ -140,7 +140,7 @@ def _found_keywords(text: str, run_map: bytes, lower: Optional[str] = None, star
         found = _KEYWORD_SCAN.findall(' ' + lower)
     else:
         found = []
-        start = run_map.find(_RUN) if start is None else start
+        start = run_map.find(RUN) if start is None else start
         while start != -1:
             end = run_map.find(b' ', start)
             end = len(run_map) if end == -1 else end
@@ -149,7 +149,7 @@ def _found_keywords(text: str, run_map: bytes, lower: Optional[str] = None, star
                 found += _KEYWORD_SCAN.findall(lower, start - 9, end)
             else:
                 found += _KEYWORD_SCAN.findall(' ' + lower[:end])
-            start = run_map.find(_RUN, end)
+            start = run_map.find(RUN, end)
     if _any_inner_gate(lower):
         for gate, keywords in _INNER:
             if gate in lower:
@@ -157,13 +157,13 @@ def _found_keywords(text: str, run_map: bytes, lower: Optional[str] = None, star
     return set(found)
 
 
-def _apply_formats(text: str, found: set[str]) -> str:
-    """Run the rules of the keywords ``found`` in ``text`` (gitleaks' keyword gate), each with its entropy and allowlist."""
+def apply_formats(text: str, found: set[str]) -> str:
+    """Run the rules of the keywords ``found`` in ``text`` (gitleaks' keyword gate), each with entropy and allowlist."""
     rules = sorted({rule for keyword in found for rule in _RULES_BY_KEYWORD[keyword]})
     for rule in rules:
         def replace(match: re.Match, rule: _Format = rule) -> str:
             secret = match.group(rule.group)
-            if (not secret or REDACTED in secret or (rule.entropy and _entropy(secret) <= rule.entropy)
+            if (not secret or REDACTED in secret or (rule.entropy and shannon_entropy(secret) <= rule.entropy)
                     or any(allow.search(secret) for allow in rule.allow)):
                 return match.group(0)
             start, end = match.span(rule.group)

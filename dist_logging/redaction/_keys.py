@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 
-from dist_logging.redaction._common import _entropy
+from dist_logging.redaction._common import shannon_entropy
 
 #: Words (after splitting a key) that name a credential wherever they stand.
 DEFAULT_SECRET_PATTERN = (r'^(?:\w*password\w*|\w*passwd\w*|pwd|passphrase|\w*secrets?\w*|\w*credentials?|creds'
@@ -190,7 +190,7 @@ def _random_letters(value: str) -> bool:
     if len(value) < 12 or value.islower() or value.isupper():
         return False
     words = _WORD.findall(value)
-    return len(value) < 3 * len(words) and _entropy(value) >= 3.0
+    return len(value) < 3 * len(words) and shannon_entropy(value) >= 3.0
 
 
 def credential_value(value: str) -> bool:
@@ -221,5 +221,5 @@ def credential_value(value: str) -> bool:
         return _random_letters(value)
     if value.replace('_', '').replace('.', '').replace('-', '').isalpha() or _IDENTIFIER.fullmatch(value):
         return False  # words and names (``jetbrains.mps.v8_elimination``, ``encoder.layer.11.output``)
-    return _entropy(value) >= (3.0 if size >= 12 else 2.5)
+    return shannon_entropy(value) >= (3.0 if size >= 12 else 2.5)
 

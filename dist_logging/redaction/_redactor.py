@@ -8,9 +8,9 @@ import re
 import types
 from typing import Any, Iterable, Mapping, Optional, Pattern, Sequence, Union
 
-from dist_logging.redaction._common import REDACTED, _is_reference
+from dist_logging.redaction._common import REDACTED, is_reference
 from dist_logging.redaction._keys import credential_value, is_secret_key, names_credential_by_value
-from dist_logging.redaction._text import _redact_string
+from dist_logging.redaction._text import redact_string
 
 def _by_value(key: str, value: str) -> bool:
     """A value under a credential-ending key (``asana_token``) that reads as a credential (not ``<pad>``)."""
@@ -75,7 +75,7 @@ class Redactor:
         """The value rule on one string (with this redactor's key rule for ``name=value`` pairs)."""
         if not self.enabled:
             return text
-        return _redact_string(text, self.is_secret_key, self._any_name)
+        return redact_string(text, self.is_secret_key, self._any_name)
 
     def table(self, columns: Sequence[str], rows: list[list[Any]]) -> list[list[Any]]:
         """Table rows with credential-named columns concealed and every cell through the value rule (a cell
@@ -93,7 +93,7 @@ class Redactor:
         return self._value(cell)
 
     def _key(self, key: Any) -> Any:
-        return _redact_string(key, self.is_secret_key, self._any_name) if type(key) is str else key
+        return redact_string(key, self.is_secret_key, self._any_name) if type(key) is str else key
 
     def _mapping(self, data: Mapping[Any, Any]) -> dict[Any, Any]:
         named = self._named_value(data)
@@ -158,13 +158,13 @@ class Redactor:
     def _value(self, value: Any) -> Any:
         kind = type(value)
         if kind is str:
-            return _redact_string(value, self.is_secret_key, self._any_name)
+            return redact_string(value, self.is_secret_key, self._any_name)
         if kind in (int, float, bool) or value is None:
             return value
         if isinstance(value, Mapping):
             return self._mapping(value)
         if isinstance(value, str):
-            return _redact_string(value, self.is_secret_key, self._any_name)
+            return redact_string(value, self.is_secret_key, self._any_name)
         fields = self._fields(value)
         if fields is not None:
             return self._mapping(fields)
@@ -178,7 +178,7 @@ class Redactor:
 
     def _conceal(self, value: Any) -> Any:
         """The value of a credential-named key: every leaf replaced, the shape kept."""
-        if value is None or isinstance(value, bool) or (isinstance(value, str) and (not value or _is_reference(value))):
+        if value is None or isinstance(value, bool) or (isinstance(value, str) and (not value or is_reference(value))):
             return value  # no secret in it, or only where the secret is kept (``${POSTGRES_PASSWORD}``)
         if isinstance(value, Mapping):
             return {self._key(k): self._conceal(v) for k, v in value.items()}

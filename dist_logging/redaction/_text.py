@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
-from dist_logging.redaction._common import (REDACTED, _any_of, _is_placeholder, _is_reference, _NOT_SECRET_VALUES,
-                                            _quoted_or_bare)
-from dist_logging.redaction._formats import _apply_formats, _found_keywords, _run_map, _RUN, may_hold_runless_secret
+from dist_logging.redaction._common import (REDACTED, any_of, is_placeholder, is_reference, NOT_SECRET_VALUES,
+                                            quoted_or_bare)
+from dist_logging.redaction._formats import RUN, apply_formats, found_keywords, map_runs, may_hold_runless_secret
 from dist_logging.redaction._keys import credential_value, is_secret_key, names_credential_by_value
 
 _ALNUM_BEFORE = r'(?<![A-Za-z0-9])'
@@ -42,7 +42,7 @@ def _shape_replacement(match: re.Match) -> str:
                         ('user_head', 'user_password')):
         if match.group(head) is not None:
             secret = match.group(value)
-            if secret in _NOT_SECRET_VALUES or REDACTED in secret or _is_placeholder(secret):
+            if secret in NOT_SECRET_VALUES or REDACTED in secret or is_placeholder(secret):
                 return match.group(0)
             if head == 'user_head' and secret.isdigit() and _FLAG_VALUE.split(match.group(head)[:-1])[-1].isdigit():
                 return match.group(0)  # ``docker run -u 1000:1000``: a uid and gid
@@ -106,7 +106,7 @@ _GROUPS = tuple(('name' + n, 'value' + n, 'head' + n) for n in '12345678')
 # Every key the default rule calls a credential contains one of these (lower-cased) fragments.
 # Most frequent in log lines first (``tokens/s``, ``key_dim``): the ``in`` chain stops at the first one found.
 _CREDENTIAL_FRAGMENTS = ('token', 'key', 'auth', 'pass', 'secret', 'cred', 'pwd', 'cookie')
-_any_credential_fragment = _any_of(_CREDENTIAL_FRAGMENTS)
+_any_credential_fragment = any_of(_CREDENTIAL_FRAGMENTS)
 _NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-')
 _TYPE_WORDS = ('string', 'String', 'str', '[]byte')
 
@@ -171,12 +171,12 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
             if name is not None:
                 break
         value = match.group(value_group)
-        if value in _NOT_SECRET_VALUES or REDACTED in value or _is_reference(value):
+        if value in NOT_SECRET_VALUES or REDACTED in value or is_reference(value):
             pass
-        elif head_group == 'head8' and (_is_placeholder(value) or name.lower().endswith('authorization')):
+        elif head_group == 'head8' and (is_placeholder(value) or name.lower().endswith('authorization')):
             pass  # a header template (``<token>``, ``$(cmd)``); ``Authorization`` values are the shapes' job
         elif is_secret(name):
-            parts.append(text[position:match.start()] + match.group(head_group) + _quoted_or_bare(value))
+            parts.append(text[position:match.start()] + match.group(head_group) + quoted_or_bare(value))
             position = match.end()
             if head_group == 'head3' and value[:1] not in '"\'`':  # the rest of a long ``name: many words`` value
                 position = _MORE_WORDS.match(text, position).end()
@@ -185,7 +185,7 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
             # ``name: value`` reads up to 8 words; a credential decided by its value is the first one.
             word = value if value[:1] in '"\'`' else value.split(None, 1)[0]
             if credential_value(_unquoted(word)):
-                parts.append(text[position:match.start()] + match.group(head_group) + _quoted_or_bare(word))
+                parts.append(text[position:match.start()] + match.group(head_group) + quoted_or_bare(word))
                 position = match.start(value_group) + len(word)
                 continue
         parts.append(text[position:match.end(head_group)])
@@ -194,20 +194,20 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
     return ''.join(parts)
 
 
-def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool = False) -> str:
+def redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool = False) -> str:
     """``text`` with credentials replaced; the same object when nothing is found."""
     out = text
     if _may_hold_shape(out):
         out = _CREDENTIAL_SHAPES.sub(_shape_replacement, out)
-    run_map = _run_map(out)
+    run_map = map_runs(out)
     lower = None
-    # Every format's secret holds a run (``_RUN``) but for these few, which have their own check.
-    start = run_map.find(_RUN)
+    # Every format's secret holds a run (``RUN``) but for these few, which have their own check.
+    start = run_map.find(RUN)
     if start != -1 or may_hold_runless_secret(out):
         lower = out.lower()
-        found = _found_keywords(out, run_map, lower, start)
+        found = found_keywords(out, run_map, lower, start)
         if found:
-            out, lower = _apply_formats(out, found), None
+            out, lower = apply_formats(out, found), None
     if _may_hold_pair(out, is_secret, any_name, lower):
         out = _redact_pairs(out, is_secret)
     return text if out == text else out
@@ -238,5 +238,5 @@ def redact_text(text: str) -> str:
     Returns:
         The redacted string; ``text`` itself (the same object) when nothing was found.
     """
-    return _redact_string(text, is_secret_key)
+    return redact_string(text, is_secret_key)
 

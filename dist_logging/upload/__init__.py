@@ -4,7 +4,7 @@
   under an object name; landed/failed callbacks; staged bytes and the staging bound; wait,
   shutdown, and the drain of a dead process's staging. :class:`~dist_logging.destinations.RemoteUploaderDownloader`
   and :class:`~dist_logging.checkpoint.CheckpointWriter` are both built on it.
-* :mod:`~dist_logging.upload.snapshot`: the file as it is at the call (reflink, in-kernel copy, hard link).
+* :mod:`~dist_logging._files`: the file as it is at the call (reflink, in-kernel copy, hard link).
 * :mod:`~dist_logging.upload.journal`: the per-rank append-only record of queued/done uploads.
 * :mod:`~dist_logging.upload.staging`: the staging folder layout; a rank's folder (lock, journal, snapshots).
 * :mod:`~dist_logging.upload.retry`: :class:`RetryPolicy` and transient/permanent errors.

@@ -1,4 +1,4 @@
-"""Listing and uploading what a staging folder holds, without a training job.
+"""The upload half of ``dist-logging drain``: listing and uploading what a staging folder holds, without a job.
 
 Used by ``python -m dist_logging drain STAGING_FOLDER`` after a job died with
 uploads pending (or when uploads failed and the cause is fixed). Each rank's

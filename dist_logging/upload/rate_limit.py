@@ -8,8 +8,8 @@ and binary ``KiB``/``MiB``/``GiB``/``TiB`` suffixes, an optional trailing ``B``)
 no cap. It sits next to ``DIST_LOGGING_NODE_UPLOAD_SLOTS`` (uploads in flight per machine).
 
 How it works: a shared schedule (the "virtual scheduling" form of a token bucket) lives in a
-small file in a per-user, node-local private folder (:mod:`dist_logging._private_dirs`). Each chunk a worker sends reserves its share of
-the schedule under a file lock (``filelock``: works across processes, released if a process
+small file in a per-user, node-local private folder (:mod:`dist_logging._private_dirs`). Each chunk a worker
+sends reserves its share of the schedule under a file lock (``filelock``: works across processes, released if a process
 dies) and then waits, on the worker, until its turn; ``upload_file`` never waits for it. The
 bytes are counted as the stores report them through their progress callback (every store
 here reports as it goes; a store that reports only at the end is charged then, and the

@@ -30,7 +30,7 @@ from dist_logging.upload.node_slots import ENV_VAR as _SLOTS_VAR, parse_slots
 from dist_logging.upload.priority import check_priority
 from dist_logging.upload.rate_limit import ENV_VAR as _RATE_VAR, parse_byte_rate
 from dist_logging.upload.retry import RetryPolicy
-from dist_logging.upload.snapshot import copy_file, fsync_dir, link_file, links_work
+from dist_logging._files import copy_file, fsync_dir, link_file, links_work
 from dist_logging.upload.staging import (RankStaging, default_staging_folder, remove_empty_default_folders,
                                          store_record)
 from dist_logging.upload.workers import UploadScheduler, UploadTask
@@ -120,7 +120,8 @@ class Uploader:
                 raise ValueError('backend_kwargs only applies to a bucket_uri store')
             for method in ('upload_object', 'download_object', 'get_object_size', 'get_uri'):
                 if not callable(getattr(object_store, method, None)):
-                    raise TypeError(f'object_store {object_store!r} has no {method}(); see dist_logging.object_store.ObjectStore')
+                    raise TypeError(f'object_store {object_store!r} has no {method}(); '
+                                    'see dist_logging.object_store.ObjectStore')
             self.object_store = object_store
         else:
             if backend_kwargs is not None and not isinstance(backend_kwargs, Mapping):
@@ -145,7 +146,8 @@ class Uploader:
             try:
                 pickle.dumps(self.object_store)
             except Exception as exc:  # noqa: BLE001
-                raise ValueError(f'use_procs=True needs a picklable object_store; {self.object_store!r}: {exc}') from exc
+                raise ValueError(f'use_procs=True needs a picklable object_store; '
+                                 f'{self.object_store!r}: {exc}') from exc
         self.num_concurrent_uploads = num_concurrent_uploads
         self.upload_staging_folder = (os.path.abspath(os.fspath(upload_staging_folder))
                                       if upload_staging_folder else None)
@@ -262,10 +264,10 @@ class Uploader:
                 staging.journal.append_queued(record.id, record.name, record.size, record.overwrite,
                                               self.store_record.sid, record.src, record.owned)
             self._leftover_names.add(record.name)
-            self._scheduler.submit(UploadTask(record.id, record.name, staging.path_of(record), record.size,  # type: ignore[union-attr]
-                                              record.overwrite, resumed=True,
-                                              owned=record.owned and record.src is None,
-                                              staging_folder=self.upload_staging_folder))
+            self._scheduler.submit(UploadTask(  # type: ignore[union-attr]
+                record.id, record.name, staging.path_of(record), record.size,  # type: ignore[union-attr]
+                record.overwrite, resumed=True, owned=record.owned and record.src is None,
+                staging_folder=self.upload_staging_folder))
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, path: Union[str, 'os.PathLike[str]'], name: str, *, copy: bool = True, overwrite: bool = False,
@@ -324,8 +326,8 @@ class Uploader:
                 size = os.stat(src).st_size
             if self.fsync:
                 fsync_dir(staging.files_dir)  # type: ignore[union-attr]
-            staging.journal.append_queued(upload_id, name, size, overwrite, self.store_record.sid, src,  # type: ignore[union-attr]
-                                          copy)
+            staging.journal.append_queued(  # type: ignore[union-attr]
+                upload_id, name, size, overwrite, self.store_record.sid, src, copy)
         except OSError as exc:
             # E.g. the staging disk is full: nothing may stay half-done (no snapshot without its
             # record, no half record), and the caller learns where and what, then may go on.

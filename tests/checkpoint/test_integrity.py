@@ -17,7 +17,7 @@ from torch.distributed.checkpoint import CheckpointException
 from dist_logging.checkpoint import CheckpointReader, CheckpointWriter, latest_checkpoint
 from dist_logging.errors import UploadError
 from dist_logging.object_store import store_from_uri
-from dist_logging.object_store._crc32c import b64, file_crc32c
+from dist_logging.object_store.checksums import b64, file_crc32c
 from dist_logging.object_store.local import LocalObjectStore
 from dist_logging.object_store.s3 import S3ObjectStore
 from dist_logging.upload import Uploader

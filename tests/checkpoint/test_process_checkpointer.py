@@ -21,7 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from dist_logging.checkpoint import CheckpointReader, CheckpointWriter, latest_checkpoint, list_checkpoints
-from dist_logging.object_store._crc32c import file_crc32c
+from dist_logging.object_store.checksums import file_crc32c
 from dist_logging.checkpoint import _shards
 from dist_logging.checkpoint._process_side import ProcessSideWriter
 from dist_logging.errors import UploadError

@@ -445,7 +445,7 @@ def test_cache_staged_state_dict_false_stages_a_new_copy_every_save(tmp_path):
 
 
 def test_staging_buffers_fall_back_to_pageable_memory_when_pinning_fails(tmp_path, monkeypatch):
-    from dist_logging.checkpoint import _staging
+    from dist_logging.checkpoint import _state_copy as _staging
     monkeypatch.setattr(_staging, '_accelerator_available', lambda: True)  # here pin_memory() raises: no device
     writer = writer_for(tmp_path, RecordingStore(str(tmp_path / 'bucket')))
     with pytest.warns(RuntimeWarning, match='could not pin the staging buffers'):

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from dist_logging.destinations._worker import SerialWorker
+from dist_logging.worker import SerialWorker
 
 
 def test_runs_jobs_in_order_and_close_drains_the_queue():

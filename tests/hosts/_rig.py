@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Mapping, Optional, Sequence
 
-from dist_logging.dist._watch import process_state
+from dist_logging._world.watch import process_state
 
 TESTS_DIR = pathlib.Path(__file__).resolve().parents[1]
 REPO_ROOT = TESTS_DIR.parent

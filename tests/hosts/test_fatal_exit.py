@@ -19,7 +19,7 @@ import time
 import pytest
 
 from dist_logging import dist
-from dist_logging.dist._watch import process_state
+from dist_logging._world.watch import process_state
 from hosts._rig import Rig, unavailable, wait_for
 from s3_server import CREDENTIALS
 

@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dist_logging.dist import _gloo_exit
+from dist_logging._world import gloo_exit as _gloo_exit
 from torchrun_helper import dump_rank_output
 
 RELEASE_SECONDS = 0.8

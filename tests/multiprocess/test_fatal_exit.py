@@ -1,7 +1,7 @@
 """Issue 40, "every process ends by itself", on one host: a peer freezes (SIGSTOP) while collectives of the
 training group are in flight; the surviving rank's Logger raises, and the process must then end, non-zero,
 by itself, in bounded time, although torch's teardown of the default group would wait for those collectives
-(the group's timeout, 60 s here, for each of them in turn: see dist_logging/dist/_ending.py)."""
+(the group's timeout, 60 s here, for each of them in turn: see dist_logging/_world/ending.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from dist_logging import dist
-from dist_logging.dist._watch import process_state
+from dist_logging._world.watch import process_state
 
 from torchrun_helper import base_env, torchrun_command, write_script
 
@@ -36,7 +36,7 @@ from dist_logging.destinations import FileLogger
 mode, out = sys.argv[1], os.environ['OUT_DIR']
 dist.init_process_group_from_env(timeout=float(sys.argv[3]))
 if mode == 'without':  # the exit as it was before: torch's teardown of the groups runs
-    from dist_logging.dist import _ending
+    from dist_logging._world import ending as _ending
     atexit.unregister(_ending._end_after_fatal_error)
 rank = torch_dist.get_rank()
 logger = Logger(FileLogger(out + '/rank{rank}.txt'), run_name='fatal', sync_timeout=float(sys.argv[2]))

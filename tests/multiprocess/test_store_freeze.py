@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from dist_logging.dist._watch import process_state
+from dist_logging._world.watch import process_state
 
 from torchrun_helper import base_env, torchrun_command, write_script
 

@@ -20,7 +20,7 @@ import pytest
 from dist_logging import Logger
 from dist_logging.destinations import RemoteUploaderDownloader
 from dist_logging.upload import journal as journal_module
-from dist_logging.upload import snapshot as snapshot_module
+from dist_logging import _files as snapshot_module
 from dist_logging.upload.drain import list_pending
 from dist_logging.upload.journal import read_journal
 from reliability._common import bucket_objects, sha256, write

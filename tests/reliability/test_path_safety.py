@@ -135,7 +135,7 @@ def test_downloads_write_only_the_destination(tmp_path):
 
 
 def test_failed_download_leaves_no_temporary_file(tmp_path, monkeypatch):
-    from dist_logging.upload import snapshot
+    from dist_logging import _files as snapshot
 
     bucket = tmp_path / 'bucket'
     write(bucket / 'big.bin', os.urandom(1 << 20))

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch.distributed as torch_dist
 
-from dist_logging.dist._watch import StoreLine
+from dist_logging._world.watch import StoreLine
 from dist_logging.telemetry import RankRecord, StoreBoard
 from dist_logging.telemetry.heartbeats import format_rank_record, parse_rank_record
 

@@ -18,7 +18,7 @@ from dist_logging.object_store.local import LocalObjectStore
 from dist_logging.upload import rate_limit
 from dist_logging.upload.rate_limit import ENV_VAR, NodeUploadRate, parse_byte_rate
 from dist_logging.upload.retry import Interrupted
-from dist_logging.upload.snapshot import copy_file
+from dist_logging._files import copy_file
 from s3_server import _moto_session, aws_credentials, s3_bucket  # noqa: F401 - fixtures
 
 MiB = 1 << 20

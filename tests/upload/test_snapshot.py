@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from dist_logging.upload import snapshot
-from dist_logging.upload.snapshot import copy_file, link_file
+from dist_logging import _files as snapshot
+from dist_logging._files import copy_file, link_file
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dist_logging.ranks._report_thread import ReportThread
+from dist_logging.stragglers._report_thread import ReportThread
 
 
 def test_jobs_run_in_order_on_their_own_thread_and_failures_come_back_in_place():

@@ -5,7 +5,7 @@ The facts, from the most to the least certain:
 - ``/proc`` on this host: a rank on this host whose process ended *left*; one stopped (SIGSTOP)
   is frozen. Exact and immediate, no store needed.
 - the ``bye`` key a rank writes at interpreter exit: it *left*.
-- two reads of every rank's beat, at least 1.5 beat periods apart (:mod:`dist_logging.dist._watch`):
+- two reads of every rank's beat, at least 1.5 beat periods apart (:mod:`dist_logging._world.watch`):
   a rank whose beat count did not move is *silent*. When every rank of its host is silent, the
   host is *unreachable* (cut off, frozen, or every process on it ended: from here the three look
   the same); when its host-mates still beat, that process froze or ended. A rank whose beat moved
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence
 
-from dist_logging.dist._watch import HOST, Beat, process_state
+from dist_logging._world.watch import HOST, Beat, process_state
 from dist_logging.errors import DistributedLoggingError
 
 __all__ = ['Read', 'Diagnosis', 'diagnose']

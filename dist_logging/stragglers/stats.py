@@ -33,8 +33,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ['Verdicts', 'SeriesStats', 'series_stats', 'series_table', 'relative_scores', 'individual_scores', 'reference',
-           'slow_mask', 'VerdictTracker', 'CHRONIC', 'ONE_OFF', 'OK']
+__all__ = ['Verdicts', 'SeriesStats', 'series_stats', 'series_table', 'relative_scores', 'individual_scores',
+           'reference', 'slow_mask', 'VerdictTracker', 'CHRONIC', 'ONE_OFF', 'OK']
 
 CHRONIC, ONE_OFF, OK = 'chronic', 'one-off', 'ok'
 _VERDICTS = np.array([OK, ONE_OFF, CHRONIC])  # indexed by 0 ok, 1 slow now, 2 chronic

@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from dist_logging.ranks.history import History
+from dist_logging.stragglers.history import History
 
 __all__ = ['heatmap_image', 'ratio_grid', 'write_heatmap']
 
@@ -45,7 +45,7 @@ def heatmap_image(history: History, series: str = 'busy', slow_ratio: Optional[f
     """The heatmap as an HWC uint8 RGB array (each cell a block of pixels, at most ``max_pixels``).
 
     Args:
-        history: a history read by :func:`~dist_logging.ranks.history.read_history`.
+        history: a history read by :func:`~dist_logging.stragglers.history.read_history`.
         series: ``'busy'`` (default), ``'step'`` or a section name.
         slow_ratio: the ratio drawn mid-scale (default: the run's, from the header, else 1.1).
         max_pixels: cap on the image size; large runs get one pixel per cell or fewer windows.

@@ -15,12 +15,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as torch_dist
 
-from dist_logging.dist._diagnose import Read, diagnose
-from dist_logging.dist._ending import note_fatal_error
-from dist_logging.dist._facts import get_attempt, get_global_rank, is_initialized, select_reduction_device
-from dist_logging.dist._watch import STORE_ANSWER_SECONDS, StoreLine, StoreUnreachable, beat_period, line_for
-from dist_logging.dist._watch import release
-from dist_logging.dist._watch import HOST, process_state
+from dist_logging._world.diagnose import Read, diagnose
+from dist_logging._world.ending import note_fatal_error
+from dist_logging._world.facts import get_attempt, get_global_rank, is_initialized, select_reduction_device
+from dist_logging._world.watch import STORE_ANSWER_SECONDS, StoreLine, StoreUnreachable, beat_period, line_for
+from dist_logging._world.watch import release
+from dist_logging._world.watch import HOST, process_state
 from dist_logging.errors import DistributedLoggingError
 
 __all__ = ['LoggingGroup', 'WATCH_AFTER_SECONDS']
@@ -73,12 +73,12 @@ class LoggingGroup:
     milliseconds; the group's own gloo timeout is ``timeout`` too, so work left in flight
     after a failure ends by itself by then, and interpreter exit does not wait longer for it.
     No store operation runs on the calling thread: the store is only read through the
-    process's :class:`~dist_logging.dist._watch.StoreLine`, with a deadline.
+    process's :class:`~dist_logging._world.watch.StoreLine`, with a deadline.
 
     Naming the ranks that did not arrive: each rank's line beats in the store (proof of
     life, and how far the rank got); after a failure, or during a long wait, the waiting ranks
     read the beats and name who left, who went silent (and on which host), and who is alive but
-    late (see :mod:`dist_logging.dist._diagnose`). The steady state costs exactly one
+    late (see :mod:`dist_logging._world.diagnose`). The steady state costs exactly one
     collective per call and no store operation on the calling thread.
 
     After a collective failed (timed out, or a peer failed), the group is abandoned: its later
@@ -248,7 +248,7 @@ class LoggingGroup:
         return self._line
 
     def store_line(self) -> Optional[StoreLine]:
-        """This process's line to the rendezvous store (see :mod:`dist_logging.dist._watch`), None without a store.
+        """This process's line to the rendezvous store (see :mod:`dist_logging._world.watch`), None without a store.
 
         Telemetry publishes its heartbeats on the line's beats and reads them back through it.
         """
@@ -277,7 +277,7 @@ class LoggingGroup:
         """Call ``tick()`` on this process's watch thread (the store line) at least every ``period`` seconds.
 
         ``tick`` must return at once (start a thread for real work): it runs between the line's beats.
-        The line's beat period is lowered to :func:`~dist_logging.dist._watch.beat_period` of ``period``
+        The line's beat period is lowered to :func:`~dist_logging._world.watch.beat_period` of ``period``
         if that is shorter. No thread is added.
 
         Returns:
@@ -322,7 +322,7 @@ class LoggingGroup:
     def _failure(self, what: str, exc: Optional[BaseException]) -> DistributedLoggingError:
         """Name who is missing after ``what`` failed (``exc``; None: it timed out), and abandon the group.
 
-        Takes at most two store reads (:data:`~dist_logging.dist._watch.STORE_ANSWER_SECONDS` each)
+        Takes at most two store reads (:data:`~dist_logging._world.watch.STORE_ANSWER_SECONDS` each)
         1.5 beat periods apart beyond the deadline; one read when a peer closed its connection and
         ``/proc`` shows a rank on this host that ended (that rank is the cause, and the launcher is
         about to stop this process too).

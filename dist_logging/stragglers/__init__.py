@@ -8,9 +8,9 @@ metrics/table/console line), :mod:`.reporter` (the collectives at a report),
 :mod:`.command` (``dist-logging stragglers``).
 """
 
-from dist_logging.ranks.report import RankEntry, RankReport
-from dist_logging.ranks.reporter import RankReportOptions
-from dist_logging.ranks.stats import SeriesStats, Verdicts
-from dist_logging.ranks.timer import Section
+from dist_logging.stragglers.report import RankEntry, RankReport
+from dist_logging.stragglers.reporter import RankReportOptions
+from dist_logging.stragglers.stats import SeriesStats, Verdicts
+from dist_logging.stragglers.timer import Section
 
 __all__ = ['RankEntry', 'RankReport', 'RankReportOptions', 'Section', 'SeriesStats', 'Verdicts']

@@ -1,4 +1,4 @@
-/* The compiled hot path of section timing (see dist_logging/ranks/_core.py, which falls back to the same
+/* The compiled hot path of section timing (see dist_logging/stragglers/_core.py, which falls back to the same
  * classes written in Python when this module is not built).
  *
  * Why C: a section is entered and left a few times per training step, right after the step's device wait,
@@ -52,7 +52,7 @@ static PyMemberDef timer_members[] = {
 
 static PyTypeObject TimerCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dist_logging.ranks._csections.TimerCore",
+    .tp_name = "dist_logging.stragglers._csections.TimerCore",
     .tp_doc = "Base of SectionTimer: the window's busy and wait seconds, kept where the compiled sections add them.",
     .tp_basicsize = sizeof(TimerCore),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
@@ -195,7 +195,7 @@ static PyMethodDef section_methods[] = {
 
 static PyTypeObject SectionCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dist_logging.ranks._csections.SectionCore",
+    .tp_name = "dist_logging.stragglers._csections.SectionCore",
     .tp_doc = "Base of Section: its with-statement, compiled for the outermost section on the wall clock.",
     .tp_basicsize = sizeof(SectionCore),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
@@ -228,7 +228,7 @@ static PyMethodDef null_methods[] = {
 
 static PyTypeObject NullSectionCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "dist_logging.ranks._csections.NullSectionCore",
+    .tp_name = "dist_logging.stragglers._csections.NullSectionCore",
     .tp_doc = "Base of NullSection: a with-statement that does nothing, compiled.",
     .tp_basicsize = sizeof(PyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,

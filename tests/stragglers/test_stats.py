@@ -1,13 +1,13 @@
-"""The rank report's statistics, scores and verdicts (dist_logging.ranks.stats and .report), on synthetic tables."""
+"""The rank report's statistics, scores and verdicts (dist_logging.stragglers.stats and .report), on synthetic tables."""
 
 import math
 
 import numpy as np
 import pytest
 
-from dist_logging.ranks.report import (BUSY, FIXED, JITTER, MEMORY, STEPS, WALL, build_report, report_metrics,
+from dist_logging.stragglers.report import (BUSY, FIXED, JITTER, MEMORY, STEPS, WALL, build_report, report_metrics,
                                        straggler_line, table_rows)
-from dist_logging.ranks.stats import (CHRONIC, OK, ONE_OFF, VerdictTracker, Verdicts, individual_scores, reference,
+from dist_logging.stragglers.stats import (CHRONIC, OK, ONE_OFF, VerdictTracker, Verdicts, individual_scores, reference,
                                       relative_scores, series_stats, slow_mask)
 
 

@@ -1,7 +1,7 @@
 """The Logger's rank-report methods (:meth:`section`, :meth:`rank_report`), kept beside the machinery they use.
 
 :class:`RankReportMethods` is a base class of :class:`~dist_logging.Logger`; it reads the
-Logger's ``_ranks`` attribute (a :class:`~dist_logging.ranks.reporter.RankReporter`, or None
+Logger's ``_ranks`` attribute (a :class:`~dist_logging.stragglers.reporter.RankReporter`, or None
 when ``rank_report_every`` is None).
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Union
 
-from dist_logging.ranks.report import RankReport
-from dist_logging.ranks.reporter import NullSection, RankReporter
-from dist_logging.ranks.timer import Section
+from dist_logging.stragglers.report import RankReport
+from dist_logging.stragglers.reporter import NullSection, RankReporter
+from dist_logging.stragglers.timer import Section
 
 __all__ = ['RankReportMethods']
 

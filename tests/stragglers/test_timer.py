@@ -1,8 +1,8 @@
-"""Section timing on one rank (dist_logging.ranks.timer): nesting, wait sections, busy time, CUDA events read later."""
+"""Section timing on one rank (dist_logging.stragglers.timer): nesting, wait sections, busy time, CUDA events read later."""
 
 import pytest
 
-from dist_logging.ranks.timer import SectionTimer, _DeviceEvents, check_section_name
+from dist_logging.stragglers.timer import SectionTimer, _DeviceEvents, check_section_name
 
 
 class Clock:

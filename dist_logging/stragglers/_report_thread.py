@@ -1,15 +1,17 @@
-"""The rank reporter's report thread: runs jobs in order, off the training thread.
+"""The rank reporter's report thread: runs jobs in order, off the training thread, and hands their results back.
 
-Handing a job over costs the training thread one ``SimpleQueue.put`` (no future, no lock of
-its own), and checking for a result one ``empty()``: the report step should cost the step as
-little as the steps between reports.
+Built on the package's one background-worker primitive (:class:`~dist_logging.worker.BackgroundWorker`):
+this adds the in-order results. Handing a job over costs the training thread one bounded-queue ``put``,
+and checking for a result one ``empty()``: the report step should cost the step as little as the steps
+between reports.
 """
 
 from __future__ import annotations
 
 import queue
-import threading
 from typing import Any, Callable, Optional
+
+from dist_logging.worker import BackgroundWorker
 
 __all__ = ['ReportThread']
 
@@ -30,41 +32,49 @@ class ReportThread:
             property: the reporter reads it at every step).
     """
 
-    __slots__ = ('_run', '_name', '_jobs', '_results', 'outstanding', '_thread', '_closed')
+    __slots__ = ('_run', '_name', '_worker', '_results', 'outstanding', '_closed')
 
     def __init__(self, run: Callable[..., Any], name: str):
         self._run = run
         self._name = name
-        self._jobs: 'queue.SimpleQueue[Optional[tuple]]' = queue.SimpleQueue()
+        # A daemon (as every BackgroundWorker): an interpreter that exits without closing the Logger must
+        # not wait for a report's collective (each ends by its own deadline anyway).
+        self._worker = BackgroundWorker(name, thread_name=name, start=False)
         self._results: 'queue.SimpleQueue[tuple[bool, Any]]' = queue.SimpleQueue()
         self.outstanding = 0
-        self._thread: Optional[threading.Thread] = None
         self._closed = False
 
     def start(self) -> int:
         """Start the thread if it is not running yet; its ident (e.g. to lend it a logging group).
+
+        Returns:
+            The thread's ident.
 
         Raises:
             RuntimeError: the thread was closed.
         """
         if self._closed:
             raise RuntimeError(f'{self._name}: the report thread was closed')
-        if self._thread is None:
-            # A daemon: an interpreter that exits without closing the Logger must not wait for a report's
-            # collective (each ends by its own deadline anyway).
-            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-            self._thread.start()
-        return self._thread.ident  # type: ignore[return-value]
+        return self._worker.start()
 
     def submit(self, *job: Any) -> None:
         """Queue ``job`` (the arguments of one ``run`` call); starts the thread if needed.
+
+        Args:
+            *job: the arguments of the ``run`` call.
 
         Raises:
             RuntimeError: the thread was closed.
         """
         self.start()
         self.outstanding += 1
-        self._jobs.put(job)
+        self._worker.submit(lambda: self._results.put(self._call(job)))
+
+    def _call(self, job: tuple) -> tuple[bool, Any]:
+        try:
+            return True, self._run(*job)
+        except BaseException as exc:  # noqa: BLE001 - handed to the thread that collects it
+            return False, exc
 
     def ready(self) -> bool:
         """Whether the oldest outstanding job's result is there (never waits)."""
@@ -72,6 +82,12 @@ class ReportThread:
 
     def result(self, timeout: Optional[float] = None) -> Any:
         """The oldest outstanding job's result, waiting for it at most ``timeout`` seconds (None: until done).
+
+        Args:
+            timeout: seconds to wait (None: until the job is done).
+
+        Returns:
+            What the job returned.
 
         Raises:
             LookupError: no job is outstanding.
@@ -91,20 +107,12 @@ class ReportThread:
 
     def close(self, timeout: Optional[float] = None) -> None:
         """Let the thread finish the queued jobs and end; wait for it at most ``timeout`` seconds.
-        Results not collected are dropped. Idempotent."""
+
+        Results not collected are dropped. Idempotent.
+
+        Args:
+            timeout: seconds to wait for the thread (None: until it ends).
+        """
         self._closed = True
         self.outstanding = 0
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                result: tuple[bool, Any] = (True, self._run(*job))
-            except BaseException as exc:  # noqa: BLE001 - handed to the thread that collects it
-                result = (False, exc)
-            self._results.put(result)
+        self._worker.close(timeout)

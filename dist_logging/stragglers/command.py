@@ -13,7 +13,7 @@ import sys
 import tempfile
 from typing import Any, Optional
 
-from dist_logging.ranks.history import HISTORY_NAME, read_history, summary_text
+from dist_logging.stragglers.history import HISTORY_NAME, read_history, summary_text
 
 __all__ = ['add_parser', 'find_history', 'run']
 
@@ -79,7 +79,7 @@ def _one(found: list[str], where: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the summary and write the heatmap; returns the exit code (2: nothing to read)."""
-    from dist_logging.ranks.heatmap import write_heatmap
+    from dist_logging.stragglers.heatmap import write_heatmap
 
     with tempfile.TemporaryDirectory(prefix='dist-logging-stragglers-') as scratch:
         try:
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Run the subcommand alone (for tests and ``python -m dist_logging.ranks.command``)."""
+    """Run the subcommand alone (for tests and ``python -m dist_logging.stragglers.command``)."""
     parser = argparse.ArgumentParser(prog='dist-logging')
     add_parser(parser.add_subparsers(dest='command', required=True))
     args = parser.parse_args(argv)

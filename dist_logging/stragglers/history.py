@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from dist_logging.ranks.report import RankReport, per_step
+from dist_logging.stragglers.report import RankReport, per_step
 
 __all__ = ['HISTORY_NAME', 'FORMAT', 'HistoryWriter', 'History', 'read_history', 'summary_text',
            'private_history_path']

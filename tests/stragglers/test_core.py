@@ -1,7 +1,7 @@
-"""The hot path of section timing (dist_logging.ranks._core): the compiled core, the Python core, and that they agree.
+"""The hot path of section timing (dist_logging.stragglers._core): the compiled core, the Python core, and that they agree.
 
 These run on the real clock (the core's: a timer with a clock of its own always takes the Python path,
-which tests/ranks/test_timer.py covers with a hand-driven clock), so they check relations that hold
+which tests/stragglers/test_timer.py covers with a hand-driven clock), so they check relations that hold
 whatever the elapsed times are. The last test runs this file and test_timer.py again under the Python core.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dist_logging.ranks import _core
-from dist_logging.ranks.reporter import NullSection
-from dist_logging.ranks.timer import Section, SectionTimer
+from dist_logging.stragglers import _core
+from dist_logging.stragglers.reporter import NullSection
+from dist_logging.stragglers.timer import Section, SectionTimer
 
 CORE = 'compiled' if _core.ACCELERATED else 'python'
 
@@ -34,8 +34,8 @@ def test_the_compiled_core_is_built_where_a_compiler_is():
         pytest.skip('DIST_LOGGING_NO_EXTENSIONS is set: the Python core is in use, as asked')
     if os.name != 'posix' or shutil.which('cc') is None:
         pytest.skip('no C compiler (or not POSIX): the install falls back to the Python core')
-    assert _core.ACCELERATED, 'a C compiler is here, but dist_logging/ranks/_csections.c was not built'
-    assert Section.__mro__[1].__module__ == 'dist_logging.ranks._csections'
+    assert _core.ACCELERATED, 'a C compiler is here, but dist_logging/stragglers/_csections.c was not built'
+    assert Section.__mro__[1].__module__ == 'dist_logging.stragglers._csections'
 
 
 def test_timer_reads_the_cores_clock_and_sections_time_inline():

@@ -14,8 +14,8 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as torch_dist
 
-from dist_logging.dist._launchers import ENVIRONMENT_VARIABLES, LaunchFacts, expand_hostlist
-from dist_logging.dist._launchers import launch_facts as _launch_facts
+from dist_logging._world.launchers import ENVIRONMENT_VARIABLES, LaunchFacts, expand_hostlist
+from dist_logging._world.launchers import launch_facts as _launch_facts
 
 __all__ = [
     'get_global_rank',
@@ -167,7 +167,7 @@ def _derived_port(seed: str) -> int:
     return 20000 + zlib.crc32(seed.encode()) % 12768
 
 
-def _rendezvous_address(facts: LaunchFacts, env: Any) -> tuple[str, str]:
+def rendezvous_address(facts: LaunchFacts, env: Any) -> tuple[str, str]:
     """``(MASTER_ADDR, MASTER_PORT)`` for ``facts``: the environment's, else derived from the launcher's.
 
     Raises:
@@ -248,7 +248,7 @@ def init_process_group_from_env(backend: Optional[str] = None,
         raise ValueError(f'init_process_group_from_env: timeout must be a positive number of seconds or a '
                          f'timedelta, got {timeout!r}')
     facts = launch_facts()
-    addr, port = _rendezvous_address(facts, os.environ)
+    addr, port = rendezvous_address(facts, os.environ)
     exported = {'MASTER_ADDR': addr, 'MASTER_PORT': port, 'RANK': str(facts.rank),
                 'WORLD_SIZE': str(facts.world_size), 'LOCAL_RANK': str(facts.local_rank),
                 'LOCAL_WORLD_SIZE': str(facts.local_world_size), 'GROUP_RANK': str(facts.node_rank)}

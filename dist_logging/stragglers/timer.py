@@ -22,8 +22,8 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-from dist_logging.ranks._core import ACCELERATED, SectionCore, TimerCore
-from dist_logging.ranks._core import clock as core_clock
+from dist_logging.stragglers._core import ACCELERATED, SectionCore, TimerCore
+from dist_logging.stragglers._core import clock as core_clock
 
 __all__ = ['Section', 'SectionTimer', 'WindowTotals', 'check_section_name', 'RESERVED_NAMES']
 
@@ -185,7 +185,7 @@ class SectionTimer(TimerCore):
         device: ``'cpu'`` (wall clock), ``'cuda'`` (CUDA events, read later), or ``'auto'``:
             CUDA events when CUDA is initialized when the first section opens, else wall clock.
         memory: whether :meth:`take` measures memory (peak CUDA allocated, else RSS).
-        clock: the wall clock (seconds); None for the core's (:func:`dist_logging.ranks._core.clock`,
+        clock: the wall clock (seconds); None for the core's (:func:`dist_logging.stragglers._core.clock`,
             the monotonic clock ``time.perf_counter`` reads). Tests pass their own; sections of a timer
             with its own clock always run the Python path.
 

@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from dist_logging.ranks.command import main as stragglers_main
+from dist_logging.stragglers.command import main as stragglers_main
 from torchrun_helper import read_rank_outputs, run_torchrun, write_script
 
 pytestmark = pytest.mark.multiprocess

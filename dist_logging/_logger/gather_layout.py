@@ -1,8 +1,8 @@
 """The packing side of metric gathering: the layout and the vectors one flush's collectives carry.
 
-Pure functions over numpy arrays and tensors (no collective, no process group): :mod:`dist_logging._gather`
-lays a rank's buffered entries out along the layout with :func:`_pack`, issues the collectives, and turns
-their results back into values with :func:`_values`. The vectors' format is described in that module.
+Pure functions over numpy arrays and tensors (no collective, no process group): :mod:`dist_logging._logger.gather`
+lays a rank's buffered entries out along the layout with :func:`pack_flush`, issues the collectives, and turns
+their results back into values with :func:`unpack_values`. The vectors' format is described in that module.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import torch
 
 REDUCTIONS = ('mean', 'sum', 'min', 'max', 'gather')
 
-_ACC, _COUNT, _STEP, _SPEC, _TENSORS = range(5)  # a buffered entry; _SPEC is (reduce, level)
+ACC, COUNT, STEP, SPEC, TENSORS = range(5)  # a buffered entry; SPEC is (reduce, level)
 _OP_CODES = {op: code for code, op in enumerate(REDUCTIONS)}
 _MEAN, _SUM, _MIN, _MAX, _GATHER = range(5)
-_HEADER = 8  # seq, position, digest, new-key payload length, has data, -seq, -position, -digest
+HEADER = 8  # seq, position, digest, new-key payload length, has data, -seq, -position, -digest
 _NEG_INF = -math.inf
 
 Results = list[tuple[dict[str, float], Optional[int], int]]
@@ -33,7 +33,7 @@ def _digest(layout: Mapping[str, str]) -> float:
     return float(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), 'big'))
 
 
-def _combine(op: str, acc: Any, value: float) -> float:
+def combine(op: str, acc: Any, value: float) -> float:
     """Fold one more value of a rank into its local accumulator (NaN wins for min/max)."""
     if op == 'mean' or op == 'sum':
         return acc + value
@@ -44,7 +44,7 @@ def _combine(op: str, acc: Any, value: float) -> float:
     return min(acc, value) if op == 'min' else max(acc, value)
 
 
-class _Layout:
+class Layout:
     """An ordered ``key -> reduce`` with each key's position in its section, built only when it changes."""
 
     __slots__ = ('keys', 'ops', 'codes', 'index', 'digest', 'pos', 'n_sum', 'n_ext', 'n_gather', 'code_array',
@@ -71,7 +71,7 @@ class _Layout:
         return dict(zip(self.keys, self.ops))
 
 
-def _pack(layout: _Layout, buffered: dict[str, list[Any]], held: dict[str, list[Any]]):
+def pack_flush(layout: Layout, buffered: dict[str, list[Any]], held: dict[str, list[Any]]):
     """Lay this rank's buffered entries out along ``layout`` (vectorized over keys: this runs every flush).
 
     Entries outside the layout (a new key, or another ``reduce``) go to ``held``.
@@ -83,13 +83,13 @@ def _pack(layout: _Layout, buffered: dict[str, list[Any]], held: dict[str, list[
     """
     K, S, E, G = len(layout.keys), layout.n_sum, layout.n_ext, layout.n_gather
     keys, entries = list(buffered), list(buffered.values())
-    if keys == layout.keys and [e[_SPEC][0] for e in entries] == layout.ops:
+    if keys == layout.keys and [e[SPEC][0] for e in entries] == layout.ops:
         slots = np.arange(K)  # the steady state: the layout's keys, in its order
     else:
         index_get, ops, fit_slots, fit_entries = layout.index.get, layout.ops, [], []
         for key, entry in zip(keys, entries):
             i = index_get(key)
-            if i is None or ops[i] != entry[_SPEC][0]:
+            if i is None or ops[i] != entry[SPEC][0]:
                 held[key] = entry
             else:
                 fit_slots.append(i)
@@ -103,13 +103,13 @@ def _pack(layout: _Layout, buffered: dict[str, list[Any]], held: dict[str, list[
     device_values: list[tuple[str, int, float, torch.Tensor]] = []
     if not entries:
         return np.concatenate([steps, levels, extrema, nans]), sums_counts, gathered, device_values
-    levels[slots] = [e[_SPEC][1] for e in entries]
-    given = np.array([e[_STEP] for e in entries], dtype=np.float64)  # None -> NaN
+    levels[slots] = [e[SPEC][1] for e in entries]
+    given = np.array([e[STEP] for e in entries], dtype=np.float64)  # None -> NaN
     steps[slots] = np.where(np.isnan(given), _NEG_INF, given)
-    has_acc = np.array([e[_ACC] is not None for e in entries])
-    acc = np.array([e[_ACC] for e in entries], dtype=np.float64)  # None -> NaN, masked by has_acc
-    tensors = [e[_TENSORS] for e in entries]
-    count = np.array([e[_COUNT] for e in entries], dtype=np.float64)
+    has_acc = np.array([e[ACC] is not None for e in entries])
+    acc = np.array([e[ACC] for e in entries], dtype=np.float64)  # None -> NaN, masked by has_acc
+    tensors = [e[TENSORS] for e in entries]
+    count = np.array([e[COUNT] for e in entries], dtype=np.float64)
     if any(tensors):
         count += [len(t) if t else 0 for t in tensors]
     codes, positions = layout.code_array[slots], layout.pos_array[slots]
@@ -142,7 +142,7 @@ def _pack(layout: _Layout, buffered: dict[str, list[Any]], held: dict[str, list[
     return np.concatenate([steps, levels, extrema, nans]), sums_counts, gathered, device_values
 
 
-def _vector(values: Any, device: torch.device) -> torch.Tensor:
+def to_vector(values: Any, device: torch.device) -> torch.Tensor:
     tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
     if device.type == 'cpu':
         return tensor
@@ -151,7 +151,7 @@ def _vector(values: Any, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
-def _scatter(vectors: dict[str, torch.Tensor], device_values: list[tuple[str, int, float, torch.Tensor]],
+def scatter_device_values(vectors: dict[str, torch.Tensor], device_values: list[tuple[str, int, float, torch.Tensor]],
              device: torch.device, K: int, S: int, E: int) -> None:
     """Fold tensors that stayed on their device into the packed vectors, on ``device``.
 
@@ -165,19 +165,19 @@ def _scatter(vectors: dict[str, torch.Tensor], device_values: list[tuple[str, in
     for section, items in by_section.items():
         stacked = _stack([t for _, _, t in items], device)
         if section == 'sum':
-            index = _vector([float(s) for s, _, _ in items], device).long()
+            index = to_vector([float(s) for s, _, _ in items], device).long()
             vectors['sum'].index_add_(0, index, stacked)
         elif section == 'ext':
-            signs = _vector([sign for _, sign, _ in items], device)
+            signs = to_vector([sign for _, sign, _ in items], device)
             signed = stacked * signs
             nan = torch.isnan(signed)
-            base = _HEADER + 2 * K
-            index = _vector([float(base + s) for s, _, _ in items], device).long()
+            base = HEADER + 2 * K
+            index = to_vector([float(base + s) for s, _, _ in items], device).long()
             vectors['max'].scatter_reduce_(0, index, torch.where(nan, torch.full_like(signed, _NEG_INF), signed),
                                            reduce='amax')
             vectors['max'].scatter_reduce_(0, index + E, nan.to(torch.float64), reduce='amax')
         else:
-            index = _vector([float(3 * s) for s, _, _ in items], device).long()
+            index = to_vector([float(3 * s) for s, _, _ in items], device).long()
             vectors['gather'].index_copy_(0, index, stacked)
 
 
@@ -191,18 +191,18 @@ def _stack(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         part = torch.stack([tensors[i].reshape(()) for i in indices]).to(device=device, dtype=torch.float64)
         if len(indices) == len(tensors):
             return part
-        out[_vector([float(i) for i in indices], device).long()] = part
+        out[to_vector([float(i) for i in indices], device).long()] = part
     return out
 
 
-def _table(rows: Any) -> torch.Tensor:
+def as_table(rows: Any) -> torch.Tensor:
     """One (ranks x n) tensor from gathered rows (one allocation already, or stacked)."""
     if isinstance(rows, torch.Tensor):
         return rows
     return rows[0]._base if rows[0]._base is not None and rows[0]._base.shape[0] == len(rows) else torch.stack(rows)
 
 
-def _values(layout: _Layout, steps: list[float], levels: list[float], sums: list[float], extrema: list[float],
+def unpack_values(layout: Layout, steps: list[float], levels: list[float], sums: list[float], extrema: list[float],
             nans: list[float], table: Optional[np.ndarray]) -> dict[str, tuple[float, float, float]]:
     """Reduced values of the keys somebody logged: ``{name: (value, step, level)}`` (rank zero only).
 
@@ -240,7 +240,7 @@ def _values(layout: _Layout, steps: list[float], levels: list[float], sums: list
     return out
 
 
-def _group_results(values: Mapping[str, tuple[float, float, float]]) -> Results:
+def group_results(values: Mapping[str, tuple[float, float, float]]) -> Results:
     """``{name: (value, step, level)}`` -> ``(metrics, step, level)`` groups, by step then level."""
     groups: dict[tuple[float, int], dict[str, float]] = {}
     for key, (value, step, level) in values.items():
@@ -248,7 +248,7 @@ def _group_results(values: Mapping[str, tuple[float, float, float]]) -> Results:
     return [(groups[sl], None if sl[0] == _NEG_INF else int(sl[0]), sl[1]) for sl in sorted(groups)]
 
 
-def _local_results(buffered: Mapping[str, list[Any]]) -> list[tuple[dict[str, float], Optional[int], int]]:
+def local_results(buffered: Mapping[str, list[Any]]) -> list[tuple[dict[str, float], Optional[int], int]]:
     """The flush of a world of one: each accumulator already is the result.
 
     Plain Python rather than :func:`_results`: every ``batch_end`` flushes, and numpy's
@@ -256,11 +256,11 @@ def _local_results(buffered: Mapping[str, list[Any]]) -> list[tuple[dict[str, fl
     """
     groups: dict[tuple[Optional[int], int], dict[str, float]] = {}
     for key, entry in buffered.items():
-        count = entry[_COUNT]
+        count = entry[COUNT]
         if not count:
             continue
-        op, level = entry[_SPEC]
-        value = entry[_ACC] / count if op == 'mean' else entry[_ACC]
-        groups.setdefault((entry[_STEP], level), {})[f'{key}/rank0' if op == 'gather' else key] = float(value)
+        op, level = entry[SPEC]
+        value = entry[ACC] / count if op == 'mean' else entry[ACC]
+        groups.setdefault((entry[STEP], level), {})[f'{key}/rank0' if op == 'gather' else key] = float(value)
     ordered = sorted(groups, key=lambda sl: (-math.inf if sl[0] is None else sl[0], sl[1]))
     return [(groups[step_level], step_level[0], step_level[1]) for step_level in ordered]

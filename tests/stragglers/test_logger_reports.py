@@ -12,9 +12,9 @@ from dist_logging import Logger
 from dist_logging.destinations import InMemoryLogger, RemoteUploaderDownloader
 from dist_logging.dist import LoggingGroup
 from dist_logging.errors import DistributedLoggingError
-from dist_logging.ranks import RankReport, RankReportOptions
-from dist_logging.ranks.command import main as stragglers_main
-from dist_logging.ranks.reporter import NullSection
+from dist_logging.stragglers import RankReport, RankReportOptions
+from dist_logging.stragglers.command import main as stragglers_main
+from dist_logging.stragglers.reporter import NullSection
 
 
 def _steps(logger, count, seconds=0.0005):
@@ -183,7 +183,7 @@ def test_reports_are_built_off_the_training_thread_and_close_stops_the_builder(m
     it); close() emits what is left and stops the thread. A failure in building reaches the training thread."""
     import threading
 
-    import dist_logging.ranks.reporter as reporter_module
+    import dist_logging.stragglers.reporter as reporter_module
 
     def builders():  # this test's: other Loggers in this worker process may still have theirs
         return {t for t in threading.enumerate() if t.name.startswith('dist_logging-rank-report')} - before
@@ -223,7 +223,7 @@ def test_own_series_matches_per_step():
 
     import numpy as np
 
-    from dist_logging.ranks.report import own_series, per_step
+    from dist_logging.stragglers.report import own_series, per_step
 
     layout = ['data', 'forward']
     record = np.array([4.0, 0.8, 0.1, 0.0, 1e9, 0.01, 0.2, math.nan])  # steps, wall, busy, coll., memory, jitter

@@ -36,13 +36,13 @@ import numpy as np
 import torch
 
 from dist_logging import dist
-from dist_logging.ranks._core import NullSectionCore
-from dist_logging.ranks._report_thread import ReportThread
-from dist_logging.ranks.history import HISTORY_NAME, HistoryWriter, private_history_path, read_history
-from dist_logging.ranks.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, own_series, record_of,
-                                       report_metrics, straggler_line, table_rows)
-from dist_logging.ranks.stats import VerdictTracker, Verdicts
-from dist_logging.ranks.timer import Section, SectionTimer, WindowTotals, check_section_name
+from dist_logging.stragglers._core import NullSectionCore
+from dist_logging.stragglers._report_thread import ReportThread
+from dist_logging.stragglers.history import HISTORY_NAME, HistoryWriter, private_history_path, read_history
+from dist_logging.stragglers.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, own_series,
+                                            record_of, report_metrics, straggler_line, table_rows)
+from dist_logging.stragglers.stats import VerdictTracker, Verdicts
+from dist_logging.stragglers.timer import Section, SectionTimer, WindowTotals, check_section_name
 
 # The Logger, seen through its public methods only (log_metrics, log_table, log_images, upload_file,
 # has_file_upload_destination); not imported, so the Logger can import this module.
@@ -65,7 +65,7 @@ class RankReportOptions:
 
     Args:
         slow_ratio, min_gap_s, chronic_reports, chronic_window, jitter_k: the verdict thresholds, see
-            :class:`~dist_logging.ranks.stats.Verdicts` (defaults: 1.1, 0.1 ms, 2 of 5, 3 x the rank's jitter).
+            :class:`~dist_logging.stragglers.stats.Verdicts` (defaults: 1.1, 0.1 ms, 2 of 5, 3 x the rank's jitter).
         top_k: how many of the slowest ranks the table lists (besides every straggler).
         device: ``'auto'`` (CUDA events once CUDA is initialized, else wall clock), ``'cpu'``, ``'cuda'``.
         memory: measure memory per window (peak CUDA allocated, else RSS).
@@ -222,7 +222,7 @@ class RankReporter:
 
     # ------------------------------------------------------------------ training thread
     def section(self, name: str, wait: bool = False) -> Section:
-        """The :class:`~dist_logging.ranks.timer.Section` ``name`` (see :meth:`Logger.section`)."""
+        """The :class:`~dist_logging.stragglers.timer.Section` ``name`` (see :meth:`Logger.section`)."""
         return self.timer.section(name, wait)
 
     @property
@@ -445,7 +445,7 @@ class RankReporter:
         self._upload_history(logger)
         if self.options.heatmap:
             try:
-                from dist_logging.ranks.heatmap import heatmap_image
+                from dist_logging.stragglers.heatmap import heatmap_image
 
                 image = heatmap_image(read_history(self._history.path))
                 logger.log_images(image, name='ranks/heatmap', channels_last=True, use_table=False)

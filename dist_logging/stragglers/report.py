@@ -14,9 +14,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from dist_logging.ranks.stats import (CHRONIC, OK, ONE_OFF, SeriesStats, VerdictTracker, Verdicts, individual_scores,
-                                      reference, relative_scores, series_table, slow_mask)
-from dist_logging.ranks.timer import WindowTotals
+from dist_logging.stragglers.stats import (CHRONIC, OK, ONE_OFF, SeriesStats, VerdictTracker, Verdicts,
+                                           individual_scores, reference, relative_scores, series_table, slow_mask)
+from dist_logging.stragglers.timer import WindowTotals
 
 __all__ = ['RankEntry', 'RankReport', 'STEPS', 'WALL', 'BUSY', 'COLLECTIVE', 'MEMORY', 'JITTER', 'FIXED', 'record_of',
            'per_step', 'build_report', 'build_partial', 'report_metrics', 'TABLE_COLUMNS', 'table_rows',

@@ -1,7 +1,7 @@
 """The hot path of section timing: the compiled core when it is built, else the same classes in Python.
 
-:class:`~dist_logging.ranks.timer.Section`, :class:`~dist_logging.ranks.timer.SectionTimer` and
-:class:`~dist_logging.ranks.reporter.NullSection` derive from the classes here. The compiled module
+:class:`~dist_logging.stragglers.timer.Section`, :class:`~dist_logging.stragglers.timer.SectionTimer` and
+:class:`~dist_logging.stragglers.reporter.NullSection` derive from the classes here. The compiled module
 (``_csections.c``, built on POSIX at install) implements the with-statement of the outermost
 section on the wall clock, which runs at every step with cold caches; everything else (nesting,
 CUDA events, decorators, ``start()``/``stop()``, the report) is Python either way, and sees the
@@ -77,10 +77,11 @@ def _load() -> tuple[bool, Any, Any, Any, Any]:
     if os.environ.get('DIST_LOGGING_NO_EXTENSIONS', '').strip() not in ('', '0'):
         return python
     try:
-        from dist_logging.ranks import _csections
+        from dist_logging.stragglers._csections import NullSectionCore, SectionCore, TimerCore
+        from dist_logging.stragglers._csections import clock as compiled_clock
     except ImportError:  # not built (no compiler at install, or not POSIX)
         return python
-    return True, _csections.TimerCore, _csections.SectionCore, _csections.NullSectionCore, _csections.clock
+    return True, TimerCore, SectionCore, NullSectionCore, compiled_clock
 
 
 #: Whether the compiled core is in use.

@@ -67,9 +67,9 @@ import torch
 import torch.distributed as torch_dist
 
 from dist_logging import dist
-from dist_logging._gather_pack import (_ACC, _COUNT, _HEADER, _SPEC, _STEP, _TENSORS, REDUCTIONS, Results,
-                                       _combine, _group_results, _Layout, _local_results, _pack, _scatter, _table,
-                                       _values, _vector)
+from dist_logging._logger.gather_layout import (ACC, COUNT, HEADER, REDUCTIONS, SPEC, STEP, TENSORS, Layout, Results,
+                                                as_table, combine, group_results, local_results, pack_flush,
+                                                scatter_device_values, to_vector, unpack_values)
 from dist_logging._logger.summaries import summarize_gathered
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.errors import DistributedLoggingError
@@ -162,7 +162,7 @@ class MetricGatherer:
         self._group = group
         # key -> [acc, count, step, (reduce, level), pending device tensors]
         self._buffer: dict[str, list[Any]] = {}
-        self._layout = _Layout({})
+        self._layout = Layout({})
         self._idle = np.zeros(0, dtype=np.int64)
         self._seq = 0
         self._in_flight: Optional[_Flight] = None
@@ -200,8 +200,8 @@ class MetricGatherer:
             if type(key) is not str or not key:
                 check_metric_key(key)
             entry = buffer.get(key)
-            if entry is not None and entry[_SPEC][0] != reduce:
-                raise ValueError(f'metric {key!r} was logged with reduce={entry[_SPEC][0]!r} since the last flush; '
+            if entry is not None and entry[SPEC][0] != reduce:
+                raise ValueError(f'metric {key!r} was logged with reduce={entry[SPEC][0]!r} since the last flush; '
                                  f'it cannot also be reduced with {reduce!r} before the next flush')
             kind = type(value)
             if kind is float or kind is int:
@@ -224,18 +224,18 @@ class MetricGatherer:
                 else:
                     buffer[key] = [None, 0, step, spec, [value]]
                 continue
-            if step is not None and (entry[_STEP] is None or step > entry[_STEP]):
-                entry[_STEP] = step
-            entry[_SPEC] = spec
+            if step is not None and (entry[STEP] is None or step > entry[STEP]):
+                entry[STEP] = step
+            entry[SPEC] = spec
             if reduce == 'gather':  # only the latest value counts
-                entry[_ACC], entry[_COUNT], entry[_TENSORS] = None, 0, None
+                entry[ACC], entry[COUNT], entry[TENSORS] = None, 0, None
             if type(value) is float:
-                entry[_ACC] = value if entry[_ACC] is None else _combine(reduce, entry[_ACC], value)
-                entry[_COUNT] += 1
-            elif entry[_TENSORS] is None:
-                entry[_TENSORS] = [value]
+                entry[ACC] = value if entry[ACC] is None else combine(reduce, entry[ACC], value)
+                entry[COUNT] += 1
+            elif entry[TENSORS] is None:
+                entry[TENSORS] = [value]
             else:
-                entry[_TENSORS].append(value)
+                entry[TENSORS].append(value)
 
     def pending_keys(self) -> list[str]:
         """The keys buffered since the last flush."""
@@ -245,15 +245,15 @@ class MetricGatherer:
         """Fold device tensors into the accumulators: one stack + one copy per (device, dtype)."""
         groups: dict[tuple[Any, Any], list[tuple[list[Any], torch.Tensor]]] = collections.defaultdict(list)
         for entry in buffered.values():
-            if entry[_TENSORS]:
-                for tensor in entry[_TENSORS]:
+            if entry[TENSORS]:
+                for tensor in entry[TENSORS]:
                     groups[(tensor.device, tensor.dtype)].append((entry, tensor))
-                entry[_TENSORS] = None
+                entry[TENSORS] = None
         for items in groups.values():
             values = torch.stack([t for _, t in items]).to('cpu').to(torch.float64).tolist()
             for (entry, _), value in zip(items, values):
-                entry[_ACC] = value if entry[_ACC] is None else _combine(entry[_SPEC][0], entry[_ACC], value)
-                entry[_COUNT] += 1
+                entry[ACC] = value if entry[ACC] is None else combine(entry[SPEC][0], entry[ACC], value)
+                entry[COUNT] += 1
 
     # ------------------------------------------------------------------ flushing (collectives)
     @property
@@ -281,7 +281,7 @@ class MetricGatherer:
         if not self._group.active:
             self._materialize(buffered)
             self.last_had_data = bool(buffered)
-            return results + _local_results(buffered)
+            return results + local_results(buffered)
         flight = self._issue(buffered, position, self._layout)
         return results + self._finish(flight)
 
@@ -320,7 +320,7 @@ class MetricGatherer:
             self._device, self._keep_tensors = device, device.type != 'cpu'
         return group, device
 
-    def _issue(self, buffered: dict[str, list[Any]], position: int, layout: _Layout,
+    def _issue(self, buffered: dict[str, list[Any]], position: int, layout: Layout,
                seq: Optional[int] = None) -> _Flight:
         """Pack ``buffered`` along ``layout`` and issue the flush's collectives (async)."""
         group, device = self._reduction_target()
@@ -335,22 +335,22 @@ class MetricGatherer:
         flight.what = f'flush at step {position} (flush #{flight.seq})'
         flight.held, flight.gather_out, flight.host, flight.event = {}, [], None, None
         K, S, E, G = len(layout.keys), layout.n_sum, layout.n_ext, layout.n_gather
-        body, sums_counts, gathered, device_values = _pack(layout, buffered, flight.held)
+        body, sums_counts, gathered, device_values = pack_flush(layout, buffered, flight.held)
         payload = b''
         if flight.held:
-            payload = json.dumps([[key, entry[_SPEC][0]] for key, entry in flight.held.items()],
+            payload = json.dumps([[key, entry[SPEC][0]] for key, entry in flight.held.items()],
                                  separators=(',', ':')).encode()
         flight.payload = payload
         header = [float(flight.seq), float(position), layout.digest, float(len(payload)), 1.0 if buffered else 0.0]
         flight.header = header
         header = np.array(header + [-header[0], -header[1], -header[2]], dtype=np.float64)
-        vectors = {'max': _vector(np.concatenate([header, body]), device)}
+        vectors = {'max': to_vector(np.concatenate([header, body]), device)}
         if S:
-            vectors['sum'] = _vector(sums_counts, device)
+            vectors['sum'] = to_vector(sums_counts, device)
         if G:
-            vectors['gather'] = _vector(gathered, device)
+            vectors['gather'] = to_vector(gathered, device)
         if device_values:
-            _scatter(vectors, device_values, device, K, S, E)
+            scatter_device_values(vectors, device_values, device, K, S, E)
         self._group.arrive()
         flight.deadline = time.monotonic() + self._group.timeout
         works = []
@@ -370,7 +370,7 @@ class MetricGatherer:
                 work.wait()
             host = {name: tensor.to('cpu', non_blocking=True) for name, tensor in vectors.items()}
             if flight.gather_out:
-                host['gather_out'] = _table(flight.gather_out).to('cpu', non_blocking=True)
+                host['gather_out'] = as_table(flight.gather_out).to('cpu', non_blocking=True)
             flight.host = host
             flight.event = torch.cuda.Event()
             flight.event.record()
@@ -401,17 +401,17 @@ class MetricGatherer:
         if top[:3] != [-x for x in top[5:8]]:
             self._identify(flight)  # raises
         self.last_had_data = top[4] > 0
-        steps, levels = top[_HEADER:_HEADER + K], top[_HEADER + K:_HEADER + 2 * K]
-        extrema = top[_HEADER + 2 * K:_HEADER + 2 * K + E]
-        nans = top[_HEADER + 2 * K + E:]
+        steps, levels = top[HEADER:HEADER + K], top[HEADER + K:HEADER + 2 * K]
+        extrema = top[HEADER + 2 * K:HEADER + 2 * K + E]
+        nans = top[HEADER + 2 * K + E:]
         sums = host['sum'].tolist() if S else []
         table = None
         if layout.n_gather and self._group.rank == 0:
-            table = _table(host['gather_out']).numpy()
+            table = as_table(host['gather_out']).numpy()
         emit_rank = self._group.rank == 0
         values: dict[str, tuple[float, float, float]] = {}  # key -> (value, step, level)
         if emit_rank:
-            values = _values(layout, steps, levels, sums, extrema, nans, table)
+            values = unpack_values(layout, steps, levels, sums, extrema, nans, table)
         used = [level > 0 for level in levels]
         layout_dict = None
         if header[3] > 0:
@@ -429,7 +429,7 @@ class MetricGatherer:
             self._set_layout(layout_dict, used_by_key)
         else:
             self._age(used)
-        return _group_results(values) if emit_rank else []
+        return group_results(values) if emit_rank else []
 
     def _agree_new_keys(self, flight: _Flight, length: int, levels: list[float]):
         """The slow path: exchange the names of keys outside the layout, extend it, reduce the held values.
@@ -461,9 +461,9 @@ class MetricGatherer:
         if conflicts and self._group.rank == 0:
             warnings.warn(f'metrics {sorted(conflicts)} were logged with different reduce= on different ranks '
                           'in the same flush; they are dropped from this flush', RuntimeWarning, stacklevel=5)
-        sub_layout = _Layout({key: op for key, op in first.items() if key not in conflicts})
+        sub_layout = Layout({key: op for key, op in first.items() if key not in conflicts})
         held = {key: entry for key, entry in flight.held.items()
-                if key in sub_layout.index and entry[_SPEC][0] == first[key]}
+                if key in sub_layout.index and entry[SPEC][0] == first[key]}
         sub = self._issue(held, flight.position, sub_layout, seq=flight.seq)
         sub.what = f'{flight.what}: reducing new keys'
         values = self._finish_sub(sub)
@@ -480,14 +480,14 @@ class MetricGatherer:
         top = host['max'].tolist()
         table = None
         if layout.n_gather:
-            table = _table(host['gather_out']).numpy()
-        return _values(layout, top[_HEADER:_HEADER + K], top[_HEADER + K:_HEADER + 2 * K],
-                       host['sum'].tolist() if S else [], top[_HEADER + 2 * K:_HEADER + 2 * K + E],
-                       top[_HEADER + 2 * K + E:], table)
+            table = as_table(host['gather_out']).numpy()
+        return unpack_values(layout, top[HEADER:HEADER + K], top[HEADER + K:HEADER + 2 * K],
+                       host['sum'].tolist() if S else [], top[HEADER + 2 * K:HEADER + 2 * K + E],
+                       top[HEADER + 2 * K + E:], table)
 
     def _identify(self, flight: _Flight) -> None:
         """Ranks are at different flushes or hold different layouts: name them (every rank raises)."""
-        mine = _vector(flight.header[:3], flight.device)
+        mine = to_vector(flight.header[:3], flight.device)
         try:
             rows = [row.tolist() for row in self._group.all_gather(mine, f'{flight.what}: naming the ranks that differ',
                                                                     flight.group)]
@@ -514,7 +514,7 @@ class MetricGatherer:
             f'(they are at another one: {detail}); every rank must flush at the same points', odd)
 
     def _reset(self) -> None:
-        self._layout = _Layout({})
+        self._layout = Layout({})
         self._idle = np.zeros(0, dtype=np.int64)
         self._in_flight = None
 
@@ -522,7 +522,7 @@ class MetricGatherer:
         idle = dict(zip(self._layout.keys, self._idle.tolist()))
         counts = {key: 0 if used.get(key) else idle.get(key, 0) + 1 for key in layout}
         keep = {key: op for key, op in layout.items() if counts[key] < IDLE_FLUSHES_BEFORE_DROP}
-        self._layout = _Layout(keep)
+        self._layout = Layout(keep)
         self._idle = np.array([counts[key] for key in keep], dtype=np.int64)
 
     def _age(self, used: list[bool]) -> None:

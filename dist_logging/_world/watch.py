@@ -84,7 +84,8 @@ class Beat:
     def __init__(self, text: str):
         count, wall, idle, waiting, *rest = text.split(' ')
         self.count, self.wall, self.idle, self.waiting = int(count), float(wall), float(idle), waiting == '1'
-        self.sequences = {int(g): int(s) for g, _, s in (item.partition(':') for item in (rest[0] if rest else '').split(',') if item)}
+        items = (item.partition(':') for item in (rest[0] if rest else '').split(',') if item)
+        self.sequences = {int(g): int(s) for g, _, s in items}
 
 
 class _Call:

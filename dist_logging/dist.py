@@ -16,21 +16,21 @@ NCCL) or its GPU stream. Each collective has a timeout; when some rank does not
 arrive the others raise :class:`~dist_logging.errors.DistributedLoggingError`
 naming the missing ranks instead of blocking forever.
 
-The package's rooms: ``_launchers`` (what each launcher's environment says), ``_facts``
-(the getters and :func:`init_process_group_from_env`), ``_group`` (:class:`LoggingGroup`),
-``_gloo_exit`` (the exit-time wait for gloo's worker threads), ``_ending`` (after a fatal error, the
-process ends at exit in bounded time: :func:`note_fatal_error`).
+This module is the public face; the rooms live in ``dist_logging/_world/``: ``launchers`` (what each
+launcher's environment says), ``facts`` (the getters and :func:`init_process_group_from_env`), ``group``
+(:class:`LoggingGroup`), ``watch`` (each process's beat in the rendezvous store), ``diagnose`` (who is missing
+from a collective), ``gloo_exit`` (the exit-time wait for gloo's worker threads),
+``ending`` (after a fatal error, the process ends at exit in bounded time: :func:`note_fatal_error`).
 """
 
 from __future__ import annotations
 
 # First: its exit hook must be registered before the package's others (atexit runs them last-in first-out).
-from dist_logging.dist._ending import (EXIT_STATUS, FLUSH_SECONDS, fatal_error, forget_fatal_error, note_fatal_error,
-                                      on_fatal_exit)
-from dist_logging.dist import _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's worker threads
-from dist_logging.dist._facts import (
+from dist_logging._world.ending import (EXIT_STATUS, FLUSH_SECONDS, fatal_error, forget_fatal_error,
+                                        note_fatal_error, on_fatal_exit)
+from dist_logging._world import gloo_exit as _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's threads
+from dist_logging._world.facts import (
     LaunchFacts,
-    _rendezvous_address,
     expand_hostlist,
     get_attempt,
     get_global_rank,
@@ -46,9 +46,30 @@ from dist_logging.dist._facts import (
     launcher,
     select_reduction_device,
 )
-from dist_logging.dist._group import LoggingGroup
+from dist_logging._world.facts import rendezvous_address as _rendezvous_address  # noqa: F401 - tests/test_dist.py
+from dist_logging._world.group import LoggingGroup
 
-from dist_logging.dist._facts import __all__ as _fact_names
-
-__all__ = [*_fact_names, 'LoggingGroup', 'note_fatal_error', 'fatal_error',
-           'forget_fatal_error', 'on_fatal_exit', 'FLUSH_SECONDS', 'EXIT_STATUS']
+__all__ = [
+    'get_global_rank',
+    'get_local_rank',
+    'get_world_size',
+    'get_local_world_size',
+    'get_node_rank',
+    'get_num_nodes',
+    'get_attempt',
+    'launcher',
+    'launch_facts',
+    'LaunchFacts',
+    'expand_hostlist',
+    'init_process_group_from_env',
+    'is_initialized',
+    'is_available',
+    'select_reduction_device',
+    'LoggingGroup',
+    'note_fatal_error',
+    'fatal_error',
+    'forget_fatal_error',
+    'on_fatal_exit',
+    'FLUSH_SECONDS',
+    'EXIT_STATUS',
+]
