@@ -7,7 +7,6 @@ import json
 import math
 import os
 import re
-import time
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from dist_logging._log_line import CONTINUATION, HEADER_RE, parse_utc_iso

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple
 
 __all__ = ['RankRecord', 'format_rank_record', 'parse_rank_record', 'RANK_KEY', 'NODE_KEY', 'StoreBoard']
 
