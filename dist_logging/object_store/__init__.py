@@ -1,7 +1,7 @@
 """Object stores: a small :class:`ObjectStore` protocol, its backends, and a lazy registry.
 
-A backend implements seven primitives (upload, download, size, URI, list, delete,
-close); the upload machinery (snapshots, journal, retries, workers) is built above them and
+A backend implements eight primitives (upload, download, ranged read, size, URI, list,
+delete, close); the upload machinery (snapshots, journal, retries, workers) is built above them and
 knows nothing about any one backend. Builtin exceptions carry the meaning:
 ``FileNotFoundError`` for a missing object, ``FileExistsError`` for a refused
 overwrite.
@@ -145,6 +145,29 @@ class ObjectStore:
             ObjectStoreTransientError: a failure worth retrying.
         """
         raise NotImplementedError(f'{type(self).__name__}.download_object is not implemented')
+
+    def read_range(self, object_name: str, offset: int, buffer: Any) -> None:
+        """Read ``len(buffer)`` bytes of the object ``object_name``, from byte ``offset``, into ``buffer``.
+
+        One ranged read (S3: a ``GetObject`` with ``Range``; a local file: ``pread``; fsspec:
+        ``cat_file(start, end)``), straight into memory: nothing is written to local disk.
+        :class:`~dist_logging.checkpoint.CheckpointReader` loads checkpoints with it, many in
+        flight at once (so it must be thread-safe, like every method here). Optional: the default
+        raises ``NotImplementedError`` and the reader then downloads whole files instead.
+
+        Args:
+            object_name: the object name.
+            offset: the first byte to read (``>= 0``).
+            buffer: a writable bytes-like object (``bytearray``, a ``memoryview`` of one, a tensor's
+                ``memoryview``); it is filled completely.
+
+        Raises:
+            FileNotFoundError: no such object.
+            EOFError: the object ends before ``offset + len(buffer)``.
+            ValueError: a negative offset, or a name that escapes the store's root.
+            ObjectStoreTransientError: a failure worth retrying.
+        """
+        raise NotImplementedError(f'{type(self).__name__}.read_range is not implemented')
 
     def get_object_size(self, object_name: str) -> int:
         """The size of the object ``object_name`` in bytes.
