@@ -168,6 +168,8 @@ class RangedLoad:
         self.max_in_flight, self.part_bytes, self.timeout, self.on_bytes = max_in_flight, part_bytes, timeout, on_bytes
         self.planner: Any = None
         self.transforms: Any = None
+        self.budget = max_in_flight * part_bytes  # bytes of buffers held at a time (beyond one item)
+        self.held = 0
 
     def run(self, plan: LoadPlan, planner: LoadPlanner, storage_data: dict[Any, Any], transforms: Any) -> None:
         """Load every item of ``plan`` into the planner's tensors (or ``load_bytes``).
@@ -184,11 +186,13 @@ class RangedLoad:
         position = 0
         try:
             while position < len(queue) or running:
-                while position < len(queue) and len(running) < self.max_in_flight:
+                while (position < len(queue) and len(running) < self.max_in_flight
+                       and (not running or self.held < self.budget)):
                     entry, index = queue[position]
                     position += 1
                     target = self._target(entry, index)
                     own = None if target is not None else memoryview(bytearray(entry.parts[index][1]))
+                    self.held += 0 if own is None else len(own)
                     future = self.pool.submit(self._fetch, entry, entry.parts[index][0],
                                               target if target is not None else own)
                     running[future] = (entry, index, own)
@@ -244,6 +248,7 @@ class RangedLoad:
             if self._inside(start, length, blob) and blob.length > length:
                 if blob.buffer is None:
                     blob.buffer = bytearray(blob.length)
+                    self.held += blob.length
                 begin = start - blob.offset
                 return memoryview(blob.buffer)[begin:begin + length]
         return None
@@ -280,12 +285,16 @@ class RangedLoad:
                     continue
                 if blob.buffer is None:
                     blob.buffer = bytearray(size)
+                    self.held += size
                 low, high = max(offset, start), min(offset + size, start + length)
                 memoryview(blob.buffer)[low - offset:high - offset] = own[low - start:high - start]
             blob.remaining -= 1
             if blob.remaining == 0:
                 buffer, blob.buffer = blob.buffer, None
                 self._ready(entry, blob, memoryview(buffer))  # type: ignore[arg-type]
+                self.held -= size
+        if own is not None:
+            self.held -= length
         if not entry.verified and len(entry.crcs) == len(entry.parts):
             self._check_whole(entry)
 

@@ -93,7 +93,7 @@ def test_a_process_that_loads_without_close_and_exits_leaves_nothing_on_local_di
         store, uri, kwargs = S3ObjectStore(bucket, endpoint_url=endpoint), f's3://{bucket}', {'endpoint_url': endpoint}
     save(tmp_path, store, sd, 'run/step3')
     state_dir, temp_dir = tmp_path / 'state', tmp_path / 'tmp'
-    state_dir.mkdir()
+    state_dir.mkdir(mode=0o700)
     temp_dir.mkdir()
     spec = {'cid': 'run/step3', 'uri': uri, 'kwargs': kwargs, 'sizes': {k: v.numel() for k, v in sd.items()
                                                                         if k != 'step'}}
@@ -233,7 +233,7 @@ RANKS_SCENARIO = '''
 def test_loads_on_2_and_4_ranks_are_bit_exact_and_leave_nothing(tmp_path, world):
     script = write_script(tmp_path, RANKS_SCENARIO)
     state_dir = tmp_path / 'state'
-    state_dir.mkdir()
+    state_dir.mkdir(mode=0o700)
     run_torchrun(script, world, tmp_path / 'out', env={'ROOT': str(tmp_path), 'DIST_LOGGING_TMPDIR': str(state_dir)},
                  timeout=150)
     out = read_rank_outputs(tmp_path / 'out')
