@@ -14,10 +14,12 @@ import base64
 import functools
 from typing import Mapping
 
-from dist_logging.object_store._crc32c import ALGORITHM, combine
+# The one import of the object store's private CRC module by the load path (_ranged, reader): re-pointed once when
+# it becomes public (object_store/checksums.py).
+from dist_logging.object_store._crc32c import ALGORITHM, combine, crc32c, decode, encode, file_crc32c
 
 __all__ = ['CHUNK_BYTES', 'CHUNKS_KEY', 'times', 'zeros', 'fast_combine', 'encode_chunks', 'decode_chunks',
-           'chunk_entries']
+           'chunk_entries', 'crc32c', 'encode', 'decode', 'file_crc32c']
 
 CHUNK_BYTES = 1024 * 1024  # one CRC32C per MiB of each shard file: 5.3 bytes of marker per MiB of checkpoint
 CHUNKS_KEY = 'chunks:'  # prefix of a file's chunk checksums in the checksums dict (never a file name: no '/')

@@ -22,9 +22,8 @@ import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed._shard._utils import narrow_tensor_by_index
 
-from dist_logging.checkpoint._chunk_sums import decode_chunks, fast_combine
+from dist_logging.checkpoint._chunk_sums import crc32c, decode, decode_chunks, encode, fast_combine
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
-from dist_logging.object_store._crc32c import crc32c, decode, encode
 
 __all__ = ['FileSums', 'RangedLoad', 'MemoryReader', 'plan_parts', 'fetch_object']
 

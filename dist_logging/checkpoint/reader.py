@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, _generate_
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
-from dist_logging.checkpoint._chunk_sums import chunk_entries
+from dist_logging.checkpoint._chunk_sums import chunk_entries, file_crc32c
 from dist_logging.checkpoint._layout import (METADATA_NAME, CheckpointIdMixin, check_checkpoint_id, decode_record,
                                             missing_files)
 from dist_logging.checkpoint._paths import default_cache_folder
@@ -29,7 +29,6 @@ from dist_logging.checkpoint._ranged import FileSums, RangedLoad, fetch_object
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
 from dist_logging.checkpoint.latest import committed_markers, open_store
 from dist_logging.object_store import ObjectStore
-from dist_logging.object_store._crc32c import file_crc32c
 
 __all__ = ['CheckpointReader', 'MAX_IN_FLIGHT', 'PART_BYTES', 'sweep_cache']
 
