@@ -45,8 +45,8 @@ def equal(a: dict, b: dict) -> bool:
 
 
 def save(tmp_path: pathlib.Path, store, sd: dict, cid: str) -> None:
-    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'),
-                                   num_attempts=1)
+    staging = tmp_path / f'staging-{cid.replace("/", "-")}'  # a folder per save: each uploader holds its own
+    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(staging), num_attempts=1)
     writer = CheckpointWriter(rud)
     dcp.save(sd, checkpoint_id=cid, storage_writer=writer)
     writer.close()
