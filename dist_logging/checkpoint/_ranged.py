@@ -91,12 +91,15 @@ class MemoryReader(io.RawIOBase):
         self._pos = 0
 
     def readable(self) -> bool:
+        """Always True."""
         return True
 
     def seekable(self) -> bool:
+        """Always True."""
         return True
 
     def readinto(self, buffer: Any) -> int:
+        """Copy the next bytes into ``buffer``; how many (0 at the end)."""
         target = memoryview(buffer).cast('B')
         count = max(0, min(len(target), len(self._view) - self._pos))
         target[:count] = self._view[self._pos:self._pos + count]
@@ -104,11 +107,13 @@ class MemoryReader(io.RawIOBase):
         return count
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to ``offset`` from ``whence``; the new position."""
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
         self._pos = max(0, base + offset)
         return self._pos
 
     def tell(self) -> int:
+        """The position."""
         return self._pos
 
 
