@@ -288,10 +288,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                'tensor_bytes': TENSOR_BYTES, 'skipped': skipped, 'results': results,
                'environment': C.environment(d),
                'note': 'shared 2-core VM, other jobs running: compare modes within one run (ratios), not runs'}
-    if d.rank == 0:
-        C.write_results('checkpoint_load', d, summary, args.out_json)
-        if not args.no_plot:
-            plot(summary, d, args.out_json)
+    C.write_results('checkpoint_load', d, summary, args.out_json)  # every rank: it agrees on the file name
+    if not args.no_plot and d.rank == 0:
+        plot(summary, d, args.out_json)
     C.shutdown(d)
     return 0
 
