@@ -477,16 +477,21 @@ class S3ObjectStore(ObjectStore):
                 raise EOFError(f'{self.get_uri(object_name)} ends before byte {offset} (InvalidRange)') from exc
             raise
         body = response['Body']
+        released = False
         try:
             if int(response.get('ContentLength', -1)) != len(view):
                 raise EOFError(f'{self.get_uri(object_name)} ends before byte {end} (the server sent '
                                f'{response.get("ContentLength")} bytes from {offset})')
-            raw = getattr(body, '_raw_stream', None)  # urllib3's response: readinto without a copy
-            readinto = getattr(raw, 'readinto', None)
+            raw = getattr(body, '_raw_stream', None)  # urllib3's response
+            # http.client's response under it reads straight into the buffer (urllib3's readinto reads into
+            # new bytes, then copies); only for a plain body (no content encoding to undo).
+            direct = getattr(getattr(raw, '_fp', None), 'readinto', None)
+            if direct is None or response.get('ContentEncoding'):
+                direct = getattr(raw, 'readinto', None)
             done = 0
             while done < len(view):
-                if readinto is not None:
-                    count = readinto(view[done:])
+                if direct is not None:
+                    count = direct(view[done:])
                 else:
                     data = body.read(len(view) - done)
                     count = len(data)
@@ -495,8 +500,13 @@ class S3ObjectStore(ObjectStore):
                     raise EOFError(f'{self.get_uri(object_name)}: the body ended at byte {offset + done} of '
                                    f'{offset}-{end - 1}')
                 done += count
+            release = getattr(raw, 'release_conn', None)
+            if release is not None:  # the body was read to its end: the connection goes back to the pool
+                release()
+                released = True
         finally:
-            body.close()
+            if not released:
+                body.close()
 
     def get_object_size(self, object_name: str) -> int:
         name = object_name
