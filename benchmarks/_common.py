@@ -382,6 +382,10 @@ if sys.argv[3] == 'sink':
     threading.Thread(target=server.serve_forever, daemon=True).start()
     stop = server.shutdown
 else:
+    if sys.argv[3] == 'moto-ranges':  # ranged GETs read only the range, as S3 serves them (_lazy_moto.py)
+        sys.path.insert(0, sys.argv[4])
+        import _lazy_moto
+        _lazy_moto.patch()
     from moto.server import ThreadedMotoServer
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
     server.start()
@@ -402,7 +406,7 @@ def set_dummy_aws_env() -> None:
 
 
 S3_SERVER_PRIORITIES = ('low', 'normal')
-S3_SERVERS = ('sink', 'moto')
+S3_SERVERS = ('sink', 'moto', 'moto-ranges')
 S3_SCHEMES = ('https', 'http')
 S3_SCHEME_HELP = ('how the benchmarked clients reach the S3 server: https (default; what clients of real S3 do: '
                   'botocore sends unsigned aws-chunked payloads with a CRC32 trailer, and pays for TLS; the sink '
@@ -460,7 +464,7 @@ def start_s3_server(d: Dist, kind: str = 'sink', priority: str = 'low',
         raise ValueError(f'S3 server must be one of {S3_SERVERS}, got {kind!r}')
     if scheme not in S3_SCHEMES:
         raise ValueError(f'S3 scheme must be one of {S3_SCHEMES}, got {scheme!r}')
-    if kind == 'moto' and scheme == 'https':
+    if kind.startswith('moto') and scheme == 'https':
         raise ValueError('the moto S3 server serves plain http only (scheme="http")')
     set_dummy_aws_env()
     proc = None

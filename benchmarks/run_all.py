@@ -29,7 +29,7 @@ REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / 'results'
 
 BENCHMARKS = ('log_overhead', 'gather_cost', 'upload_latency', 'training_stall', 'checkpoint_stall', 'stragglers',
-              'telemetry_overhead')
+              'telemetry_overhead', 'checkpoint_load')
 # Per-benchmark arguments for a full run; --quick replaces them with the benchmark's own --quick.
 DEFAULT_ARGS = {
     'log_overhead': [],
@@ -40,9 +40,11 @@ DEFAULT_ARGS = {
     'checkpoint_stall': ['--sizes', '256MiB', '--every', '10', '--device-ms', '200,0'],
     'stragglers': [],
     'telemetry_overhead': [],
+    # 1GiB too: --extra '--sizes 256MiB,1GiB' (about 5x the time).
+    'checkpoint_load': ['--sizes', '256MiB', '--rounds', '2'],
 }
 TIMEOUT_S = {'log_overhead': 600, 'gather_cost': 1200, 'upload_latency': 3600, 'training_stall': 2400,
-             'checkpoint_stall': 3600, 'stragglers': 1800, 'telemetry_overhead': 1200}
+             'checkpoint_stall': 3600, 'stragglers': 1800, 'telemetry_overhead': 1200, 'checkpoint_load': 2400}
 
 
 def _free_port() -> int:
@@ -193,7 +195,27 @@ def render(docs: list[dict]) -> str:
                            f"| {_f(e['floor_1tensor']['slowest_rank']['median'])} | {_f(e['per_key']['slowest_rank']['median'])} "
                            f"| {_x(e['ratio_flush_over_floor'])} | {_x(e['ratio_per_key_over_flush'])} | {coll.get('max', '–')} |")
     out += _stragglers_table(by_name.get('stragglers', []))
+    out += _load_table(by_name.get('checkpoint_load', []))
     return '\n'.join(out) + '\n'
+
+
+def _load_table(docs: list[dict]) -> list[str]:
+    """checkpoint_load: per size and world, each reader's dcp.load s / RSS added / local disk during / after."""
+    out: list[str] = []
+    for doc in docs:
+        for label, modes in doc['results'].items():
+            t = modes.get('targets') or {}
+            out.append(f"\n**checkpoint_load — {label}, {doc['world_size']} rank(s), S3 {doc['s3_server']}** "
+                       '(median of rounds, slowest rank; RSS added, disk MiB: largest rank)\n')
+            out.append('| reader | dcp.load s | RSS added MiB | disk during MiB | disk after MiB | bit-exact |')
+            out.append('|---|---|---|---|---|---|')
+            for mode, e in modes.items():
+                if mode != 'targets':
+                    out.append(f"| {mode} | {_f(e['load_s'], 3)} | {_f(e['rss_added_mib'], 0)} "
+                               f"| {_f(e['disk_during_mib'], 0)} | {_f(e['disk_after_mib'], 0)} | {e['exact']} |")
+            out.append(f"\nours / best other ({t.get('best_other')}): {_x(t.get('ours_over_best_other'))} "
+                       f"(target 0.8×); ours / floor: {_x(t.get('ours_over_floor'))} (target 2×)\n")
+    return out
 
 
 def _stragglers_table(docs: list[dict]) -> list[str]:

@@ -20,6 +20,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Mapping, Optional
 
+from dist_logging.checkpoint._chunk_sums import chunk_entries
 from dist_logging.checkpoint._layout import (METADATA_NAME, Marker, decode_record, encode_record, marker_name,
                                              markers_by_checkpoint, missing_files)
 from dist_logging.object_store import ObjectInfo
@@ -153,7 +154,8 @@ def commit_checkpoint(store: Any, checkpoint_id: str, files: Mapping[str, int], 
         extra: more JSON fields for the marker (e.g. ``{'step': 100}``). Its ``'checksums'`` (relative
             name -> ``'crc32c:<base64>'``, taken while each file was written) are compared with what the
             store keeps for each landed object before anything changes in the bucket; the ``.metadata``'s
-            is added here.
+            is added here. Its entries ``'chunks:<name>'`` (each file's chunk checksums) are recorded as
+            the marker's ``'chunk_checksums'``.
         time_ns: the time the marker is named with (when the save was handed over: checkpoints
             order by save, not by when their commit happened); now by default.
 
@@ -167,7 +169,11 @@ def commit_checkpoint(store: Any, checkpoint_id: str, files: Mapping[str, int], 
     if wrong:
         raise NotLanded(checkpoint_id, wrong)
     extra = dict(extra or {})
-    checksums = dict(extra.get('checksums') or {})
+    checksums, chunk_sums = chunk_entries(extra.get('checksums') or {})  # the writers' chunk sums travel with them
+    if 'checksums' in extra:
+        extra['checksums'] = checksums
+    if chunk_sums:
+        extra['chunk_checksums'] = {**chunk_sums, **dict(extra.get('chunk_checksums') or {})}
     bad = landed_mismatches(store, checkpoint_id, checksums, policy)
     if bad:
         raise CorruptCheckpoint(checkpoint_id, bad)

@@ -7,7 +7,11 @@ import logging
 import os
 import pickle
 import shutil
+import threading
 import uuid
+import warnings
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from torch.futures import Future
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -17,64 +21,113 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, _generate_
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
+from dist_logging.checkpoint._chunk_sums import chunk_entries, file_crc32c
 from dist_logging.checkpoint._layout import (METADATA_NAME, CheckpointIdMixin, check_checkpoint_id, decode_record,
                                             missing_files)
 from dist_logging.checkpoint._paths import default_cache_folder
+from dist_logging.checkpoint._ranged import FileSums, RangedLoad, fetch_object
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
 from dist_logging.checkpoint.latest import committed_markers, open_store
-from dist_logging.object_store.checksums import file_crc32c
+from dist_logging.object_store import ObjectStore
 
-__all__ = ['CheckpointReader']
+__all__ = ['CheckpointReader', 'MAX_IN_FLIGHT', 'PART_BYTES', 'sweep_cache']
 
 log = logging.getLogger(__name__)
+MiB = 1024 * 1024
+MAX_IN_FLIGHT = 16  # ranged GETs per rank at a time: S3 serves each at ~100 MB/s, 16 fill a 10 Gb/s NIC
+PART_BYTES = 8 * MiB  # the largest ranged GET (S3's own guidance for byte-range fetches: 8-16 MB)
 
 
 class CheckpointReader(CheckpointIdMixin, FileSystemReader):
-    """Reads a committed checkpoint from the bucket for ``dcp.load``.
+    """Reads a committed checkpoint from the bucket for ``dcp.load``, straight into memory.
 
     ``dcp.load(state_dict, checkpoint_id=latest_checkpoint(bucket, 'run/checkpoints'),
     storage_reader=CheckpointReader(bucket))``. Each rank lists the checkpoint's folder once
-    (refusing an uncommitted or incomplete checkpoint), then fetches the commit marker, the
-    ``.metadata`` and only the shard files its load plan reads, into a cache folder shared by
-    the ranks of the node: a file needed by several ranks of a node is downloaded once (under
-    a per-file lock; the others wait and reuse it, checked by the size the marker records;
-    names are unique per save, so a cached file is never stale). Reading then works as torch's
-    ``FileSystemReader`` on the cached files. Cached files stay until the last reader of the node that uses
-    them is closed.
+    (refusing an uncommitted or incomplete checkpoint), reads the commit marker and the ``.metadata``
+    into memory, then reads only the byte ranges its load plan needs (``ReadItem`` offsets and lengths,
+    widened to the checksum chunks that cover them, merged, cut in parts of at most ``part_bytes``) with
+    ``max_in_flight`` ranged reads at a time (S3: ``GetObject`` with ``Range``), each into the memory of
+    the item it belongs to, and loads every item as torch's ``FileSystemReader`` does. Nothing is written
+    to local disk (unless ``node_cache=True``), so nothing is left behind either, whether or not the
+    reader is closed.
 
-    Every file is checked as it arrives: its size and the CRC32C its writer recorded in the commit marker
-    (taken while the shard was written). A file whose bytes differ fails the load with a
-    :class:`~dist_logging.checkpoint.commit.ChecksumMismatch` naming the object and the checkpoint (the
-    bad copy is removed from the cache); nothing unverified is loaded. Checkpoints committed before
-    checksums were recorded are checked by size only.
+    Every byte is verified before it is loaded (``docs/checkpoints.md``, "Integrity"): a shard file
+    with chunk checksums in its marker (recorded by the writer, one CRC32C per MiB) chunk by chunk as
+    each part arrives; a file of a checkpoint committed before chunk checksums existed is read whole
+    and checked against its whole-file CRC32C (combined from the parts') before any of its items is
+    loaded; the ``.metadata`` against its CRC32C. A byte that differs fails the load with a
+    :class:`~dist_logging.checkpoint.commit.ChecksumMismatch` naming the object, the chunk and the
+    checkpoint. Checkpoints committed before checksums were recorded at all are checked by size only.
+
+    Memory: the tensors being loaded, plus at most ``max_in_flight * part_bytes`` bytes of parts in
+    flight (128 MiB by default), plus, per saved item being deserialized, one more copy of it (torch's
+    ``torch.load`` of the item, copied into the destination tensor).
+
+    With ``node_cache=True`` (and for a store without ``read_range``, e.g. one written for Composer) the
+    reader works as it did before ranged reads: every shard file its plan reads is downloaded whole into
+    a cache folder shared by the ranks of the node (once per node, checked against its CRC32C), then read
+    with torch's ``FileSystemReader``. The cache folder is removed when its last reader of the node is
+    gone: closed, garbage-collected, at interpreter exit, or killed (the next reader of the node sweeps
+    folders no live process holds).
 
     Args:
         bucket: a bucket URI, an object store with ``list``, or a ``RemoteUploaderDownloader``.
         backend_kwargs: with a URI: the store's keyword arguments.
-        cache_folder: where downloaded files go; must be the same folder for the ranks of a node
-            (default: ``<private base>/<run_name>/checkpoint-cache``, see :mod:`dist_logging._private_dirs`).
-        run_name: names the default cache folder (use the same on every rank of a node).
+        max_in_flight: ranged reads at a time per rank (a positive int).
+        part_bytes: the largest ranged read, in bytes (at least 1 MiB).
+        timeout: seconds a load waits without any range arriving before it fails.
+        node_cache: download whole files into a node cache instead of reading ranges into memory.
+        cache_folder: with ``node_cache``: where downloaded files go; must be the same folder for the ranks of a
+            node (default: ``<private base>/<run_name>/checkpoint-cache``, see :mod:`dist_logging._private_dirs`).
+            Unused otherwise.
+        run_name: with ``node_cache``: names the default cache folder (use the same on every rank of a node).
         _extension_registry: as torch's ``FileSystemReader``'s (EXPERIMENTAL there too): the stream
             transforms (e.g. ``ZStandard``) the reader may find named in the ``.metadata``; None: torch's
             default registry.
 
+    Attributes:
+        downloaded_bytes: bytes this rank read from the bucket (with ``node_cache``: downloaded; the others of
+            its node reused them).
+
     Raises:
-        TypeError, ValueError: a bad bucket (see :func:`latest_checkpoint`).
+        TypeError, ValueError: a bad bucket (see :func:`latest_checkpoint`), or a bad ``max_in_flight``,
+            ``part_bytes`` or ``timeout`` (named).
     """
 
     def __init__(self, bucket: Any, *, backend_kwargs: Optional[Mapping[str, Any]] = None,
-                 cache_folder: Optional[Union[str, 'os.PathLike[str]']] = None, run_name: Optional[str] = None,
-                 _extension_registry: Optional[ExtensionRegistry] = None):
+                 max_in_flight: int = MAX_IN_FLIGHT, part_bytes: int = PART_BYTES, timeout: float = 600.0,
+                 node_cache: bool = False, cache_folder: Optional[Union[str, 'os.PathLike[str]']] = None,
+                 run_name: Optional[str] = None, _extension_registry: Optional[ExtensionRegistry] = None):
+        for label, value, least in (('max_in_flight', max_in_flight, 1), ('part_bytes', part_bytes, MiB)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f'CheckpointReader: {label} must be an int >= {least}, got {value!r}')
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f'CheckpointReader: timeout must be a positive number, got {timeout!r}')
         self.store, self._owns_store = open_store(bucket, backend_kwargs)
         super().__init__('.', _extension_registry=_extension_registry)
-        self.cache_root = os.path.abspath(os.fspath(cache_folder)) if cache_folder else default_cache_folder(run_name)
-        os.makedirs(self.cache_root, mode=0o700, exist_ok=True)
+        self.max_in_flight, self.part_bytes, self.timeout = max_in_flight, part_bytes, float(timeout)
+        ranged = getattr(type(self.store), 'read_range', None)
+        self.node_cache = bool(node_cache) or ranged is None or ranged is ObjectStore.read_range
+        if self.node_cache and not node_cache:
+            warnings.warn(f'CheckpointReader: {self.store!r} has no read_range(): whole files are downloaded into '
+                          'a node cache on local disk', RuntimeWarning, stacklevel=2)
+        self.cache_root: Optional[str] = None
+        if self.node_cache:
+            self.cache_root = (os.path.abspath(os.fspath(cache_folder)) if cache_folder
+                               else default_cache_folder(run_name))
+            os.makedirs(self.cache_root, mode=0o700, exist_ok=True)
+            sweep_cache(self.cache_root)  # what killed readers of this node left
         self._cid: Optional[str] = None
         self._files: dict[str, int] = {}
         self._checksums: dict[str, str] = {}
+        self._chunk_sums: dict[str, str] = {}
         self._dirs: set[str] = set()
         self._holder = f'.held-by-{os.getpid()}-{uuid.uuid4().hex[:8]}'  # this reader's claim on a cache folder
-        self.downloaded_bytes = 0  # by this rank (the others of its node reused them)
+        self._pools: list[ThreadPoolExecutor] = []  # the read pool, created by the first read_data
+        self._lock = threading.Lock()
+        self.downloaded_bytes = 0
+        # Runs at close(), when the reader is garbage-collected, or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _release, self._dirs, self._holder, self._pools)
 
     def reset(self, checkpoint_id: Union[str, 'os.PathLike[str]', None] = None) -> None:
         """Start a load of ``checkpoint_id`` (all ranks). Raises ValueError without one."""
@@ -85,6 +138,11 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         self.load_id = _generate_uuid()
         self._files = {}
         self._checksums = {}
+        self._chunk_sums = {}
+
+    def _count(self, size: int) -> None:
+        with self._lock:
+            self.downloaded_bytes += size
 
     def _resolve(self) -> None:
         cid = self._cid
@@ -97,12 +155,18 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
             raise FileNotFoundError(f'checkpoint {cid!r} is not committed in {where} (no commit marker: being '
                                     'written, failed, or deleted); latest_checkpoint() finds the newest committed one')
         marker = markers[-1]
-        key = hashlib.sha1(f'{where}\0{cid}'.encode()).hexdigest()[:16]
-        folder = os.path.join(self.cache_root, f'{key}-{marker.time_ns}')
-        self._hold(folder)
-        marker_file = self._fetch(marker.name, os.path.join(folder, '.marker.json'), marker.size)
-        with open(marker_file, 'rb') as handle:
-            record = decode_record(handle.read(), cid)
+        if self.node_cache:
+            key = hashlib.sha1(f'{where}\0{cid}'.encode()).hexdigest()[:16]
+            folder = os.path.join(self.cache_root, f'{key}-{marker.time_ns}')  # type: ignore[arg-type]
+            self._hold(folder)
+            marker_file = self._fetch(marker.name, os.path.join(folder, '.marker.json'), marker.size)
+            with open(marker_file, 'rb') as handle:
+                data = handle.read()
+            self.path = Path(folder)
+        else:
+            data = fetch_object(self.store, marker.name, marker.size, None, f'checkpoint {cid!r}')
+            self._count(len(data))
+        record = decode_record(data, cid)
         wrong = missing_files(cid, record['files'], listing)
         if wrong:
             raise FileNotFoundError(f'checkpoint {cid!r} is committed but files are missing now: '
@@ -111,8 +175,10 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
             raise ValueError(f'checkpoint {cid!r} has no {METADATA_NAME}: it is a committed folder '
                              '(Logger.upload_folder), not a DCP checkpoint')
         self._files = dict(record['files'])
-        self._checksums = {str(k): str(v) for k, v in (record.get('checksums') or {}).items()}
-        self.path = Path(folder)
+        # A marker committed by a version that did not split the chunk sums out keeps them among the checksums.
+        whole, chunks = chunk_entries({str(k): str(v) for k, v in (record.get('checksums') or {}).items()})
+        self._checksums = whole
+        self._chunk_sums = {**chunks, **{str(k): str(v) for k, v in (record.get('chunk_checksums') or {}).items()}}
 
     def _hold(self, folder: str) -> None:
         """Claim the node's cache folder of a checkpoint: it is removed when its last claim goes (:meth:`close`)."""
@@ -152,29 +218,54 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         return dest
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """Fetch and unpickle the checkpoint's ``.metadata`` (all ranks; once per node).
+        """Read and unpickle the checkpoint's ``.metadata`` (all ranks; into memory, or once per node with the cache).
 
         Raises:
             FileNotFoundError: the checkpoint is not committed, or files it lists are missing.
             ChecksumMismatch: the ``.metadata`` in the bucket is not the one its checkpoint committed.
         """
         self._resolve()
-        path = self._fetch(f'{self._cid}/{METADATA_NAME}', os.path.join(str(self.path), METADATA_NAME),
-                           self._files[METADATA_NAME], self._checksums.get(METADATA_NAME))
-        with open(path, 'rb') as handle:
-            metadata = pickle.load(handle)  # DCP's own format, as FileSystemReader reads it
+        name = f'{self._cid}/{METADATA_NAME}'
+        if self.node_cache:
+            path = self._fetch(name, os.path.join(str(self.path), METADATA_NAME), self._files[METADATA_NAME],
+                               self._checksums.get(METADATA_NAME))
+            with open(path, 'rb') as handle:
+                data = handle.read()
+        else:
+            data = fetch_object(self.store, name, self._files[METADATA_NAME], self._checksums.get(METADATA_NAME),
+                                f'checkpoint {self._cid!r}; not loaded')
+            self._count(len(data))
+        metadata = pickle.loads(data)  # DCP's own format, as FileSystemReader reads it
         if getattr(metadata, 'storage_meta', None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        """Fetch the files this rank's plan reads (once per node), then read them as ``FileSystemReader`` does.
+        """Read the byte ranges this rank's plan needs, verify them, and load them into the planner's tensors.
 
         Raises:
-            FileNotFoundError: a file the plan reads is not in the commit marker.
+            FileNotFoundError: a file the plan reads is not in the commit marker (or not in the bucket).
             ChecksumMismatch: a shard's bytes differ from those its writer wrote (named, with the checkpoint).
+            TimeoutError: no range arrived for ``timeout`` seconds.
         """
+        if self.node_cache:
+            return self._read_cached(plan, planner)
+        sums = {relative: FileSums.from_record(f'{self._cid}/{relative}', size, self._checksums.get(relative),
+                                               self._chunk_sums.get(relative))
+                for relative, size in self._files.items()}
+        with self._lock:
+            if not self._pools:
+                self._pools.append(ThreadPoolExecutor(self.max_in_flight, thread_name_prefix='dist_logging-ckpt-read'))
+            pool = self._pools[0]
+        RangedLoad(self.store, self._cid, sums, pool, self.max_in_flight, self.part_bytes,  # type: ignore[arg-type]
+                   self.timeout, self._count).run(plan, planner, self.storage_data, self.transforms)
+        future: Future = Future()
+        future.set_result(None)
+        return future
+
+    def _read_cached(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        """The node cache: fetch the files this rank's plan reads (once per node), read them as torch does."""
         needed = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
         for relative in needed:
             size = self._files.get(relative)
@@ -185,24 +276,10 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         return super().read_data(plan, planner)
 
     def close(self) -> None:
-        """Give up this reader's cache folders (each is removed with its files once no other reader of the node
-        holds it: a rank that closes first does not pull files from under one still loading), close an owned
-        store."""
-        import filelock
-
-        for folder in sorted(self._dirs):
-            with filelock.FileLock(folder + '.lock', thread_local=False):
-                try:
-                    os.unlink(os.path.join(folder, self._holder))
-                except FileNotFoundError:
-                    pass
-                if not _live_holders(folder):
-                    shutil.rmtree(folder, ignore_errors=True)
-                    try:
-                        os.unlink(folder + '.lock')  # held: a reader arriving now makes a new one, and the folder
-                    except FileNotFoundError:
-                        pass
-        self._dirs.clear()
+        """Stop the read threads; give up this reader's node-cache folders (each is removed with its files once no
+        other reader of the node holds it: a rank that closes first does not pull files from under one still
+        loading); close an owned store. Idempotent; the same runs when the reader is garbage-collected or at exit."""
+        self._finalizer()
         if self._owns_store:
             self.store.close()
 
@@ -211,6 +288,64 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _release(dirs: set[str], holder: str, pools: list[ThreadPoolExecutor]) -> None:
+    """Shut the read pool down and give up ``holder``'s claim on each cache folder of ``dirs``, removing the folders
+    no live process holds any more (a finalizer: references no reader)."""
+    for pool in pools:
+        pool.shutdown(wait=False, cancel_futures=True)
+    pools.clear()
+    for folder in sorted(dirs):
+        try:
+            os.unlink(os.path.join(folder, holder))
+        except FileNotFoundError:
+            pass
+        _remove_if_unheld(folder)
+    dirs.clear()
+
+
+def _remove_if_unheld(folder: str) -> bool:
+    """Remove a cache folder (and its lock file) if no live process holds it; whether it is gone."""
+    import filelock
+
+    try:
+        with filelock.FileLock(folder + '.lock', thread_local=False, timeout=60):
+            if _live_holders(folder):
+                return False
+            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                os.unlink(folder + '.lock')  # held: a reader arriving now makes a new one, and the folder
+            except FileNotFoundError:
+                pass
+    except filelock.Timeout:
+        log.warning('CheckpointReader: %s stays: its lock was held for 60 s', folder)
+        return False
+    return True
+
+
+def sweep_cache(cache_root: Union[str, 'os.PathLike[str]']) -> list[str]:
+    """Remove the node-cache folders under ``cache_root`` that no live reader holds (what readers that were
+    killed left); the removed folders. Every node-cache reader runs it when it is built."""
+    root = os.fspath(cache_root)
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for entry in entries:
+        folder = os.path.join(root, entry)
+        if entry.endswith('.lock') or not os.path.isdir(folder):
+            continue
+        if _remove_if_unheld(folder):
+            removed.append(folder)
+    for entry in entries:  # lock files whose folder is gone (a killed reader between the two)
+        if entry.endswith('.lock') and not os.path.exists(os.path.join(root, entry[:-len('.lock')])):
+            try:
+                os.unlink(os.path.join(root, entry))
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def _live_holders(folder: str) -> list[str]:

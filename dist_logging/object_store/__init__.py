@@ -1,6 +1,6 @@
 """Object stores: a small :class:`ObjectStore` protocol, its backends, and a lazy registry.
 
-The protocol is in :mod:`.base` (a backend implements upload, download, size, URI, list and, for the
+The protocol is in :mod:`.base` (a backend implements upload, download, ranged read, size, URI, list and, for the
 checkpoint code, delete), the scheme registry and URI parsing in :mod:`.registry`; the upload machinery
 (snapshots, journal, retries, workers) is built above them and knows nothing about any one backend.
 Builtin exceptions carry the meaning: ``FileNotFoundError`` for a missing object, ``FileExistsError``

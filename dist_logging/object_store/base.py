@@ -2,7 +2,8 @@
 
 :class:`ObjectStore` has five required primitives (``upload_object``, ``download_object``,
 ``get_object_size``, ``get_uri``, ``list``) and ``delete`` for the checkpoint code; ``list_objects``
-is derived once from ``list``; ``object_checksum``, ``close`` and ``is_transient_error`` have defaults.
+is derived once from ``list``; ``read_range`` (ranged reads for checkpoint loads), ``object_checksum``, ``close``
+and ``is_transient_error`` have defaults.
 Builtin exceptions carry the meaning: ``FileNotFoundError`` for a missing object,
 ``FileExistsError`` for a refused overwrite. :class:`LazyClient` is the mixin for a backend
 whose client is created on first use and left out of the pickled state (``use_procs=True``).
@@ -106,6 +107,29 @@ class ObjectStore:
             ObjectStoreTransientError: a failure worth retrying.
         """
         raise NotImplementedError(f'{type(self).__name__}.download_object is not implemented')
+
+    def read_range(self, object_name: str, offset: int, buffer: Any) -> None:
+        """Read ``len(buffer)`` bytes of the object ``object_name``, from byte ``offset``, into ``buffer``.
+
+        One ranged read (S3: a ``GetObject`` with ``Range``; a local file: ``pread``; fsspec:
+        ``cat_file(start, end)``), straight into memory: nothing is written to local disk.
+        :class:`~dist_logging.checkpoint.CheckpointReader` loads checkpoints with it, many in
+        flight at once (so it must be thread-safe, like every method here). Optional: the default
+        raises ``NotImplementedError`` and the reader then downloads whole files instead.
+
+        Args:
+            object_name: the object name.
+            offset: the first byte to read (``>= 0``).
+            buffer: a writable bytes-like object (``bytearray``, a ``memoryview`` of one, a tensor's
+                ``memoryview``); it is filled completely.
+
+        Raises:
+            FileNotFoundError: no such object.
+            EOFError: the object ends before ``offset + len(buffer)``.
+            ValueError: a negative offset, or a name that escapes the store's root.
+            ObjectStoreTransientError: a failure worth retrying.
+        """
+        raise NotImplementedError(f'{type(self).__name__}.read_range is not implemented')
 
     def get_object_size(self, object_name: str) -> int:
         """The size of the object ``object_name`` in bytes.

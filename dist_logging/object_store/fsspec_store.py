@@ -182,6 +182,24 @@ class FsspecObjectStore(LazyClient, ObjectStore):
         if callback is not None and (progress is None or progress.value != size):
             callback(size, size)
 
+    def read_range(self, object_name: str, offset: int, buffer: Any) -> None:
+        """``cat_file(path, start, end)`` into ``buffer`` (see :meth:`ObjectStore.read_range`)."""
+        view = memoryview(buffer).cast('B')
+        if offset < 0:
+            raise ValueError(f'read_range: negative offset {offset}')
+        path = self._path(object_name)
+        if not view:
+            self.get_object_size(object_name)  # a missing object fails even for an empty range
+            return
+        try:
+            data = self.fs.cat_file(path, start=offset, end=offset + len(view))
+        except FileNotFoundError:
+            raise FileNotFoundError(f'{self.get_uri(object_name)} does not exist') from None
+        if len(data) != len(view):
+            raise EOFError(f'{self.get_uri(object_name)} ends before byte {offset + len(view)} '
+                           f'(got {len(data)} bytes from {offset})')
+        view[:] = data
+
     def get_object_size(self, object_name: str) -> int:
         path = self._path(object_name)
         try:

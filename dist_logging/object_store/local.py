@@ -7,7 +7,7 @@ import hashlib
 import os
 import stat
 import uuid
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from dist_logging import _private_dirs
 from dist_logging._files import copy_file
@@ -155,6 +155,27 @@ class LocalObjectStore(ObjectStore):
             size, _ = copy_file(path, tmp, mode=0o666)  # the user's umask decides, like `cp`
         if callback is not None:
             callback(size, size)
+
+    def read_range(self, object_name: str, offset: int, buffer: Any) -> None:
+        """``pread`` ``len(buffer)`` bytes from ``offset`` into ``buffer`` (see :meth:`ObjectStore.read_range`)."""
+        view = memoryview(buffer).cast('B')
+        if offset < 0:
+            raise ValueError(f'read_range: negative offset {offset}')
+        path = self._path(object_name)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, 'O_CLOEXEC', 0))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise FileNotFoundError(f'{self.get_uri(object_name)} does not exist') from None
+        try:
+            done = 0
+            while done < len(view):
+                count = os.preadv(fd, [view[done:]], offset + done)
+                if not count:
+                    raise EOFError(f'{self.get_uri(object_name)} ends before byte {offset + len(view)} '
+                                   f'(at {offset + done})')
+                done += count
+        finally:
+            os.close(fd)
 
     def get_object_size(self, object_name: str) -> int:
         name = object_name

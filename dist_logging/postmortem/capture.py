@@ -99,7 +99,7 @@ def flight_recorder_dump() -> tuple[Optional[bytes], str]:
     try:
         import torch
 
-        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)  # noqa: SLF001 - no public API
+        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)  # type: ignore[attr-defined]  # no public API
     except Exception as exc:  # noqa: BLE001 - an older torch or a build without it: the rest of the set stands
         return None, f'unavailable: {type(exc).__name__}: {exc}'
     try:

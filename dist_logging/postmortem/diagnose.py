@@ -206,7 +206,7 @@ def _collective_verdict(sets: dict[int, RankSet], world: int, roster: dict[int, 
         mismatch = _first_mismatch({r: per_rank[r].get(name, []) for r in last})
         if not pending and mismatch is None:
             continue
-        seq = min(e.get('collective_seq_id') or 0 for e in pending.values()) if pending else mismatch
+        seq: int = min(e.get('collective_seq_id') or 0 for e in pending.values()) if pending else (mismatch or 0)
         if mismatch is not None and mismatch < seq:
             seq = mismatch  # collectives that paired up wrongly (and even completed) before the wait
         at_seq = {r: next((e for e in per_rank[r].get(name, []) if e.get('collective_seq_id') == seq), None)
@@ -226,14 +226,14 @@ def _collective_verdict(sets: dict[int, RankSet], world: int, roster: dict[int, 
         op = next(iter(ops)) if ops else '?'
         behind = sorted(r for r in members - missing if r in last and last[r] < seq)
         absent = sorted(members & missing)
-        waiting = sorted(pending)
+        waiting_ranks = sorted(pending)
         if behind:
             line = (f'hang: {_culprits(sets, behind, roster, with_location=True)} did not enter {op} #{seq} '
-                    f'(process group {name}) that {_ranks(waiting)} wait in')
+                    f'(process group {name}) that {_ranks(waiting_ranks)} wait in')
             details = [f'rank {r} last completed #{last[r]}; its stack: see rank-{r}/stacks.txt' for r in behind]
             return Verdict('hang', line, behind, details, EXIT_CULPRIT, facts)
         if absent:
-            line = (f'missing: {_culprits(sets, absent, roster)} left no postmortem while {_ranks(waiting)} wait '
+            line = (f'missing: {_culprits(sets, absent, roster)} left no postmortem while {_ranks(waiting_ranks)} wait '
                     f'in {op} #{seq} (process group {name}): its process ended before it could write one '
                     '(killed, e.g. SIGKILL or the OOM killer) or its host is gone')
             return Verdict('missing', line, absent, code=EXIT_CULPRIT, facts=facts)

@@ -131,7 +131,7 @@ class MetricsExporter:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
                 pass
 
-        server_class = http.server.ThreadingHTTPServer
+        server_class: type = http.server.ThreadingHTTPServer
         if ':' in host:
             import socket
 

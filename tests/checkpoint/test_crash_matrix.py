@@ -101,9 +101,11 @@ def test_crash_matrix_two_ranks_local_bucket(tmp_path):
     step7 = {info.name: info.size for info in LocalObjectStore(bucket).list('run/ckpt/step7/')}
     out = launch(tmp_path, 2, {**base, 'steps': [8, 9]}, name='final')
     check_resumed(out, 2, {7})
-    # every file was downloaded once for the node: the marker and .metadata (read by both ranks) once,
-    # each rank's shard by the rank that reads it
-    assert sum(o['downloaded_bytes'] for o in out.values()) == sum(step7.values())
+    # ranged reads into memory: each rank reads the marker and the .metadata, and the chunks of the shards its
+    # plan needs (every shard byte is needed by some rank; small files are read whole by each rank needing them)
+    small = sum(size for name, size in step7.items() if not name.endswith('.distcp'))
+    read = sum(o['downloaded_bytes'] for o in out.values())
+    assert sum(step7.values()) + small <= read <= 2 * sum(step7.values()), (read, step7)
     assert all(o['close_error'] is None for o in out.values())
     for o in out.values():  # both moments are measured for every save (the commit on the coordinator)
         assert [t['id'] for t in o['timings']] == ['run/ckpt/step8', 'run/ckpt/step9']

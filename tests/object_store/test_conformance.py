@@ -237,3 +237,21 @@ def test_delete(store, tmp_path):
     assert store.list('del/') == []
     with pytest.raises(ValueError):
         store.delete('../escape')
+
+
+def test_read_range(store, tmp_path):
+    data = os.urandom(3 * MiB + 17)
+    store.upload_object('r/a.bin', _file(tmp_path, 'a.bin', data))
+    for offset, length in ((0, 10), (5, 1), (MiB - 3, MiB + 7), (len(data) - 4, 4), (0, len(data)), (7, 0)):
+        buffer = bytearray(length)
+        store.read_range('r/a.bin', offset, buffer)
+        assert bytes(buffer) == data[offset:offset + length]
+    view = memoryview(bytearray(100))  # into part of a larger buffer, as the checkpoint reader does
+    store.read_range('r/a.bin', 1000, view[10:60])
+    assert bytes(view[10:60]) == data[1000:1050] and bytes(view[:10]) == bytes(10)
+    with pytest.raises(EOFError):
+        store.read_range('r/a.bin', len(data) - 2, bytearray(4))
+    with pytest.raises(FileNotFoundError):
+        store.read_range('r/missing.bin', 0, bytearray(4))
+    with pytest.raises(ValueError):
+        store.read_range('r/a.bin', -1, bytearray(4))

@@ -1,0 +1,356 @@
+"""Ranged loads: a rank's DCP read plan as verified byte ranges, fetched concurrently from the bucket into memory.
+
+For every shard file the plan reads, the items' byte ranges are widened to the file's checksum chunks
+(``_chunk_sums``), merged, and cut into parts of at most ``part_bytes``; ``max_in_flight`` parts are read at a
+time (``ObjectStore.read_range``: ranged GETs on S3), each straight into the buffer of the item it lies in
+when it lies in one (no copy), else into a buffer of its own. Every part is verified before any of its bytes is
+used: chunk by chunk against the CRC32C its writer recorded, or, for a file of a checkpoint committed before
+chunk checksums existed, the whole file is read and its CRC32C (combined from the parts') compared with the
+marker's before any of its items is loaded. Items are then deserialized as torch's ``FileSystemReader`` does.
+Nothing is written to local disk.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import io
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, Optional
+
+import torch
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed._shard._utils import narrow_tensor_by_index
+
+from dist_logging.checkpoint._chunk_sums import crc32c, decode, decode_chunks, encode, fast_combine
+from dist_logging.checkpoint.commit import ChecksumMismatch, retry
+
+__all__ = ['FileSums', 'RangedLoad', 'MemoryReader', 'plan_parts', 'fetch_object']
+
+MiB = 1024 * 1024
+
+
+@dataclasses.dataclass
+class FileSums:
+    """What the commit marker says about one file: its size, whole-file CRC32C and chunk CRC32Cs (each may be
+    missing: a checkpoint committed before they were recorded)."""
+
+    size: int
+    whole: Optional[int] = None
+    chunk: int = 0
+    chunks: Optional[list[int]] = None
+
+    @classmethod
+    def from_record(cls, name: str, size: int, whole: Optional[str], chunks: Optional[str]) -> 'FileSums':
+        """Parse the marker's texts; chunk checksums that do not cover ``size`` are ignored (whole-file check).
+
+        Raises:
+            ValueError: a malformed checksum text (naming the object).
+        """
+        try:
+            value = decode(whole) if whole else None
+            chunk, sums = decode_chunks(chunks) if chunks else (0, None)
+        except ValueError as exc:
+            raise ValueError(f'{name}: {exc}') from None
+        if sums is not None and len(sums) != -(-size // chunk):
+            chunk, sums = 0, None
+        return cls(size, value, chunk, sums)
+
+
+def plan_parts(ranges: list[tuple[int, int]], sums: FileSums, part_bytes: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of the parts to read so that every byte of ``ranges`` (``(offset, length)``) is read
+    and verifiable: widened to whole chunks (or the whole file without chunk checksums), merged, cut into
+    parts of at most ``part_bytes`` (chunk-aligned)."""
+    size = sums.size
+    if sums.chunks is not None:
+        chunk = sums.chunk
+        spans = sorted((o // chunk * chunk, min(-(-(o + n) // chunk) * chunk, size)) for o, n in ranges if n > 0)
+        step = max(chunk, part_bytes // chunk * chunk)
+    else:
+        spans = [(0, size)] if size else []
+        step = part_bytes
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    parts = []
+    for start, end in merged:
+        for offset in range(start, end, step):
+            parts.append((offset, min(step, end - offset)))
+    return parts
+
+
+class MemoryReader(io.RawIOBase):
+    """A seekable read-only stream over a buffer (``readinto`` copies once, straight into the caller's memory)."""
+
+    def __init__(self, view: memoryview):
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        """Always True."""
+        return True
+
+    def seekable(self) -> bool:
+        """Always True."""
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """Copy the next bytes into ``buffer``; how many (0 at the end)."""
+        target = memoryview(buffer).cast('B')
+        count = max(0, min(len(target), len(self._view) - self._pos))
+        target[:count] = self._view[self._pos:self._pos + count]
+        self._pos += count
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to ``offset`` from ``whence``; the new position."""
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        """The position."""
+        return self._pos
+
+
+@dataclasses.dataclass
+class _Blob:
+    """One saved item's bytes in a file (``offset``, ``length``) and the read items that load from it."""
+
+    offset: int
+    length: int
+    info: Any  # torch's _StorageInfo
+    requests: list[ReadItem]
+    buffer: Optional[bytearray] = None
+    remaining: int = 0  # parts still to arrive
+
+
+@dataclasses.dataclass
+class _File:
+    name: str
+    sums: FileSums
+    parts: list[tuple[int, int]]
+    blobs: list[_Blob]
+    offsets: list[int]
+    verified: bool
+    crcs: dict[int, int] = dataclasses.field(default_factory=dict)  # whole-file check: part index -> crc
+    ready: list[tuple[_Blob, memoryview]] = dataclasses.field(default_factory=list)  # waiting for that check
+
+    def blobs_in(self, start: int, length: int) -> list[_Blob]:
+        """The blobs with bytes in ``[start, start + length)`` (blobs never overlap: torch writes them back to back)."""
+        index = max(bisect.bisect_right(self.offsets, start) - 1, 0)
+        found = []
+        while index < len(self.blobs) and self.blobs[index].offset < start + length:
+            blob = self.blobs[index]
+            if blob.offset + blob.length > start:
+                found.append(blob)
+            index += 1
+        return found
+
+
+class RangedLoad:
+    """One ``read_data`` call: fetch, verify and load the items of ``plan``.
+
+    Args:
+        store: the object store (``read_range``).
+        checkpoint_id: names objects (``<id>/<relative>``) and errors.
+        sums: relative name -> :class:`FileSums` of every file of the checkpoint.
+        pool: the reader's thread pool (at least ``max_in_flight`` threads).
+        max_in_flight: parts read at a time.
+        part_bytes: the largest part.
+        timeout: seconds without any part arriving before the load fails.
+        on_bytes: called with the size of every part read (from the pool's threads).
+    """
+
+    def __init__(self, store: Any, checkpoint_id: str, sums: dict[str, FileSums], pool: ThreadPoolExecutor,
+                 max_in_flight: int, part_bytes: int, timeout: float, on_bytes: Callable[[int], None]):
+        self.store, self.cid, self.sums, self.pool = store, checkpoint_id, sums, pool
+        self.max_in_flight, self.part_bytes, self.timeout, self.on_bytes = max_in_flight, part_bytes, timeout, on_bytes
+        self.planner: Any = None
+        self.transforms: Any = None
+        self.budget = max_in_flight * part_bytes  # bytes of buffers held at a time (beyond one item)
+        self.held = 0
+
+    def run(self, plan: LoadPlan, planner: LoadPlanner, storage_data: dict[Any, Any], transforms: Any) -> None:
+        """Load every item of ``plan`` into the planner's tensors (or ``load_bytes``).
+
+        Raises:
+            FileNotFoundError: a file the plan reads is not in the commit marker, or not in the bucket.
+            ChecksumMismatch: bytes that differ from those written (naming the object and the chunk).
+            TimeoutError: no part arrived for ``timeout`` seconds.
+        """
+        self.planner, self.transforms = planner, transforms
+        files = self._files(plan, storage_data)
+        queue = [(entry, index) for entry in files for index in range(len(entry.parts))]
+        running: dict[Future, tuple[_File, int, Optional[memoryview]]] = {}
+        position = 0
+        try:
+            while position < len(queue) or running:
+                while (position < len(queue) and len(running) < self.max_in_flight
+                       and (not running or self.held < self.budget)):
+                    entry, index = queue[position]
+                    position += 1
+                    target = self._target(entry, index)
+                    own = None if target is not None else memoryview(bytearray(entry.parts[index][1]))
+                    self.held += 0 if own is None else len(own)
+                    into = target if target is not None else own
+                    assert into is not None
+                    future = self.pool.submit(self._fetch, entry, entry.parts[index][0], into)
+                    running[future] = (entry, index, own)
+                done, _ = wait(running, timeout=self.timeout, return_when=FIRST_COMPLETED)
+                if not done:
+                    raise TimeoutError(f'checkpoint {self.cid!r}: no range arrived in {self.timeout:.0f} s '
+                                       f'({len(running)} in flight)')
+                for future in done:
+                    entry, index, own = running.pop(future)
+                    self._arrived(entry, index, own, future.result())
+        finally:
+            for future in running:
+                future.cancel()
+            wait(running, timeout=self.timeout)  # reads already running finish (they write into our buffers)
+
+    def _files(self, plan: LoadPlan, storage_data: dict[Any, Any]) -> list[_File]:
+        grouped: dict[str, dict[tuple[int, int], _Blob]] = {}
+        for request in plan.items:
+            info = storage_data[request.storage_index]
+            blobs = grouped.setdefault(info.relative_path, {})
+            key = (info.offset, info.length)
+            if key not in blobs:
+                blobs[key] = _Blob(info.offset, info.length, info, [])
+            blobs[key].requests.append(request)
+        files = []
+        for relative, by_range in grouped.items():
+            sums = self.sums.get(relative)
+            if sums is None:
+                raise FileNotFoundError(f'checkpoint {self.cid!r}: {relative} is not in its commit marker')
+            ordered = sorted(by_range.values(), key=lambda blob: blob.offset)
+            parts = plan_parts([(blob.offset, blob.length) for blob in ordered], sums, self.part_bytes)
+            entry = _File(f'{self.cid}/{relative}', sums, parts, ordered, [blob.offset for blob in ordered],
+                          verified=sums.chunks is not None or sums.whole is None)
+            starts = [start for start, _ in parts]
+            for blob in ordered:
+                if blob.length == 0:
+                    self._ready(entry, blob, memoryview(b''))
+                    continue
+                first = bisect.bisect_right(starts, blob.offset) - 1
+                last = bisect.bisect_right(starts, blob.offset + blob.length - 1) - 1
+                blob.remaining = last - first + 1
+            files.append(entry)
+        return files
+
+    @staticmethod
+    def _inside(start: int, length: int, blob: _Blob) -> bool:
+        return blob.offset <= start and start + length <= blob.offset + blob.length
+
+    def _target(self, entry: _File, index: int) -> Optional[memoryview]:
+        """The part's place in the buffer of a blob that holds all of it and more (read there, no copy)."""
+        start, length = entry.parts[index]
+        for blob in entry.blobs_in(start, length):
+            if self._inside(start, length, blob) and blob.length > length:
+                if blob.buffer is None:
+                    blob.buffer = bytearray(blob.length)
+                    self.held += blob.length
+                begin = start - blob.offset
+                return memoryview(blob.buffer)[begin:begin + length]
+        return None
+
+    def _fetch(self, entry: _File, start: int, buffer: memoryview) -> int:
+        """Read a part and verify its chunks (pool thread); its CRC32C for a whole-file check, else 0."""
+        retry(self.store, lambda: self.store.read_range(entry.name, start, buffer))
+        self.on_bytes(len(buffer))
+        sums = entry.sums
+        if sums.chunks is None:
+            return crc32c(buffer)
+        chunk = sums.chunk
+        for offset in range(0, len(buffer), chunk):
+            number = (start + offset) // chunk
+            actual = crc32c(buffer[offset:offset + chunk])
+            if actual != sums.chunks[number]:
+                end = start + min(offset + chunk, len(buffer))
+                raise ChecksumMismatch(entry.name, encode(sums.chunks[number]), encode(actual),
+                                       f'checkpoint {self.cid!r}, chunk {number}: bytes {start + offset}-{end - 1}; '
+                                       'not loaded')
+        return 0
+
+    def _arrived(self, entry: _File, index: int, own: Optional[memoryview], crc: int) -> None:
+        """A verified part: hand its bytes to its blobs; load the blobs that are complete."""
+        start, length = entry.parts[index]
+        if not entry.verified:
+            entry.crcs[index] = crc
+        for blob in entry.blobs_in(start, length):
+            offset, size = blob.offset, blob.length
+            if own is not None:
+                if start <= offset and offset + size <= start + length:
+                    blob.remaining = 0
+                    self._ready(entry, blob, own[offset - start:offset - start + size])
+                    continue
+                if blob.buffer is None:
+                    blob.buffer = bytearray(size)
+                    self.held += size
+                low, high = max(offset, start), min(offset + size, start + length)
+                memoryview(blob.buffer)[low - offset:high - offset] = own[low - start:high - start]
+            blob.remaining -= 1
+            if blob.remaining == 0:
+                buffer, blob.buffer = blob.buffer, None
+                self._ready(entry, blob, memoryview(buffer))  # type: ignore[arg-type]
+                self.held -= size
+        if own is not None:
+            self.held -= length
+        if not entry.verified and len(entry.crcs) == len(entry.parts):
+            self._check_whole(entry)
+
+    def _check_whole(self, entry: _File) -> None:
+        value = 0
+        for index, (_, length) in enumerate(entry.parts):
+            value = fast_combine(value, entry.crcs[index], length)
+        if value != entry.sums.whole:
+            raise ChecksumMismatch(entry.name, encode(entry.sums.whole or 0), encode(value),
+                                   f'checkpoint {self.cid!r}; not loaded')
+        entry.verified = True
+        ready, entry.ready = entry.ready, []
+        for blob, view in ready:
+            self._load(blob, view)
+
+    def _ready(self, entry: _File, blob: _Blob, view: memoryview) -> None:
+        if entry.verified:
+            self._load(blob, view)
+        else:
+            entry.ready.append((blob, view))
+
+    def _load(self, blob: _Blob, view: memoryview) -> None:
+        """Deserialize one saved item for each read item that uses it, as torch's ``FileSystemReader`` does."""
+        tensor = None
+        for request in blob.requests:
+            stream = self.transforms.transform_load_stream(request, blob.info.transform_descriptors or (),
+                                                           MemoryReader(view))
+            if request.type == LoadItemType.BYTE_IO:
+                self.planner.load_bytes(request, io.BytesIO(stream.read(-1)))
+                continue
+            if tensor is None:
+                seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+                tensor = torch.load(seekable, map_location='cpu', weights_only=True)
+            piece = narrow_tensor_by_index(tensor, request.storage_offsets, request.lengths)
+            target = self.planner.resolve_tensor(request).detach()
+            if target.size() != piece.size():
+                raise AssertionError(f'req {request.storage_index} mismatch sizes {target.size()} vs {piece.size()}')
+            target.copy_(piece)
+            self.planner.commit_tensor(request, target)
+
+
+def fetch_object(store: Any, name: str, size: int, checksum: Optional[str], where: str) -> bytes:
+    """A whole (small) object read into memory with one ranged read, checked against ``checksum`` when given.
+
+    Raises:
+        ChecksumMismatch: its bytes differ from those recorded.
+    """
+    buffer = bytearray(size)
+    retry(store, lambda: store.read_range(name, 0, buffer))
+    if checksum is not None:
+        actual = encode(crc32c(buffer))
+        if actual != checksum:
+            raise ChecksumMismatch(name, checksum, actual, where)
+    return bytes(buffer)

@@ -1,0 +1,285 @@
+"""CheckpointReader's ranged loads: straight into memory, every byte verified, nothing left on local disk.
+
+Loads that never call ``close()`` (as torch's docs use readers) in processes that exit; a node cache only on
+request, swept after a killed loader; two loads in a row; partial loads reading only the chunks that cover
+them; checkpoints committed before chunk checksums existed; 2- and 4-rank loads bit-exact; memory bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from dist_logging.checkpoint import CheckpointReader, CheckpointWriter
+from dist_logging.checkpoint.commit import ChecksumMismatch
+from dist_logging.checkpoint.reader import sweep_cache
+from dist_logging.destinations import RemoteUploaderDownloader
+from dist_logging.object_store import LocalObjectStore, S3ObjectStore
+from s3_server import aws_credentials, s3_bucket, _moto_session  # noqa: F401 - fixtures
+from torchrun_helper import REPO_ROOT, read_rank_outputs, run_torchrun, write_script
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.filterwarnings('ignore:torch.distributed is disabled')]
+MiB = 1024 * 1024
+
+
+def state(seed: int, sizes=(3 * MiB // 4, 1000, 7)) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {f'w{i}': torch.randn(n, generator=generator) for i, n in enumerate(sizes)} | {'step': seed}
+
+
+def blank(like: dict) -> dict:
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else -1 for k, v in like.items()}
+
+
+def equal(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+def save(tmp_path: pathlib.Path, store, sd: dict, cid: str) -> None:
+    staging = tmp_path / f'staging-{cid.replace("/", "-")}'  # a folder per save: each uploader holds its own
+    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(staging), num_attempts=1)
+    writer = CheckpointWriter(rud)
+    dcp.save(sd, checkpoint_id=cid, storage_writer=writer)
+    writer.close()
+
+
+def files_under(*roots: pathlib.Path) -> list[str]:
+    return sorted(os.path.join(folder, name) for root in roots for folder, _, names in os.walk(root) for name in names)
+
+
+def marker_path(bucket: pathlib.Path, cid: str) -> pathlib.Path:
+    return next((bucket / cid).glob('.committed-*.json'))
+
+
+def run_python(tmp_path: pathlib.Path, source: str, env: dict, name: str = 'load.py') -> subprocess.CompletedProcess:
+    script = write_script(tmp_path, source, name)
+    full = dict(os.environ, **env)
+    full['PYTHONPATH'] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / 'tests'), full.get('PYTHONPATH', '')])
+    return subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=120)
+
+
+LOAD_WITHOUT_CLOSE = '''
+    import json, os, sys, torch, torch.distributed.checkpoint as dcp
+    from dist_logging.checkpoint import CheckpointReader
+    spec = json.loads(os.environ['LOAD_SPEC'])
+    got = {k: torch.zeros(n) for k, n in spec['sizes'].items()} | {'step': -1}
+    reader = CheckpointReader(spec['uri'], backend_kwargs=spec.get('kwargs'),
+                              node_cache=spec.get('node_cache', False), cache_folder=spec.get('cache'))
+    dcp.load(got, checkpoint_id=spec['cid'], storage_reader=reader)  # never closed; alive until the exit
+    print(json.dumps({'sums': {k: float(v.double().sum()) for k, v in got.items() if k != 'step'},
+                      'step': got['step']}))
+    sys.stdout.flush()
+    if spec.get('kill'):
+        os.kill(os.getpid(), 9)  # no finalizer, no exit hook runs
+'''
+
+
+@pytest.mark.parametrize('kind', ['local', 's3'])
+def test_a_process_that_loads_without_close_and_exits_leaves_nothing_on_local_disk(kind, tmp_path, request):
+    sd = state(3)
+    if kind == 'local':
+        store, uri, kwargs = LocalObjectStore(str(tmp_path / 'bucket')), str(tmp_path / 'bucket'), None
+    else:
+        endpoint, bucket = request.getfixturevalue('s3_bucket')
+        store, uri, kwargs = S3ObjectStore(bucket, endpoint_url=endpoint), f's3://{bucket}', {'endpoint_url': endpoint}
+    save(tmp_path, store, sd, 'run/step3')
+    state_dir, temp_dir = tmp_path / 'state', tmp_path / 'tmp'
+    state_dir.mkdir(mode=0o700)
+    temp_dir.mkdir()
+    spec = {'cid': 'run/step3', 'uri': uri, 'kwargs': kwargs, 'sizes': {k: v.numel() for k, v in sd.items()
+                                                                        if k != 'step'}}
+    done = run_python(tmp_path, LOAD_WITHOUT_CLOSE, {'LOAD_SPEC': json.dumps(spec), 'DIST_LOGGING_TMPDIR':
+                                                     str(state_dir), 'TMPDIR': str(temp_dir)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out['step'] == 3 and out['sums'] == {k: float(v.double().sum()) for k, v in sd.items() if k != 'step'}
+    assert files_under(state_dir, temp_dir) == []  # nothing during (no cache asked for), nothing after
+
+
+def test_a_killed_node_cache_loader_is_swept_by_the_next_and_a_collected_one_leaves_nothing(tmp_path):
+    sd = state(4)
+    bucket = tmp_path / 'bucket'
+    save(tmp_path, LocalObjectStore(str(bucket)), sd, 'run/step4')
+    cache = tmp_path / 'cache'
+    spec = {'cid': 'run/step4', 'uri': str(bucket), 'node_cache': True, 'cache': str(cache), 'kill': True,
+            'sizes': {k: v.numel() for k, v in sd.items() if k != 'step'}}
+    done = run_python(tmp_path, LOAD_WITHOUT_CLOSE, {'LOAD_SPEC': json.dumps(spec)})
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    assert any(name.endswith('.distcp') for name in files_under(cache))  # the killed loader's cache stayed
+    reader = CheckpointReader(str(bucket), node_cache=True, cache_folder=cache)  # the next reader of the node
+    assert files_under(cache) == []
+    got = blank(sd)
+    dcp.load(got, checkpoint_id='run/step4', storage_reader=reader)
+    assert equal(got, sd) and any(name.endswith('.distcp') for name in files_under(cache))
+    del reader  # never closed: garbage-collected (CPython frees it at once)
+    import gc
+
+    gc.collect()
+    assert files_under(cache) == []
+    assert sweep_cache(cache) == []
+
+
+def test_two_loads_in_a_row_in_one_process_and_a_reused_reader(tmp_path):
+    store = LocalObjectStore(str(tmp_path / 'bucket'))
+    first, second = state(1), state(2)
+    save(tmp_path, store, first, 'run/step1')
+    save(tmp_path, store, second, 'run/step2')
+    reader = CheckpointReader(store, max_in_flight=2, part_bytes=MiB)
+    for cid, sd in (('run/step1', first), ('run/step2', second), ('run/step1', first)):
+        got = blank(sd)
+        dcp.load(got, checkpoint_id=cid, storage_reader=reader)
+        assert equal(got, sd), cid
+    got = blank(second)
+    dcp.load(got, checkpoint_id='run/step2', storage_reader=CheckpointReader(store))  # a second reader
+    assert equal(got, second)
+    reader.close()
+    reader.close()  # idempotent
+
+
+def test_a_partial_load_reads_only_the_chunks_that_cover_its_items(tmp_path):
+    sd = state(5, sizes=(2 * MiB, 2 * MiB, 1000))  # 8 + 8 MiB + a small one
+    store = LocalObjectStore(str(tmp_path / 'bucket'))
+    save(tmp_path, store, sd, 'run/step5')
+    total = sum(info.size for info in store.list('run/step5/'))
+    got = {'w2': torch.zeros(1000)}
+    with CheckpointReader(store) as reader:
+        dcp.load(got, checkpoint_id='run/step5', storage_reader=reader)
+        assert reader.downloaded_bytes < 2.5 * MiB < total  # the chunk(s) around w2, the marker and .metadata
+    assert torch.equal(got['w2'], sd['w2'])
+
+
+def test_a_checkpoint_without_chunk_checksums_is_verified_whole_and_a_flipped_byte_fails_naming_it(tmp_path):
+    sd = state(6)
+    bucket = tmp_path / 'bucket'
+    store = LocalObjectStore(str(bucket))
+    save(tmp_path, store, sd, 'run/step6')
+    marker = marker_path(bucket, 'run/step6')
+    record = json.loads(marker.read_text())
+    assert set(record['chunk_checksums']) == {n for n in record['files'] if n.endswith('.distcp')}
+    del record['chunk_checksums']  # as committed before chunk checksums existed
+    marker.write_text(json.dumps(record))
+    got = blank(sd)
+    dcp.load(got, checkpoint_id='run/step6', storage_reader=CheckpointReader(store, part_bytes=MiB))
+    assert equal(got, sd)
+    shard = next((bucket / 'run/step6').glob('*.distcp'))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    got = blank(sd)
+    with pytest.raises(BaseException) as info:  # DCP's CheckpointException wraps the rank's error
+        dcp.load(got, checkpoint_id='run/step6', storage_reader=CheckpointReader(store, part_bytes=MiB))
+    assert 'ChecksumMismatch' in str(info.value) and shard.name in str(info.value)
+    assert not any(torch.count_nonzero(got[k]) for k in got if k != 'step')  # nothing of the file was loaded
+
+
+def test_a_flipped_byte_in_a_chunked_shard_fails_naming_the_object_and_chunk(tmp_path):
+    sd = state(7)
+    bucket = tmp_path / 'bucket'
+    store = LocalObjectStore(str(bucket))
+    save(tmp_path, store, sd, 'run/step7')
+    shard = next((bucket / 'run/step7').glob('*.distcp'))
+    data = bytearray(shard.read_bytes())
+    data[MiB + 5] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(BaseException) as info:
+        dcp.load(blank(sd), checkpoint_id='run/step7', storage_reader=CheckpointReader(store))
+    assert 'ChecksumMismatch' in str(info.value) and shard.name in str(info.value) and 'chunk 1' in str(info.value)
+    assert isinstance(ChecksumMismatch('a', 'b', 'c'), ValueError)
+
+
+@pytest.mark.parametrize('bad', [{'max_in_flight': 0}, {'part_bytes': 1000}, {'timeout': 0}, {'max_in_flight': True}])
+def test_bad_settings_are_refused_naming_them(tmp_path, bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        CheckpointReader(str(tmp_path / 'bucket'), **bad)
+
+
+RANKS_SCENARIO = '''
+    import json, os, torch, torch.distributed as tdist, torch.distributed.checkpoint as dcp
+    from dist_logging.checkpoint import CheckpointReader, CheckpointWriter
+    from torchrun_helper import dump_rank_output
+    tdist.init_process_group('gloo')
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    root = os.environ['ROOT']
+
+    def state(r):
+        g = torch.Generator().manual_seed(100 + r)
+        return {f'r{r}.a': torch.randn(300_000, generator=g), f'r{r}.b': torch.randint(0, 9, (77,), generator=g),
+                'shared': torch.arange(250_000, dtype=torch.float64)}
+
+    writer = CheckpointWriter(root + '/bucket', upload_staging_folder=f'{root}/staging/r{rank}', run_name='t')
+    dcp.save(state(rank), checkpoint_id='run/step1', storage_writer=writer)
+    writer.close()
+    tdist.barrier()
+    before = sorted(os.path.join(d, n) for d, _, ns in os.walk(os.environ['DIST_LOGGING_TMPDIR']) for n in ns)
+    got = {k: torch.zeros_like(v) for k, v in state(rank).items()}
+    reader = CheckpointReader(root + '/bucket', max_in_flight=3, part_bytes=1024 * 1024)  # never closed
+    dcp.load(got, checkpoint_id='run/step1', storage_reader=reader)
+    exact = all(torch.equal(got[k], v) for k, v in state(rank).items())
+    dump_rank_output({'exact': exact, 'before': before, 'read': reader.downloaded_bytes})
+    tdist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize('world', [2, 4])
+def test_loads_on_2_and_4_ranks_are_bit_exact_and_leave_nothing(tmp_path, world):
+    script = write_script(tmp_path, RANKS_SCENARIO)
+    state_dir = tmp_path / 'state'
+    state_dir.mkdir(mode=0o700)
+    run_torchrun(script, world, tmp_path / 'out', env={'ROOT': str(tmp_path), 'DIST_LOGGING_TMPDIR': str(state_dir)},
+                 timeout=150)
+    out = read_rank_outputs(tmp_path / 'out')
+    assert sorted(out) == list(range(world))
+    assert all(o['exact'] for o in out.values()), out
+    assert files_under(state_dir) == out[0]['before']  # the loads (never closed) added no file, during or after
+    shards = sum(p.stat().st_size for p in (tmp_path / 'bucket/run/step1').glob('*.distcp'))
+    assert all(o['read'] < shards for o in out.values())  # each rank read its part, not the checkpoint
+
+
+MEMORY_SCENARIO = '''
+    import json, os, torch, torch.distributed.checkpoint as dcp
+    from dist_logging.checkpoint import CheckpointReader
+
+    def status():
+        found = {}
+        for line in open('/proc/self/status'):
+            if line.startswith(('VmRSS:', 'VmHWM:')):
+                found[line.split(':')[0]] = int(line.split()[1]) * 1024
+        return found
+
+    spec = json.loads(os.environ['LOAD_SPEC'])
+    got = {k: torch.zeros(n) for k, n in spec['sizes'].items()}  # allocated and touched before the load
+    open('/proc/self/clear_refs', 'w').write('5')  # the peak (VmHWM) restarts from now
+    base = status()['VmRSS']
+    dcp.load(got, checkpoint_id=spec['cid'], storage_reader=CheckpointReader(spec['uri']))
+    exact = all(float(got[k].double().sum()) == s for k, s in spec['sums'].items())
+    print(json.dumps({'added': status()['VmHWM'] - base, 'exact': exact}))
+'''
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason='needs Linux /proc/self/clear_refs')
+def test_memory_added_by_a_load_is_bounded_by_the_buffers_not_the_checkpoint(tmp_path):
+    # 256 MiB (a 1 GiB checkpoint's share on 4 ranks) in 16 MiB tensors, loaded in one process.
+    sizes = {f'w{i}': 4 * MiB for i in range(16)}
+    generator = torch.Generator().manual_seed(9)
+    sd = {k: torch.randn(n, generator=generator) for k, n in sizes.items()}
+    bucket = tmp_path / 'bucket'
+    save(tmp_path, LocalObjectStore(str(bucket)), sd, 'run/big')
+    sums = {k: float(v.double().sum()) for k, v in sd.items()}
+    del sd
+    spec = {'cid': 'run/big', 'uri': str(bucket), 'sizes': sizes, 'sums': sums}
+    done = run_python(tmp_path, MEMORY_SCENARIO, {'LOAD_SPEC': json.dumps(spec)}, name='memory.py')
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out['exact']
+    # Parts in flight (16 x 8 MiB) plus the items being deserialized (a 16 MiB tensor's torch.load copy and its
+    # bytes, a few at once): far below the 256 MiB being loaded.
+    assert out['added'] < 200 * MiB, out['added'] / MiB
