@@ -117,8 +117,9 @@ def sync_upload(backend: Backend, name: str, path: str) -> None:
 # ----------------------------------------------------------------------------- Composer's design
 
 
-def _upload_worker(file_queue: Any, completed_queue: Any, exception_queue: Any, is_finished: Any,
-                   backend_spec: dict, num_attempts: int) -> None:
+def _upload_worker(
+    file_queue: Any, completed_queue: Any, exception_queue: Any, is_finished: Any, backend_spec: dict, num_attempts: int
+) -> None:
     """Composer's ``_upload_worker``: poll the queue, check existence unless overwriting, upload, clean up."""
     backend = Backend(backend_spec)
     while True:
@@ -136,7 +137,9 @@ def _upload_worker(file_queue: Any, completed_queue: Any, exception_queue: Any, 
                     except FileNotFoundError:
                         pass
                     else:
-                        error = FileExistsError(f'Object {remote_file_name} already exists, but overwrite was set to False.')
+                        error = FileExistsError(
+                            f'Object {remote_file_name} already exists, but overwrite was set to False.'
+                        )
                         exception_queue.put_nowait(error)
                         raise error
                 backend.upload_object(remote_file_name, file_path_to_upload)
@@ -147,7 +150,7 @@ def _upload_worker(file_queue: Any, completed_queue: Any, exception_queue: Any, 
                 if attempt + 1 == num_attempts:
                     exception_queue.put_nowait(exc)
                     raise
-                time.sleep(0.1 * 2 ** attempt)
+                time.sleep(0.1 * 2**attempt)
         os.remove(file_path_to_upload)
         file_queue.task_done()
         completed_queue.put_nowait(remote_file_name)
@@ -156,8 +159,14 @@ def _upload_worker(file_queue: Any, completed_queue: Any, exception_queue: Any, 
 class ComposerDesignUploader:
     """Composer's RemoteUploaderDownloader design (see the module docstring); defaults as Composer's."""
 
-    def __init__(self, backend_spec: dict, staging_folder: str, num_concurrent_uploads: int = 1,
-                 use_procs: bool = True, num_attempts: int = 3):
+    def __init__(
+        self,
+        backend_spec: dict,
+        staging_folder: str,
+        num_concurrent_uploads: int = 1,
+        use_procs: bool = True,
+        num_attempts: int = 3,
+    ):
         self._upload_staging_folder = staging_folder
         self._object_lock = threading.Lock()
         self._logged_objects: dict[str, tuple[str, bool]] = {}
@@ -185,10 +194,18 @@ class ComposerDesignUploader:
         self._enqueue_thread.start()
         self._workers = []
         for _ in range(num_concurrent_uploads):
-            worker = proc_class(target=_upload_worker, kwargs={
-                'file_queue': self._file_upload_queue, 'completed_queue': self._completed_queue,
-                'exception_queue': self._exception_queue, 'is_finished': self._worker_flag,
-                'backend_spec': backend_spec, 'num_attempts': num_attempts}, daemon=True)
+            worker = proc_class(
+                target=_upload_worker,
+                kwargs={
+                    'file_queue': self._file_upload_queue,
+                    'completed_queue': self._completed_queue,
+                    'exception_queue': self._exception_queue,
+                    'is_finished': self._worker_flag,
+                    'backend_spec': backend_spec,
+                    'num_attempts': num_attempts,
+                },
+                daemon=True,
+            )
             worker.start()
             self._workers.append(worker)
 
@@ -198,7 +215,9 @@ class ComposerDesignUploader:
         shutil.copy2(file_path, copied_path)
         with self._object_lock:
             if remote_file_name in self._logged_objects and not overwrite:
-                raise FileExistsError(f'Object {remote_file_name} was already enqueued to be uploaded, but overwrite=False.')
+                raise FileExistsError(
+                    f'Object {remote_file_name} was already enqueued to be uploaded, but overwrite=False.'
+                )
             self._logged_objects[remote_file_name] = (copied_path, overwrite)
 
     def _enqueue_uploads(self) -> None:
@@ -258,6 +277,8 @@ def composer_real_uploader(store: str, backend_spec: dict, staging: str) -> Opti
         return None  # Composer has no plain local-folder bucket URI to point it at
     from composer.loggers import RemoteUploaderDownloader  # noqa: PLC0415
 
-    return RemoteUploaderDownloader(bucket_uri=f"s3://{backend_spec['bucket']}",
-                                    backend_kwargs={'endpoint_url': backend_spec['endpoint']},
-                                    upload_staging_folder=staging)
+    return RemoteUploaderDownloader(
+        bucket_uri=f"s3://{backend_spec['bucket']}",
+        backend_kwargs={'endpoint_url': backend_spec['endpoint']},
+        upload_staging_folder=staging,
+    )

@@ -54,9 +54,18 @@ if str(REPO_ROOT) not in sys.path:  # `python benchmarks/x.py` from a checkout w
 # ---------------------------------------------------------------------------- sizes
 
 _UNITS = {
-    '': 1, 'b': 1,
-    'k': 1000, 'kb': 1000, 'm': 1000 ** 2, 'mb': 1000 ** 2, 'g': 1000 ** 3, 'gb': 1000 ** 3,
-    'kib': 1 << 10, 'mib': 1 << 20, 'gib': 1 << 30, 'tib': 1 << 40,
+    '': 1,
+    'b': 1,
+    'k': 1000,
+    'kb': 1000,
+    'm': 1000**2,
+    'mb': 1000**2,
+    'g': 1000**3,
+    'gb': 1000**3,
+    'kib': 1 << 10,
+    'mib': 1 << 20,
+    'gib': 1 << 30,
+    'tib': 1 << 40,
 }
 
 
@@ -141,6 +150,7 @@ def rotations(modes: Sequence[str], rounds: int) -> Iterator[tuple[int, list[str
 
 # ---------------------------------------------------------------------------- distributed
 
+
 @dataclass
 class Dist:
     """What a benchmark needs to know about the job it runs in."""
@@ -204,8 +214,14 @@ def init_distributed(force_backend: Optional[str] = None) -> Dist:
     loopback port), so every benchmark also runs as a plain script.
     """
     if 'RANK' not in os.environ:
-        os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', LOCAL_WORLD_SIZE='1',
-                          MASTER_ADDR='127.0.0.1', MASTER_PORT=str(_free_port()))
+        os.environ.update(
+            RANK='0',
+            WORLD_SIZE='1',
+            LOCAL_RANK='0',
+            LOCAL_WORLD_SIZE='1',
+            MASTER_ADDR='127.0.0.1',
+            MASTER_PORT=str(_free_port()),
+        )
     rank = int(os.environ['RANK'])
     world_size = int(os.environ['WORLD_SIZE'])
     local_rank = int(os.environ.get('LOCAL_RANK', '0'))
@@ -223,8 +239,16 @@ def init_distributed(force_backend: Optional[str] = None) -> Dist:
             kwargs['device_id'] = device
         torch_dist.init_process_group(**kwargs)
     cpu_group = torch_dist.group.WORLD if backend == 'gloo' else torch_dist.new_group(backend='gloo')
-    d = Dist(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
-             node=socket.gethostname(), backend=backend, device=device, cpu_group=cpu_group)
+    d = Dist(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        node=socket.gethostname(),
+        backend=backend,
+        device=device,
+        cpu_group=cpu_group,
+    )
     return d
 
 
@@ -243,15 +267,22 @@ def device_sync(device: torch.device) -> None:
 
 # ---------------------------------------------------------------------------- arguments & results
 
+
 def base_parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument('--quick', action='store_true', help='tiny sizes and few repetitions (smoke test)')
-    parser.add_argument('--out-json', default=None,
-                        help='where to write the JSON summary (default: benchmarks/results/<name>-<host>-<date>-n<N>.json)')
+    parser.add_argument(
+        '--out-json',
+        default=None,
+        help='where to write the JSON summary (default: benchmarks/results/<name>-<host>-<date>-n<N>.json)',
+    )
     parser.add_argument('--no-plot', action='store_true', help='skip the PNG plot')
-    parser.add_argument('--backend', choices=('nccl', 'gloo'), default=None,
-                        help='force a backend (default: nccl with CUDA, gloo otherwise)')
+    parser.add_argument(
+        '--backend',
+        choices=('nccl', 'gloo'),
+        default=None,
+        help='force a backend (default: nccl with CUDA, gloo otherwise)',
+    )
     return parser
 
 
@@ -288,7 +319,9 @@ def result_path(name: str, d: Dist, suffix: str, out_json: Optional[str] = None)
     return RESULTS_DIR / f'{name}-{d.node}-{stamp}-n{d.world_size}{suffix}'
 
 
-def write_results(name: str, d: Dist, summary: dict[str, Any], out_json: Optional[str] = None) -> Optional[pathlib.Path]:
+def write_results(
+    name: str, d: Dist, summary: dict[str, Any], out_json: Optional[str] = None
+) -> Optional[pathlib.Path]:
     """Print the JSON summary on rank zero and write it to the results folder; returns the path there."""
     path = result_path(name, d, '.json', out_json)  # a collective the first time (agreeing on the stamp)
     if not d.is_zero:
@@ -408,33 +441,45 @@ def set_dummy_aws_env() -> None:
 S3_SERVER_PRIORITIES = ('low', 'normal')
 S3_SERVERS = ('sink', 'moto', 'moto-ranges')
 S3_SCHEMES = ('https', 'http')
-S3_SCHEME_HELP = ('how the benchmarked clients reach the S3 server: https (default; what clients of real S3 do: '
-                  'botocore sends unsigned aws-chunked payloads with a CRC32 trailer, and pays for TLS; the sink '
-                  'serves a throwaway self-signed certificate trusted through AWS_CA_BUNDLE) or http (botocore '
-                  'signs every payload with SHA-256 instead and there is no TLS: about the same client CPU per GiB '
-                  'on a machine with SHA and AES instructions, spent differently). '
-                  '--s3-server moto serves http only: pass --s3-scheme http with it')
+S3_SCHEME_HELP = (
+    'how the benchmarked clients reach the S3 server: https (default; what clients of real S3 do: '
+    'botocore sends unsigned aws-chunked payloads with a CRC32 trailer, and pays for TLS; the sink '
+    'serves a throwaway self-signed certificate trusted through AWS_CA_BUNDLE) or http (botocore '
+    'signs every payload with SHA-256 instead and there is no TLS: about the same client CPU per GiB '
+    'on a machine with SHA and AES instructions, spent differently). '
+    '--s3-server moto serves http only: pass --s3-scheme http with it'
+)
 
 
 def add_s3_server_arguments(parser: argparse.ArgumentParser) -> None:
     """``--s3-server``, ``--s3-scheme`` and ``--s3-server-priority`` (check them with :func:`check_s3_scheme`)."""
-    parser.add_argument('--s3-server', choices=S3_SERVERS, default='sink',
-                        help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full '
-                             'emulator, CPU-heavy)')
+    parser.add_argument(
+        '--s3-server',
+        choices=S3_SERVERS,
+        default='sink',
+        help='the S3 server on loopback: sink (discards the bytes, little CPU) or moto (a full emulator, CPU-heavy)',
+    )
     parser.add_argument('--s3-scheme', choices=S3_SCHEMES, default='https', help=S3_SCHEME_HELP)
-    parser.add_argument('--s3-server-priority', choices=S3_SERVER_PRIORITIES, default='low',
-                        help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)')
+    parser.add_argument(
+        '--s3-server-priority',
+        choices=S3_SERVER_PRIORITIES,
+        default='low',
+        help='CPU/I/O priority of the S3 server (low: it stands for a remote machine)',
+    )
 
 
 def check_s3_scheme(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse ``--s3-scheme https`` (the default) with ``--s3-server moto``, which serves http only."""
     if args.s3_server == 'moto' and args.s3_scheme == 'https':
-        parser.error('--s3-server moto serves plain http only: pass --s3-scheme http with it '
-                     '(https, the default, is served by --s3-server sink)')
+        parser.error(
+            '--s3-server moto serves plain http only: pass --s3-scheme http with it '
+            '(https, the default, is served by --s3-server sink)'
+        )
 
 
-def start_s3_server(d: Dist, kind: str = 'sink', priority: str = 'low',
-                    scheme: str = 'https') -> tuple[str, Optional[subprocess.Popen]]:
+def start_s3_server(
+    d: Dist, kind: str = 'sink', priority: str = 'low', scheme: str = 'https'
+) -> tuple[str, Optional[subprocess.Popen]]:
     """Start one S3 server per node (by local rank zero) and return its endpoint on every rank.
 
     ``kind='sink'`` (default) is ``_s3_sink.py``: it answers what the benchmarks send and
@@ -483,10 +528,13 @@ def start_s3_server(d: Dist, kind: str = 'sink', priority: str = 'low',
                 certfile, keyfile = make_certificate(tls_dir)
                 ca_bundle = certfile
             port = _free_port()
-            proc = subprocess.Popen([sys.executable, "-c", _S3_CHILD, str(port), priority, kind, str(BENCH_DIR),
-                                     certfile, keyfile],
-                                    stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    text=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _S3_CHILD, str(port), priority, kind, str(BENCH_DIR), certfile, keyfile],
+                stdin=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             proc.tls_dir = tls_dir  # type: ignore[attr-defined] - removed by stop_s3_server
             line = proc.stdout.readline() if proc.stdout else ''
             if 'ready' not in line:
@@ -646,6 +694,7 @@ def s3_client(endpoint: str) -> Any:
 
 # ---------------------------------------------------------------------------- files
 
+
 def write_file(path: pathlib.Path, nbytes: int, seed: int = 0) -> None:
     """A file of ``nbytes`` pseudo-random bytes (incompressible; written in 8 MiB chunks), read back once
     so it is in the page cache like a freshly written checkpoint."""
@@ -674,8 +723,9 @@ def touch_memory(nbytes: int) -> None:
     del buf
 
 
-def finish(name: str, d: Dist, summary: dict[str, Any], args: Any,
-           plot: Callable[[dict[str, Any], Dist, Optional[str]], None]) -> dict[str, Any]:
+def finish(
+    name: str, d: Dist, summary: dict[str, Any], args: Any, plot: Callable[[dict[str, Any], Dist, Optional[str]], None]
+) -> dict[str, Any]:
     """The end of every benchmark: clean the summary, print and write it, plot on rank zero, shut down.
 
     Returns:

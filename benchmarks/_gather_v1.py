@@ -120,7 +120,8 @@ class MetricGatherer:
             raise RuntimeError(
                 f'log_metrics(reduce={reduce!r}) combines values across ranks, but WORLD_SIZE is '
                 f'{dist.get_world_size()} and torch.distributed is not initialized: call '
-                'torch.distributed.init_process_group() first, or log with reduce=None')
+                'torch.distributed.init_process_group() first, or log with reduce=None'
+            )
         if step is not None:
             if isinstance(step, bool) or not isinstance(step, numbers.Integral):
                 raise TypeError(f'step must be an int or None, got {type(step).__name__} {step!r}')
@@ -132,8 +133,10 @@ class MetricGatherer:
                 check_metric_key(key)
             entry = buffer.get(key)
             if entry is not None and entry[_SPEC][0] != reduce:
-                raise ValueError(f'metric {key!r} was logged with reduce={entry[_SPEC][0]!r} since the last flush; '
-                                 f'it cannot also be reduced with {reduce!r} before the next flush')
+                raise ValueError(
+                    f'metric {key!r} was logged with reduce={entry[_SPEC][0]!r} since the last flush; '
+                    f'it cannot also be reduced with {reduce!r} before the next flush'
+                )
             kind = type(value)
             if kind is float or kind is int:
                 value = float(value)
@@ -228,8 +231,11 @@ class MetricGatherer:
             slots = [index_get(key, -1) for key in keys]
             fits = [s >= 0 and specs[s] == e[_SPEC] for s, e in zip(slots, entries)]
             if not all(fits):
-                extras = [[key, *e[_SPEC], e[_ACC], e[_COUNT], e[_STEP]]
-                          for key, e, fit in zip(keys, entries, fits) if not fit]
+                extras = [
+                    [key, *e[_SPEC], e[_ACC], e[_COUNT], e[_STEP]]
+                    for key, e, fit in zip(keys, entries, fits)
+                    if not fit
+                ]
                 slots = [s for s, fit in zip(slots, fits) if fit]
                 entries = [e for e, fit in zip(entries, fits) if fit]
         if entries:
@@ -252,7 +258,9 @@ class MetricGatherer:
             self._reset()
             raise DistributedLoggingError(
                 f'{what}: ranks disagree on the metric layout (digests {header[:, 2].tolist()}); '
-                'was a Logger re-created on some ranks only? The gather state was reset', ())
+                'was a Logger re-created on some ranks only? The gather state was reset',
+                (),
+            )
         data = table[:, _HEADER:].reshape(len(gathered), n, _SLOTS)
         lengths = [int(x) for x in header[:, 3]]
         if max(lengths) > 0:
@@ -277,7 +285,9 @@ class MetricGatherer:
         detail = ', '.join(f'rank {r}: step {p} flush #{s}' for r, (p, s) in enumerate(positions))
         raise DistributedLoggingError(
             f'flush at step {reference[0]} (flush #{reference[1]}): ranks {odd} did not reach this flush '
-            f'(they are at another one: {detail}); every rank must call flush() at the same points', odd)
+            f'(they are at another one: {detail}); every rank must call flush() at the same points',
+            odd,
+        )
 
     def _reset(self) -> None:
         self._layout = _Layout({})
@@ -310,8 +320,12 @@ class MetricGatherer:
                 merged[rank, new.index[key]] = (acc, count, math.nan if step is None else step)
         self._idle = np.concatenate([self._idle, np.zeros(len(new.keys) - len(self._idle), dtype=np.int64)])
         if conflicts:
-            warnings.warn(f'metrics {sorted(conflicts)} were logged with different reduce= on different ranks '
-                          'in the same flush; they are dropped from this flush', RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f'metrics {sorted(conflicts)} were logged with different reduce= on different ranks '
+                'in the same flush; they are dropped from this flush',
+                RuntimeWarning,
+                stacklevel=4,
+            )
             for key in conflicts:
                 merged[:, new.index[key], 1] = 0
         return merged
@@ -380,7 +394,8 @@ def _results(layout: _Layout, data: np.ndarray) -> list[tuple[dict[str, float], 
         values = np.select(
             [layout.codes == 0, layout.codes == 1, layout.codes == 2, layout.codes == 3],
             [sums / total, sums, np.where(logged, acc, np.inf).min(axis=0), np.where(logged, acc, -np.inf).max(axis=0)],
-            default=np.nan)
+            default=np.nan,
+        )
         # The largest step any rank gave (NaN: that rank gave none; -inf: nobody did).
         top = np.where(logged & ~np.isnan(steps), steps, -np.inf).max(axis=0)
     emit = total > 0

@@ -28,8 +28,15 @@ import re
 import types
 from typing import Any, Callable, Iterable, Mapping, Optional, Pattern, Sequence, Union
 
-__all__ = ['DEFAULT_SECRET_PATTERN', 'REDACTED', 'Redactor', 'build_redactor', 'is_secret_key', 'key_words',
-           'redact_text']
+__all__ = [
+    'DEFAULT_SECRET_PATTERN',
+    'REDACTED',
+    'Redactor',
+    'build_redactor',
+    'is_secret_key',
+    'key_words',
+    'redact_text',
+]
 
 REDACTED = '***'
 
@@ -38,28 +45,116 @@ RedactOption = Union[bool, str, Pattern[str], Iterable[Union[str, Pattern[str]]]
 # --------------------------------------------------------------------------- the key-name rule
 
 #: Words (after splitting a key) that name a credential wherever they stand.
-DEFAULT_SECRET_PATTERN = (r'^(?:\w*password\w*|\w*passwd\w*|pwd|passphrase|\w*secrets?\w*|\w*credentials?|creds'
-                          r'|auth|oauth|\w+auth|authorization|authn|authz|cookies?)$')
+DEFAULT_SECRET_PATTERN = (
+    r'^(?:\w*password\w*|\w*passwd\w*|pwd|passphrase|\w*secrets?\w*|\w*credentials?|creds'
+    r'|auth|oauth|\w+auth|authorization|authn|authz|cookies?)$'
+)
 _SECRET_WORD = re.compile(DEFAULT_SECRET_PATTERN)
 
 # ``<qualifier> key`` (and ``<qualifier>key`` written as one word) is a credential.
-_KEY_QUALIFIERS = frozenset({
-    'api', 'access', 'private', 'session', 'secret', 'client', 'signing', 'encryption', 'master', 'license',
-    'subscription', 'account', 'storage', 'service', 'auth', 'ssh', 'deploy', 'admin', 'app', 'consumer',
-})
+_KEY_QUALIFIERS = frozenset(
+    {
+        'api',
+        'access',
+        'private',
+        'session',
+        'secret',
+        'client',
+        'signing',
+        'encryption',
+        'master',
+        'license',
+        'subscription',
+        'account',
+        'storage',
+        'service',
+        'auth',
+        'ssh',
+        'deploy',
+        'admin',
+        'app',
+        'consumer',
+    }
+)
 _KEY_WORDS = frozenset({'key', 'keys'})
 
 # ``token`` is a credential alone or right after one of these (``hf_token``, ``GITHUB_TOKEN``); never
 # after a vocabulary word (``pad_token``, ``eos_token``, ``image_token``) and never as ``tokens``.
-_TOKEN_SERVICES = frozenset({
-    'access', 'api', 'auth', 'oauth', 'bearer', 'refresh', 'session', 'id', 'security', 'csrf', 'xsrf', 'jwt',
-    'login', 'client', 'app', 'bot', 'service', 'deploy', 'webhook', 'personal', 'private', 'secret', 'master',
-    'admin', 'root', 'read', 'write', 'upload', 'registry', 'hf', 'hub', 'huggingface', 'github', 'gh', 'gitlab',
-    'bitbucket', 'git', 'wandb', 'comet', 'neptune', 'mlflow', 'databricks', 'kaggle', 'replicate', 'modal',
-    'slack', 'discord', 'telegram', 'twilio', 'sentry', 'npm', 'pypi', 'docker', 'aws', 'azure', 'sas', 'gcp',
-    'google', 'openai', 'anthropic', 'cohere', 'vault', 'okta', 'heroku', 'vercel', 'cloudflare', 'dropbox',
-    'notion', 'jira', 'atlassian', 'ngrok',
-})
+_TOKEN_SERVICES = frozenset(
+    {
+        'access',
+        'api',
+        'auth',
+        'oauth',
+        'bearer',
+        'refresh',
+        'session',
+        'id',
+        'security',
+        'csrf',
+        'xsrf',
+        'jwt',
+        'login',
+        'client',
+        'app',
+        'bot',
+        'service',
+        'deploy',
+        'webhook',
+        'personal',
+        'private',
+        'secret',
+        'master',
+        'admin',
+        'root',
+        'read',
+        'write',
+        'upload',
+        'registry',
+        'hf',
+        'hub',
+        'huggingface',
+        'github',
+        'gh',
+        'gitlab',
+        'bitbucket',
+        'git',
+        'wandb',
+        'comet',
+        'neptune',
+        'mlflow',
+        'databricks',
+        'kaggle',
+        'replicate',
+        'modal',
+        'slack',
+        'discord',
+        'telegram',
+        'twilio',
+        'sentry',
+        'npm',
+        'pypi',
+        'docker',
+        'aws',
+        'azure',
+        'sas',
+        'gcp',
+        'google',
+        'openai',
+        'anthropic',
+        'cohere',
+        'vault',
+        'okta',
+        'heroku',
+        'vercel',
+        'cloudflare',
+        'dropbox',
+        'notion',
+        'jira',
+        'atlassian',
+        'ngrok',
+    }
+)
 # Words allowed after the credential ``token`` (``hf_token_value``, ``token2``).
 _TOKEN_SUFFIXES = frozenset({'value', 'str', 'string', 'raw', 'b64', 'base64'})
 
@@ -102,7 +197,7 @@ def is_secret_key(key: str) -> bool:
         if word in _KEY_WORDS and previous in _KEY_QUALIFIERS:
             return True
         if word == 'token' and (index == 0 or previous in _TOKEN_SERVICES):
-            rest = words[index + 1:]
+            rest = words[index + 1 :]
             if all(w.isdigit() or w in _TOKEN_SUFFIXES for w in rest):
                 return True
         previous = word
@@ -155,8 +250,9 @@ _ASSIGNMENT = re.compile(
     r'(?P<value4>' + _QUOTED + r'|(?!-)[^\s]+)'
 )
 # Values that hold no secret (JSON/YAML/Python literals, already redacted, empty).
-_NOT_SECRET_VALUES = frozenset({REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False',
-                                '~', '"***"', "'***'"})
+_NOT_SECRET_VALUES = frozenset(
+    {REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False', '~', '"***"', "'***'"}
+)
 
 
 def _format_replacement(match: re.Match) -> str:
@@ -181,10 +277,17 @@ def _quoted_or_bare(value: str) -> str:
 
 def _may_hold_format(text: str) -> bool:
     """Cheap pre-check: False means no credential format can match (plain ``in`` tests, no regex)."""
-    return ('://' in text or 'AKIA' in text or 'ASIA' in text or 'AIza' in text or 'eyJ' in text
-            or 'earer' in text or 'Basic' in text
-            or ('_' in text and ('hf_' in text or 'gh' in text or 'github_pat_' in text))
-            or ('-' in text and ('sk-' in text or 'xox' in text or 'PRIVATE KEY' in text)))
+    return (
+        '://' in text
+        or 'AKIA' in text
+        or 'ASIA' in text
+        or 'AIza' in text
+        or 'eyJ' in text
+        or 'earer' in text
+        or 'Basic' in text
+        or ('_' in text and ('hf_' in text or 'gh' in text or 'github_pat_' in text))
+        or ('-' in text and ('sk-' in text or 'xox' in text or 'PRIVATE KEY' in text))
+    )
 
 
 # Every key the default rule calls a credential contains one of these (lower-cased) fragments.
@@ -228,6 +331,7 @@ def _redact_string(text: str, is_secret: Callable[[str], bool], any_name: bool =
     if _may_hold_format(out):
         out = _CREDENTIAL_FORMATS.sub(_format_replacement, out)
     if _may_hold_pair(out, is_secret, any_name):
+
         def assignment(match: re.Match) -> str:
             for n in ('1', '2', '3', '4'):
                 name = match.group('name' + n)
@@ -318,8 +422,10 @@ class Redactor:
         if not self.enabled:
             return rows
         secret_columns = [self.is_secret_key(column) for column in columns]
-        return [[self._conceal(cell) if secret else self._value(cell) for cell, secret in zip(row, secret_columns)]
-                for row in rows]
+        return [
+            [self._conceal(cell) if secret else self._value(cell) for cell, secret in zip(row, secret_columns)]
+            for row in rows
+        ]
 
     def _key(self, key: Any) -> Any:
         return _redact_string(key, self.is_secret_key, self._any_name) if type(key) is str else key
@@ -374,8 +480,9 @@ class Redactor:
         if fields is not None:
             return {k: self._conceal(v) for k, v in fields.items()}
         if isinstance(value, (list, tuple)):
-            return [self._conceal(v) for v in value] if isinstance(value, list) else tuple(
-                self._conceal(v) for v in value)
+            return (
+                [self._conceal(v) for v in value] if isinstance(value, list) else tuple(self._conceal(v) for v in value)
+            )
         return REDACTED
 
 

@@ -76,26 +76,57 @@ def make_certificate(folder: str) -> tuple[str, str]:
     except ImportError:
         if shutil.which('openssl') is None:
             raise RuntimeError('an https S3 sink needs the cryptography package or the openssl command') from None
-        subprocess.run(['openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '2', '-subj',
-                        '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1,DNS:localhost',
-                        '-addext', 'basicConstraints=critical,CA:TRUE',
-                        '-keyout', key_path, '-out', cert_path],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                'openssl',
+                'req',
+                '-x509',
+                '-newkey',
+                'rsa:2048',
+                '-nodes',
+                '-days',
+                '2',
+                '-subj',
+                '/CN=127.0.0.1',
+                '-addext',
+                'subjectAltName=IP:127.0.0.1,DNS:localhost',
+                '-addext',
+                'basicConstraints=critical,CA:TRUE',
+                '-keyout',
+                key_path,
+                '-out',
+                cert_path,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         return cert_path, key_path
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, '127.0.0.1')])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address('127.0.0.1')),
-                                                        x509.DNSName('localhost')]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address('127.0.0.1')), x509.DNSName('localhost')]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
     with open(key_path, 'wb') as handle:
         os.fchmod(handle.fileno(), 0o600)
-        handle.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                       serialization.NoEncryption()))
+        handle.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+            )
+        )
     with open(cert_path, 'wb') as handle:
         handle.write(cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
@@ -178,7 +209,7 @@ class _Body:
             self._next_chunk()
             if self.done:
                 return 0
-        n = self.rfile.readinto(view[:min(len(view), self.left)])
+        n = self.rfile.readinto(view[: min(len(view), self.left)])
         if not n:
             raise ConnectionError('the client closed the connection mid-body')
         self.left -= n
@@ -284,13 +315,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     self._discard_body()
                 except (S3Error, _Framing):
                     self.close_connection = True
-            body = b'' if self.command == 'HEAD' else (
-                f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{exc.code}</Code>'
-                f'<Message>{escape(exc.message)}</Message><Resource>{escape(url.path)}</Resource></Error>').encode()
+            body = (
+                b''
+                if self.command == 'HEAD'
+                else (
+                    f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{exc.code}</Code>'
+                    f'<Message>{escape(exc.message)}</Message><Resource>{escape(url.path)}</Resource></Error>'
+                ).encode()
+            )
             self._respond(exc.status, body=body)
 
-    def _respond(self, status: int, headers: Optional[dict[str, str]] = None, body: bytes = b'',
-                 length: Optional[int] = None) -> None:
+    def _respond(
+        self, status: int, headers: Optional[dict[str, str]] = None, body: bytes = b'', length: Optional[int] = None
+    ) -> None:
         """Status, headers and body; ``length`` is the Content-Length of a HEAD answer (no body sent)."""
         self.send_response(status)
         for name, value in (headers or {}).items():
@@ -350,7 +387,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 break
             left = chunk
             while left:
-                n = body.readinto(buffer[:min(left, _BUFFER)])
+                n = body.readinto(buffer[: min(left, _BUFFER)])
                 if not n:
                     raise _Framing(f'the aws-chunked body ends inside a chunk ({left} of {chunk} bytes missing)')
                 left -= n
@@ -368,15 +405,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body.readinto(buffer[:1]):
             raise _Framing('bytes after the end of the aws-chunked body')
         if declared is None:
-            raise S3Error(411, 'MissingContentLength',
-                          'an aws-chunked body needs an x-amz-decoded-content-length header')
+            raise S3Error(
+                411, 'MissingContentLength', 'an aws-chunked body needs an x-amz-decoded-content-length header'
+            )
         if not declared.strip().isdigit() or int(declared) != size:
-            raise S3Error(400, 'IncompleteBody', f'x-amz-decoded-content-length is {declared}, but the aws-chunked '
-                                                 f'body decoded to {size} bytes')
+            raise S3Error(
+                400,
+                'IncompleteBody',
+                f'x-amz-decoded-content-length is {declared}, but the aws-chunked body decoded to {size} bytes',
+            )
         announced = {name.strip().lower() for name in self.headers.get('x-amz-trailer', '').split(',') if name.strip()}
         if announced - trailers:
-            raise S3Error(400, 'MalformedTrailerError', f'x-amz-trailer announced {sorted(announced - trailers)}, '
-                                                        f'the body\'s trailer had {sorted(trailers)}')
+            raise S3Error(
+                400,
+                'MalformedTrailerError',
+                f'x-amz-trailer announced {sorted(announced - trailers)}, the body\'s trailer had {sorted(trailers)}',
+            )
         return size
 
     def _xml_body(self) -> ET.Element:
@@ -391,8 +435,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             data += self.buffer[:n]
         else:
             self._discard_body_rest(body)
-            raise S3Error(400, 'MaxMessageLengthExceeded', f'an XML request body of over {_MAX_XML_BODY} bytes is '
-                                                           f'too large')
+            raise S3Error(
+                400, 'MaxMessageLengthExceeded', f'an XML request body of over {_MAX_XML_BODY} bytes is too large'
+            )
         try:
             root = ET.fromstring(bytes(data))
         except ET.ParseError as exc:
@@ -443,18 +488,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         after = max(query.get('continuation-token', ''), query.get('start-after', ''))
         max_keys = min(int(query.get('max-keys', 1000)), 1000)
         with self.server.lock:
-            listed = sorted((name, obj) for name, obj in self.server.objects(bucket).items()
-                            if name.startswith(prefix) and name > after)
+            listed = sorted(
+                (name, obj)
+                for name, obj in self.server.objects(bucket).items()
+                if name.startswith(prefix) and name > after
+            )
         entries: list[tuple[str, Optional[_Object]]] = []  # (key, object) or (common prefix, None)
         for name, obj in listed:
             cut = name.find(delimiter, len(prefix)) if delimiter else -1
             if cut < 0:
                 entries.append((name, obj))
-            elif not entries or entries[-1][0] != name[:cut + len(delimiter)]:
-                entries.append((name[:cut + len(delimiter)], None))
+            elif not entries or entries[-1][0] != name[: cut + len(delimiter)]:
+                entries.append((name[: cut + len(delimiter)], None))
         page, truncated = entries[:max_keys], len(entries) > max_keys
-        parts = [f'<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>'
-                 f'<MaxKeys>{max_keys}</MaxKeys><IsTruncated>{str(truncated).lower()}</IsTruncated>']
+        parts = [
+            f'<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>'
+            f'<MaxKeys>{max_keys}</MaxKeys><IsTruncated>{str(truncated).lower()}</IsTruncated>'
+        ]
         if delimiter:
             parts.append(f'<Delimiter>{escape(delimiter)}</Delimiter>')
         if 'continuation-token' in query:
@@ -462,16 +512,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if truncated:
             # Past every key under the last common prefix of the page, or past the last key.
             last, last_obj = page[-1]
-            parts.append(f'<NextContinuationToken>{escape(last if last_obj else last + chr(0x10FFFF))}'
-                         '</NextContinuationToken>')
+            parts.append(
+                f'<NextContinuationToken>{escape(last if last_obj else last + chr(0x10FFFF))}</NextContinuationToken>'
+            )
         for name, obj in page:
             if obj is None:
                 parts.append(f'<CommonPrefixes><Prefix>{escape(name)}</Prefix></CommonPrefixes>')
                 continue
             modified = time.strftime('%Y-%m-%dT%H:%M:%S.000Z', time.gmtime(obj.modified))
-            parts.append(f'<Contents><Key>{escape(name)}</Key><LastModified>{modified}</LastModified>'
-                         f'<ETag>{escape(obj.etag)}</ETag><Size>{obj.size}</Size>'
-                         f'<StorageClass>STANDARD</StorageClass></Contents>')
+            parts.append(
+                f'<Contents><Key>{escape(name)}</Key><LastModified>{modified}</LastModified>'
+                f'<ETag>{escape(obj.etag)}</ETag><Size>{obj.size}</Size>'
+                f'<StorageClass>STANDARD</StorageClass></Contents>'
+            )
         self._xml('ListBucketResult', ''.join(parts))
 
     def _post_bucket(self, bucket: str, key: str, query: dict[str, str]) -> None:
@@ -533,8 +586,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._if_none_match(objects, key)
             copied = objects[key] = _Object(obj.size, self.server.new_etag())
         modified = datetime.datetime.fromtimestamp(copied.modified, datetime.timezone.utc)
-        self._xml('CopyObjectResult', f'<LastModified>{modified.strftime("%Y-%m-%dT%H:%M:%S.000Z")}</LastModified>'
-                                      f'<ETag>{escape(copied.etag)}</ETag>')
+        self._xml(
+            'CopyObjectResult',
+            f'<LastModified>{modified.strftime("%Y-%m-%dT%H:%M:%S.000Z")}</LastModified>'
+            f'<ETag>{escape(copied.etag)}</ETag>',
+        )
 
     def _head_object(self, bucket: str, key: str, query: dict[str, str]) -> None:
         if query:
@@ -543,8 +599,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             obj = self.server.objects(bucket).get(key)
         if obj is None:
             raise S3Error(404, 'NoSuchKey', f'the key {key!r} does not exist')
-        self._respond(200, {'ETag': obj.etag, 'Last-Modified': email.utils.formatdate(obj.modified, usegmt=True),
-                            'Content-Type': 'binary/octet-stream'}, length=obj.size)
+        self._respond(
+            200,
+            {
+                'ETag': obj.etag,
+                'Last-Modified': email.utils.formatdate(obj.modified, usegmt=True),
+                'Content-Type': 'binary/octet-stream',
+            },
+            length=obj.size,
+        )
 
     def _get_object(self, bucket: str, key: str, query: dict[str, str]) -> None:
         raise self._unsupported('GetObject (the sink keeps no bytes)')
@@ -567,12 +630,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.server.objects(bucket)
                 upload_id = f'{next(self.server.serial):016x}'
                 self.server.uploads[upload_id] = _Upload(bucket, key)
-            self._xml('InitiateMultipartUploadResult', f'<Bucket>{escape(bucket)}</Bucket><Key>{escape(key)}</Key>'
-                                                       f'<UploadId>{upload_id}</UploadId>')
+            self._xml(
+                'InitiateMultipartUploadResult',
+                f'<Bucket>{escape(bucket)}</Bucket><Key>{escape(key)}</Key><UploadId>{upload_id}</UploadId>',
+            )
         elif 'uploadId' in query:
             root = self._xml_body()
-            listed = [(int(part.findtext('PartNumber', '0')), part.findtext('ETag', ''))
-                      for part in root.findall('Part')]
+            listed = [
+                (int(part.findtext('PartNumber', '0')), part.findtext('ETag', '')) for part in root.findall('Part')
+            ]
             with self.server.lock:
                 upload = self.server.uploads.get(query['uploadId'])
                 if upload is None or (upload.bucket, upload.key) != (bucket, key):
@@ -586,10 +652,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 objects = self.server.objects(bucket)
                 self._if_none_match(objects, key)
                 del self.server.uploads[query['uploadId']]
-                obj = objects[key] = _Object(sum(upload.parts[n].size for n, _ in listed),
-                                             self.server.new_etag(f'-{len(listed)}'))
-            self._xml('CompleteMultipartUploadResult',
-                      f'<Location>/{escape(bucket)}/{escape(key)}</Location><Bucket>{escape(bucket)}</Bucket>'
-                      f'<Key>{escape(key)}</Key><ETag>{escape(obj.etag)}</ETag>')
+                obj = objects[key] = _Object(
+                    sum(upload.parts[n].size for n, _ in listed), self.server.new_etag(f'-{len(listed)}')
+                )
+            self._xml(
+                'CompleteMultipartUploadResult',
+                f'<Location>/{escape(bucket)}/{escape(key)}</Location><Bucket>{escape(bucket)}</Bucket>'
+                f'<Key>{escape(key)}</Key><ETag>{escape(obj.etag)}</ETag>',
+            )
         else:
             raise self._unsupported(f'{self.command} {self.path}')

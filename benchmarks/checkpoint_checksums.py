@@ -40,7 +40,7 @@ def _sum(fn, data: bytes) -> float:
     view = memoryview(data)
     value = 0
     for offset in range(0, len(data), 8 * MiB):
-        value = fn(view[offset:offset + 8 * MiB], value)
+        value = fn(view[offset : offset + 8 * MiB], value)
     return time.process_time() - started
 
 
@@ -91,8 +91,12 @@ def _compression(mib: int) -> None:
     folder = tempfile.mkdtemp(prefix='zstd-bench-')
     try:
         for label, extensions in (('plain', None), ('zstd', [ZStandard()])):
-            with CheckpointWriter(os.path.join(folder, 'bucket'), upload_staging_folder=os.path.join(folder, 'st'),
-                                  _extensions=extensions, validate_bucket=False) as writer:
+            with CheckpointWriter(
+                os.path.join(folder, 'bucket'),
+                upload_staging_folder=os.path.join(folder, 'st'),
+                _extensions=extensions,
+                validate_bucket=False,
+            ) as writer:
                 started = time.monotonic()
                 cpu = time.process_time()
                 dcp.save(state, checkpoint_id=f'c/{label}', storage_writer=writer, no_dist=True)
@@ -101,8 +105,10 @@ def _compression(mib: int) -> None:
                 total = time.monotonic() - started
                 cpu = time.process_time() - cpu
                 size = writer.timings[-1].bytes_written
-            print(f'{label:5s} {size / MiB:8.1f} MiB of {mib} MiB ({size / (mib * MiB):.2f}), dcp.save {local:.2f} s, '
-                  f'committed {total:.2f} s, CPU {cpu:.2f} s')
+            print(
+                f'{label:5s} {size / MiB:8.1f} MiB of {mib} MiB ({size / (mib * MiB):.2f}), dcp.save {local:.2f} s, '
+                f'committed {total:.2f} s, CPU {cpu:.2f} s'
+            )
     finally:
         import shutil
 

@@ -62,8 +62,9 @@ def make_state(rank: int, share: int) -> dict[str, torch.Tensor]:
     state, left, index = {}, share, 0
     while left > 0:
         size = min(TENSOR_BYTES, left)
-        state[f'r{rank}.w{index}'] = torch.randint(-2 ** 31, 2 ** 31 - 1, (size // 4,), generator=generator,
-                                                   dtype=torch.int32).view(torch.float32)
+        state[f'r{rank}.w{index}'] = torch.randint(
+            -(2**31), 2**31 - 1, (size // 4,), generator=generator, dtype=torch.int32
+        ).view(torch.float32)
         left -= size
         index += 1
     return state
@@ -123,8 +124,9 @@ class DiskWatch:
         self.peak = max(self.peak, tree_bytes(self.paths))
 
 
-def build_modes(d: C.Dist, endpoint: str, local_root: str, work: str, wanted: list[str],
-                skipped: dict[str, str], max_in_flight: int) -> dict[str, Callable[[dict, str, str], None]]:
+def build_modes(
+    d: C.Dist, endpoint: str, local_root: str, work: str, wanted: list[str], skipped: dict[str, str], max_in_flight: int
+) -> dict[str, Callable[[dict, str, str], None]]:
     """mode -> load(state, checkpoint_id, own shard file name)."""
     from dist_logging.checkpoint import CheckpointReader
     from torch.distributed.checkpoint import FileSystemReader
@@ -156,8 +158,9 @@ def build_modes(d: C.Dist, endpoint: str, local_root: str, work: str, wanted: li
         response['Body'].close()
 
     modes['floor'] = floor
-    modes['fs_local'] = lambda state, cid, shard: dcp.load(state, storage_reader=FileSystemReader(
-        os.path.join(local_root, cid)))
+    modes['fs_local'] = lambda state, cid, shard: dcp.load(
+        state, storage_reader=FileSystemReader(os.path.join(local_root, cid))
+    )
 
     def boto3_fs(state: dict, cid: str, shard: str) -> None:
         folder = tempfile.mkdtemp(prefix=f'load-r{d.rank}-', dir=work)
@@ -173,8 +176,9 @@ def build_modes(d: C.Dist, endpoint: str, local_root: str, work: str, wanted: li
         import s3fs  # noqa: F401
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        modes['fsspec'] = lambda state, cid, shard: dcp.load(state, storage_reader=FsspecReader(
-            f'{s3_uri}/{cid}', endpoint_url=endpoint, skip_instance_cache=True))
+        modes['fsspec'] = lambda state, cid, shard: dcp.load(
+            state, storage_reader=FsspecReader(f'{s3_uri}/{cid}', endpoint_url=endpoint, skip_instance_cache=True)
+        )
     except ImportError as exc:
         skipped['fsspec'] = f's3fs not importable: {exc}'
     try:
@@ -194,10 +198,14 @@ def build_modes(d: C.Dist, endpoint: str, local_root: str, work: str, wanted: li
         modes['s3tc'] = s3tc
     except ImportError as exc:
         skipped['s3tc'] = f's3torchconnector[dcp] not importable (pip install "dist-logging[bench]"): {exc}'
-    modes['ours'] = lambda state, cid, shard: dcp.load(state, checkpoint_id=cid, storage_reader=CheckpointReader(
-        s3_uri, backend_kwargs=kwargs, max_in_flight=max_in_flight))
-    modes['ours_local'] = lambda state, cid, shard: dcp.load(state, checkpoint_id=cid, storage_reader=CheckpointReader(
-        local_root, max_in_flight=max_in_flight))
+    modes['ours'] = lambda state, cid, shard: dcp.load(
+        state,
+        checkpoint_id=cid,
+        storage_reader=CheckpointReader(s3_uri, backend_kwargs=kwargs, max_in_flight=max_in_flight),
+    )
+    modes['ours_local'] = lambda state, cid, shard: dcp.load(
+        state, checkpoint_id=cid, storage_reader=CheckpointReader(local_root, max_in_flight=max_in_flight)
+    )
     return {mode: fn for mode, fn in modes.items() if mode in wanted}
 
 
@@ -206,8 +214,9 @@ def save_checkpoints(d: C.Dist, state: dict, cid: str, endpoint: str, local_root
     from dist_logging.checkpoint import CheckpointWriter
 
     for bucket, kwargs in ((local_root, {}), (f's3://{C.MOTO_BUCKET}', {'backend_kwargs': {'endpoint_url': endpoint}})):
-        writer = CheckpointWriter(bucket, upload_staging_folder=os.path.join(staging, f'r{d.rank}'),
-                                  run_name='bench-load', **kwargs)
+        writer = CheckpointWriter(
+            bucket, upload_staging_folder=os.path.join(staging, f'r{d.rank}'), run_name='bench-load', **kwargs
+        )
         dcp.save(state, checkpoint_id=cid, storage_writer=writer)
         writer.close()  # every upload landed and (coordinator) the commit happened
         torch_dist.barrier(group=d.cpu_group)
@@ -251,8 +260,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             shard = save_checkpoints(d, state, cid, endpoint, local_root, os.path.join(work, 'staging'))
             del state
             gc.collect()
-            target = {key: torch.zeros(value.numel(), dtype=torch.float32) for key, value in
-                      make_state(d.rank, share).items()}  # allocated and touched before any load
+            target = {
+                key: torch.zeros(value.numel(), dtype=torch.float32) for key, value in make_state(d.rank, share).items()
+            }  # allocated and touched before any load
             records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
             for _, order in C.rotations(list(modes), args.rounds):
                 for mode in order:
@@ -271,9 +281,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                     gc.collect()  # what a reader left once it is garbage (ours is never closed here)
                     after = tree_bytes(watched) - before_disk
                     exact = None if mode == 'floor' else crcs(target) == expected  # floor: raw bytes, not loaded
-                    records[mode].append({'load_s': seconds, 'rss_added': max(0, peak - base),
-                                          'disk_during': max(0, disk.peak - before_disk), 'disk_after': after,
-                                          'exact': exact})
+                    records[mode].append(
+                        {
+                            'load_s': seconds,
+                            'rss_added': max(0, peak - base),
+                            'disk_during': max(0, disk.peak - before_disk),
+                            'disk_after': after,
+                            'exact': exact,
+                        }
+                    )
             gathered = d.all_gather_object(records)
             results[label] = summarize_size(gathered, share)
             del target
@@ -283,11 +299,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         C.stop_s3_server(s3_proc)
         if d.rank == 0:
             shutil.rmtree(work, ignore_errors=True)
-    summary = {'benchmark': 'checkpoint_load', 'world_size': d.world_size, 'sizes': args.sizes,
-               'rounds': args.rounds, 'max_in_flight': args.max_in_flight, 's3_server': args.s3_server,
-               'tensor_bytes': TENSOR_BYTES, 'skipped': skipped, 'results': results,
-               'environment': C.environment(d),
-               'note': 'shared 2-core VM, other jobs running: compare modes within one run (ratios), not runs'}
+    summary = {
+        'benchmark': 'checkpoint_load',
+        'world_size': d.world_size,
+        'sizes': args.sizes,
+        'rounds': args.rounds,
+        'max_in_flight': args.max_in_flight,
+        's3_server': args.s3_server,
+        'tensor_bytes': TENSOR_BYTES,
+        'skipped': skipped,
+        'results': results,
+        'environment': C.environment(d),
+        'note': 'shared 2-core VM, other jobs running: compare modes within one run (ratios), not runs',
+    }
     C.write_results('checkpoint_load', d, summary, args.out_json)  # every rank: it agrees on the file name
     if not args.no_plot and d.rank == 0:
         plot(summary, d, args.out_json)
@@ -302,7 +326,8 @@ def summarize_size(gathered: list[dict[str, list[dict[str, Any]]]], share: int) 
         rounds = len(gathered[0][mode])
         slowest = [max(rank[mode][i]['load_s'] for rank in gathered) for i in range(rounds)]
         out[mode] = {
-            'load_s': statistics.median(slowest), 'load_s_all': slowest,
+            'load_s': statistics.median(slowest),
+            'load_s_all': slowest,
             'rss_added_mib': max(r['rss_added'] for rank in gathered for r in rank[mode]) / MiB,
             'disk_during_mib': max(r['disk_during'] for rank in gathered for r in rank[mode]) / MiB,
             'disk_after_mib': max(r['disk_after'] for rank in gathered for r in rank[mode]) / MiB,
@@ -316,7 +341,8 @@ def summarize_size(gathered: list[dict[str, list[dict[str, Any]]]], share: int) 
         'best_other': best,
         'ours_over_best_other': C.ratio(ours, others.get(best)) if best else None,
         'ours_over_floor': C.ratio(ours, out.get('floor', {}).get('load_s')),
-        'target_best_other': 0.8, 'target_floor': 2.0,
+        'target_best_other': 0.8,
+        'target_floor': 2.0,
     }
     return out
 
@@ -329,8 +355,9 @@ def plot(summary: dict[str, Any], d: C.Dist, out_json: Optional[str]) -> None:
     sizes = list(summary['results'])
     modes = [m for m in ALL_MODES if any(m in summary['results'][s] for s in sizes)]
     width = 0.8 / max(1, len(sizes))
-    for column, (key, title) in enumerate((('load_s', 'dcp.load, slowest rank (s)'),
-                                           ('rss_added_mib', 'RSS added during the load (MiB)'))):
+    for column, (key, title) in enumerate(
+        (('load_s', 'dcp.load, slowest rank (s)'), ('rss_added_mib', 'RSS added during the load (MiB)'))
+    ):
         ax = axes[column]
         for i, size in enumerate(sizes):
             values = [summary['results'][size].get(m, {}).get(key, 0) for m in modes]

@@ -105,11 +105,30 @@ import torch.distributed as torch_dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
 NAME = 'checkpoint_stall'
-ALL_MODES = ('none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', 'fsspec_async', 's3tc_save',
-             's3tc_async')
+ALL_MODES = (
+    'none',
+    'ours_save',
+    'ours_async',
+    'fs_upload',
+    'fs_async_local',
+    'fsspec_async',
+    's3tc_save',
+    's3tc_async',
+)
 # Not by default: ours with sync_files=True, and ours with 4 shard files per rank (upload overlapping the write).
-EXTRA_MODES = ('ours_save_fsync', 'ours_async_fsync', 'ours_save_4files', 'ours_async_4files', 'ours_async_1file', 'ours_async_process',
-               'ours_async_normal', 'ours_async_8files', 'ours_async_fresh', 'ours_save_zstd', 'ours_async_zstd')
+EXTRA_MODES = (
+    'ours_save_fsync',
+    'ours_async_fsync',
+    'ours_save_4files',
+    'ours_async_4files',
+    'ours_async_1file',
+    'ours_async_process',
+    'ours_async_normal',
+    'ours_async_8files',
+    'ours_async_fresh',
+    'ours_save_zstd',
+    'ours_async_zstd',
+)
 POLL_S = 0.05
 
 
@@ -169,7 +188,7 @@ class BucketWatcher:
 
     def _complete(self, prefix: str) -> bool:
         listing = self._client.list_objects_v2(Bucket=C.MOTO_BUCKET, Prefix=prefix + '/')
-        names = [obj['Key'][len(prefix) + 1:] for obj in listing.get('Contents', [])]
+        names = [obj['Key'][len(prefix) + 1 :] for obj in listing.get('Contents', [])]
         return '.metadata' in names and sum(n.endswith('.distcp') for n in names) >= self._world
 
     def _run(self) -> None:
@@ -189,15 +208,24 @@ class BucketWatcher:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = C.base_parser(__doc__.splitlines()[0])
-    parser.add_argument('--sizes', default='256MiB', help='total checkpoint sizes (all ranks together), comma-separated')
-    parser.add_argument('--device-ms', default='0',
-                        help='comma-separated: emulated accelerator wait per step in ms (0: a CPU-bound step); '
-                             'each value is its own experiment')
+    parser.add_argument(
+        '--sizes', default='256MiB', help='total checkpoint sizes (all ranks together), comma-separated'
+    )
+    parser.add_argument(
+        '--device-ms',
+        default='0',
+        help='comma-separated: emulated accelerator wait per step in ms (0: a CPU-bound step); '
+        'each value is its own experiment',
+    )
     parser.add_argument('--every', type=int, default=10, help='a save every this many steps')
     parser.add_argument('--saves', type=int, default=2, help='saves per timed segment')
     parser.add_argument('--rounds', type=int, default=2, help='timed segments per mode (plus one warm-up round)')
-    parser.add_argument('--filler-cols', type=int, default=4096,
-                        help="columns of the uint8 filler table (0: a flat 1-D filler, the old layout)")
+    parser.add_argument(
+        '--filler-cols',
+        type=int,
+        default=4096,
+        help="columns of the uint8 filler table (0: a flat 1-D filler, the old layout)",
+    )
     parser.add_argument('--width', type=int, default=1024)
     parser.add_argument('--depth', type=int, default=4)
     parser.add_argument('--batch', type=int, default=128)
@@ -205,10 +233,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--workers', type=int, default=4, help='upload workers of ours and of fs_upload')
     parser.add_argument('--workdir', default=None)
     parser.add_argument('--max-tail-steps', type=int, default=3000)
-    parser.add_argument('--memory-saves', type=int, default=300,
-                        help="then this many back-to-back saves of a small sharded state through one "
-                             "CheckpointWriter (dcp.save and dcp.async_save alternating, keep_last=2), "
-                             "sampling the rank's RSS and the memory dist_logging's code holds (0: skip)")
+    parser.add_argument(
+        '--memory-saves',
+        type=int,
+        default=300,
+        help="then this many back-to-back saves of a small sharded state through one "
+        "CheckpointWriter (dcp.save and dcp.async_save alternating, keep_last=2), "
+        "sampling the rank's RSS and the memory dist_logging's code holds (0: skip)",
+    )
     parser.add_argument('--memory-state', default='1MiB', help="the memory experiment's state size per rank")
     C.add_s3_server_arguments(parser)
     args = parser.parse_args(argv)
@@ -255,11 +287,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         for total in sizes:
             for ms in device_ms:
                 label = f'{C.format_size(total)}/{"cpu-bound" if ms == 0 else f"device-{ms:g}ms"}'
-                d.log(f'{NAME}: {label}, {d.world_size} ranks, modes {modes}, a save every {args.every} steps, '
-                      f'{args.rounds} rounds x {args.saves} saves')
+                d.log(
+                    f'{NAME}: {label}, {d.world_size} ranks, modes {modes}, a save every {args.every} steps, '
+                    f'{args.rounds} rounds x {args.saves} saves'
+                )
                 experiments[label] = _experiment(args, d, total, ms, modes, setups, watcher, exclude, label)
-        memory = (_memory_experiment(args, d, work, endpoint, ckpt_group)
-                  if args.memory_saves and not any(m.startswith('ours') for m in skipped) else None)
+        memory = (
+            _memory_experiment(args, d, work, endpoint, ckpt_group)
+            if args.memory_saves and not any(m.startswith('ours') for m in skipped)
+            else None
+        )
     finally:
         if watcher is not None:
             watcher.close()
@@ -299,12 +336,18 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 # ----------------------------------------------------------------------------- modes
 
+
 class Mode:
     """How one mode saves: ``save(state, ckpt_id)`` returns (call ns, future or None, extra timings)."""
 
-    def __init__(self, save: Callable[[dict, str], tuple[Optional[Future], dict]], *,
-                 committed: Callable[[str, float], Optional[float]], cleanup: Callable[[list[str]], None],
-                 uploads: bool = True):
+    def __init__(
+        self,
+        save: Callable[[dict, str], tuple[Optional[Future], dict]],
+        *,
+        committed: Callable[[str, float], Optional[float]],
+        cleanup: Callable[[list[str]], None],
+        uploads: bool = True,
+    ):
         self.save = save
         self.committed = committed  # (ckpt id, start wall time) -> wall time it committed, None while pending
         self.cleanup = cleanup
@@ -315,11 +358,20 @@ def _future_of(response: Any) -> Future:
     return getattr(response, 'upload_completion', response)  # AsyncSaveResponse (stager futures) or a Future
 
 
-def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted: list[str],
-                skipped: dict[str, str], closers: list[Callable[[], None]], ckpt_group: Any,
-                watcher: Optional[BucketWatcher]) -> dict[str, Mode]:
-    setups: dict[str, Mode] = {'none': Mode(lambda sd, cid: (None, {}), committed=lambda cid, t0: t0,
-                                            cleanup=lambda ids: None, uploads=False)}
+def _make_modes(
+    args: Any,
+    d: C.Dist,
+    work: pathlib.Path,
+    endpoint: str,
+    wanted: list[str],
+    skipped: dict[str, str],
+    closers: list[Callable[[], None]],
+    ckpt_group: Any,
+    watcher: Optional[BucketWatcher],
+) -> dict[str, Mode]:
+    setups: dict[str, Mode] = {
+        'none': Mode(lambda sd, cid: (None, {}), committed=lambda cid, t0: t0, cleanup=lambda ids: None, uploads=False)
+    }
     s3 = C.s3_client(endpoint)
     bucket_uri = f's3://{C.MOTO_BUCKET}'
     # Wall times the coordinator saw each async save finish (DCP's writers: its finish() is the commit).
@@ -328,6 +380,7 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
     def on_done(cid: str) -> Callable[[Future], None]:
         def callback(_: Future) -> None:
             finished[cid] = time.time()
+
         return callback
 
     def delete_prefix(prefix: str) -> None:
@@ -359,15 +412,26 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
             for mode in ('ours_save', 'ours_async', *EXTRA_MODES):
                 if mode not in wanted:
                     continue
-                writer = CheckpointWriter(bucket_uri, backend_kwargs={'endpoint_url': endpoint},
-                                          upload_staging_folder=str(work / f'staging-{mode}'),
-                                          run_name=f'bench-{mode}', num_concurrent_uploads=args.workers,
-                                          sync_files=mode.endswith('_fsync'),
-                                          files_per_rank=(4 if mode.endswith('_4files') else 8 if mode.endswith('_8files')
-                                                          else 1 if mode.endswith('_1file') else None),
-                                          upload_priority='normal' if mode.endswith('_normal') else 'idle',
-                                          cache_staged_state_dict=not mode.endswith('_fresh'),
-                                          _extensions=[ZStandard()] if mode.endswith('_zstd') else None)
+                writer = CheckpointWriter(
+                    bucket_uri,
+                    backend_kwargs={'endpoint_url': endpoint},
+                    upload_staging_folder=str(work / f'staging-{mode}'),
+                    run_name=f'bench-{mode}',
+                    num_concurrent_uploads=args.workers,
+                    sync_files=mode.endswith('_fsync'),
+                    files_per_rank=(
+                        4
+                        if mode.endswith('_4files')
+                        else 8
+                        if mode.endswith('_8files')
+                        else 1
+                        if mode.endswith('_1file')
+                        else None
+                    ),
+                    upload_priority='normal' if mode.endswith('_normal') else 'idle',
+                    cache_staged_state_dict=not mode.endswith('_fresh'),
+                    _extensions=[ZStandard()] if mode.endswith('_zstd') else None,
+                )
                 closers.append(writer.close)
 
                 def ours_committed(cid: str, t0: float, writer: Any = writer) -> Optional[float]:
@@ -384,19 +448,29 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                     delete_prefix(f'ckpt/{mode}/')
 
                 if mode.startswith('ours_save'):
+
                     def save(sd: dict, cid: str, writer: Any = writer) -> tuple[Optional[Future], dict]:
                         dcp.save(sd, checkpoint_id=cid, storage_writer=writer, process_group=ckpt_group)
                         return None, {}
                 else:
                     # ours_async_process: torch's PROCESS checkpointer (the write in its checkpoint process)
-                    kind = {'async_checkpointer_type': AsyncCheckpointerType.PROCESS} if mode.endswith('_process') else {}
+                    kind = (
+                        {'async_checkpointer_type': AsyncCheckpointerType.PROCESS} if mode.endswith('_process') else {}
+                    )
 
-                    def save(sd: dict, cid: str, writer: Any = writer, kind: dict = kind) -> tuple[Optional[Future], dict]:
-                        fut = _future_of(dcp.async_save(sd, checkpoint_id=cid, storage_writer=writer,
-                                                        process_group=ckpt_group, **kind))
+                    def save(
+                        sd: dict, cid: str, writer: Any = writer, kind: dict = kind
+                    ) -> tuple[Optional[Future], dict]:
+                        fut = _future_of(
+                            dcp.async_save(
+                                sd, checkpoint_id=cid, storage_writer=writer, process_group=ckpt_group, **kind
+                            )
+                        )
                         return fut, {}
-                setups[mode] = Mode(save, committed=ours_committed if d.is_zero else (lambda cid, t0: t0),
-                                    cleanup=ours_cleanup)
+
+                setups[mode] = Mode(
+                    save, committed=ours_committed if d.is_zero else (lambda cid, t0: t0), cleanup=ours_cleanup
+                )
 
     # ---- DCP FileSystemWriter to local disk (+ upload_file per file)
     from torch.distributed.checkpoint import FileSystemWriter
@@ -406,9 +480,12 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
         from dist_logging import Logger
         from dist_logging.destinations import RemoteUploaderDownloader
 
-        dest = RemoteUploaderDownloader(bucket_uri, backend_kwargs={'endpoint_url': endpoint},
-                                        num_concurrent_uploads=args.workers,
-                                        upload_staging_folder=str(work / 'staging-fs_upload'))
+        dest = RemoteUploaderDownloader(
+            bucket_uri,
+            backend_kwargs={'endpoint_url': endpoint},
+            num_concurrent_uploads=args.workers,
+            upload_staging_folder=str(work / 'staging-fs_upload'),
+        )
         logger = Logger([dest], run_name='bench-ckpt')
         closers.append(logger.close)
 
@@ -435,12 +512,15 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
             shutil.rmtree(local_root / 'ckpt' / 'fs_upload', ignore_errors=True)
             delete_prefix('ckpt/fs_upload/')
 
-        setups['fs_upload'] = Mode(fs_save, committed=fs_committed if d.is_zero else (lambda cid, t0: t0),
-                                   cleanup=fs_cleanup)
+        setups['fs_upload'] = Mode(
+            fs_save, committed=fs_committed if d.is_zero else (lambda cid, t0: t0), cleanup=fs_cleanup
+        )
     if 'fs_async_local' in wanted:
+
         def fsa_save(sd: dict, cid: str) -> tuple[Optional[Future], dict]:
-            fut = _future_of(dcp.async_save(sd, storage_writer=FileSystemWriter(str(local_root / cid)),
-                                            process_group=ckpt_group))
+            fut = _future_of(
+                dcp.async_save(sd, storage_writer=FileSystemWriter(str(local_root / cid)), process_group=ckpt_group)
+            )
             fut.add_done_callback(on_done(cid))
             return fut, {}
 
@@ -458,6 +538,7 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
         except ImportError as exc:
             skipped['fsspec_async'] = f's3fs / FsspecWriter not importable: {exc}'
         else:
+
             def fsspec_save(sd: dict, cid: str) -> tuple[Optional[Future], dict]:
                 # A writer per save: reset(checkpoint_id) would re-open the filesystem without endpoint_url.
                 writer = FsspecWriter(f's3://{C.MOTO_BUCKET}/{cid}', endpoint_url=endpoint)
@@ -465,8 +546,9 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                 fut.add_done_callback(on_done(cid))
                 return fut, {}
 
-            setups['fsspec_async'] = Mode(fsspec_save, committed=by_future_or_return,
-                                          cleanup=cleanup_bucket('fsspec_async'))
+            setups['fsspec_async'] = Mode(
+                fsspec_save, committed=by_future_or_return, cleanup=cleanup_bucket('fsspec_async')
+            )
 
     # ---- s3torchconnector
     if any(m.startswith('s3tc') for m in wanted):
@@ -500,17 +582,30 @@ def _make_modes(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, wanted:
                 return fut, {}
 
             if 's3tc_save' in wanted:
-                setups['s3tc_save'] = Mode(s3tc_save, committed=by_future_or_return, cleanup=cleanup_bucket('s3tc_save'))
+                setups['s3tc_save'] = Mode(
+                    s3tc_save, committed=by_future_or_return, cleanup=cleanup_bucket('s3tc_save')
+                )
             if 's3tc_async' in wanted:
-                setups['s3tc_async'] = Mode(s3tc_async, committed=by_future_or_return,
-                                            cleanup=cleanup_bucket('s3tc_async'))
+                setups['s3tc_async'] = Mode(
+                    s3tc_async, committed=by_future_or_return, cleanup=cleanup_bucket('s3tc_async')
+                )
     return setups
 
 
 # ----------------------------------------------------------------------------- one experiment
 
-def _experiment(args: Any, d: C.Dist, total: int, device_ms: float, modes: list[str], setups: dict[str, Mode],
-                watcher: Optional[BucketWatcher], exclude: tuple, label: str) -> dict[str, Any]:
+
+def _experiment(
+    args: Any,
+    d: C.Dist,
+    total: int,
+    device_ms: float,
+    modes: list[str],
+    setups: dict[str, Mode],
+    watcher: Optional[BucketWatcher],
+    exclude: tuple,
+    label: str,
+) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor, Shard, init_device_mesh
 
@@ -539,13 +634,36 @@ def _experiment(args: Any, d: C.Dist, total: int, device_ms: float, modes: list[
     # rows rounded up: the checkpoint is at least the size asked for
     shape = (-(-per_rank // cols), cols) if cols else (per_rank,)
     local = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
-    filler = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
-                                shape=torch.Size([shape[0] * d.world_size, *shape[1:]]), stride=local.stride())
+    filler = DTensor.from_local(
+        local,
+        mesh,
+        [Shard(0)],
+        run_check=False,
+        shape=torch.Size([shape[0] * d.world_size, *shape[1:]]),
+        stride=local.stride(),
+    )
     ckpt_bytes = sum(d.all_gather_object(local_bytes({'m': msd, 'o': osd, 'f': filler})))
     C.touch_memory(3 * per_rank)
 
-    rec: dict[str, dict[str, list]] = {m: {k: [] for k in ('steps', 'blocking', 'wait', 'call', 'save_call', 'call_cpu',
-                                                           'local', 'commit', 'cpu', 'io', 'tail')} for m in modes}
+    rec: dict[str, dict[str, list]] = {
+        m: {
+            k: []
+            for k in (
+                'steps',
+                'blocking',
+                'wait',
+                'call',
+                'save_call',
+                'call_cpu',
+                'local',
+                'commit',
+                'cpu',
+                'io',
+                'tail',
+            )
+        }
+        for m in modes
+    }
     tail_capped = dict.fromkeys(modes, 0)
     for r, order in C.rotations(modes, args.rounds + 1):
         for mode in order:
@@ -640,13 +758,26 @@ def _all_ranks(d: C.Dist, flag: bool) -> bool:
     return bool(value.item())
 
 
-def _summarize(args: Any, d: C.Dist, modes: list[str], rec: dict, tail_capped: dict, ckpt_bytes: int,
-               state_total: int, device_ms: float, setups: dict[str, Mode]) -> dict[str, Any]:
+def _summarize(
+    args: Any,
+    d: C.Dist,
+    modes: list[str],
+    rec: dict,
+    tail_capped: dict,
+    ckpt_bytes: int,
+    state_total: int,
+    device_ms: float,
+    setups: dict[str, Mode],
+) -> dict[str, Any]:
     every = d.all_gather_object(rec)
     gib = ckpt_bytes / (1 << 30)
     per_segment_steps = args.every * args.saves
-    out: dict[str, Any] = {'checkpoint_bytes': ckpt_bytes, 'model_and_optimizer_bytes': state_total,
-                           'device_ms': device_ms, 'modes': {}}
+    out: dict[str, Any] = {
+        'checkpoint_bytes': ckpt_bytes,
+        'model_and_optimizer_bytes': state_total,
+        'device_ms': device_ms,
+        'modes': {},
+    }
 
     def slowest(key: str, mode: str) -> list[float]:
         n = len(rec[mode][key])
@@ -654,8 +785,10 @@ def _summarize(args: Any, d: C.Dist, modes: list[str], rec: dict, tail_capped: d
 
     def seg_cpu(mode: str) -> list[tuple[float, float]]:  # (tree CPU, in-call CPU), summed over ranks
         n = len(rec[mode]['cpu'])
-        return [(sum(rank[mode]['cpu'][i][0] for rank in every), sum(rank[mode]['cpu'][i][1] for rank in every))
-                for i in range(n)]
+        return [
+            (sum(rank[mode]['cpu'][i][0] for rank in every), sum(rank[mode]['cpu'][i][1] for rank in every))
+            for i in range(n)
+        ]
 
     none_cpu = [c for c, _ in seg_cpu('none')]
     none_cpu_per_step = sum(none_cpu) / len(none_cpu) / per_segment_steps if none_cpu else 0.0
@@ -684,8 +817,9 @@ def _summarize(args: Any, d: C.Dist, modes: list[str], rec: dict, tail_capped: d
             entry['ckpt_cpu_s_per_gib'] = ckpt_cpu / (gib * args.saves)
             entry['in_call_cpu_s_per_gib'] = in_call / (gib * args.saves)
             entry['background_cpu_s_per_gib'] = (ckpt_cpu - in_call) / (gib * args.saves)
-        ios = [{k: sum(rank[mode]['io'][i][k] for rank in every) for k in C.IO_FIELDS}
-               for i in range(len(rec[mode]['io']))]
+        ios = [
+            {k: sum(rank[mode]['io'][i][k] for rank in every) for k in C.IO_FIELDS} for i in range(len(rec[mode]['io']))
+        ]
         if ios:
             mean = {k: sum(io[k] for io in ios) / len(ios) for k in C.IO_FIELDS}
             entry['disk_bytes_per_checkpoint_byte'] = {k: mean[k] / (ckpt_bytes * args.saves) for k in C.IO_FIELDS}
@@ -703,29 +837,35 @@ def _targets(exp: dict[str, Any]) -> dict[str, Any]:
 
     targets: dict[str, Any] = {}
     ref = med('fs_upload', 'save_call_ms')
-    for name, mode, refmode, refkey in (('ours_save_blocking_le_1.1x_filesystemwriter_save', 'ours_save', 'fs_upload',
-                                         'save_call_ms'),
-                                        ('ours_async_blocking_le_1.1x_dcp_async_local', 'ours_async', 'fs_async_local',
-                                         'blocking_ms')):
+    for name, mode, refmode, refkey in (
+        ('ours_save_blocking_le_1.1x_filesystemwriter_save', 'ours_save', 'fs_upload', 'save_call_ms'),
+        ('ours_async_blocking_le_1.1x_dcp_async_local', 'ours_async', 'fs_async_local', 'blocking_ms'),
+    ):
         value, ref = med(mode, 'blocking_ms'), med(refmode, refkey)
         r = C.ratio(value, ref)
-        targets[name] = {'ours_ms': value, 'reference_ms': ref, 'ratio': r,
-                         'met': None if r is None else r <= 1.1}
+        targets[name] = {'ours_ms': value, 'reference_ms': ref, 'ratio': r, 'met': None if r is None else r <= 1.1}
     others = {mode: med(mode, 'commit_s') for mode in ('fsspec_async', 's3tc_save', 's3tc_async')}
     others = {k: v for k, v in others.items() if v is not None}
     best = min(others.values()) if others else None
     for mode in ('ours_save', 'ours_async'):
         value = med(mode, 'commit_s')
         r = C.ratio(value, best)
-        targets[f'{mode}_commit_le_best_of_modes_4_5'] = {'ours_s': value, 'best_s': best,
-                                                          'best_mode': min(others, key=others.get) if others else None,
-                                                          'ratio': r, 'met': None if r is None else r <= 1.0}
+        targets[f'{mode}_commit_le_best_of_modes_4_5'] = {
+            'ours_s': value,
+            'best_s': best,
+            'best_mode': min(others, key=others.get) if others else None,
+            'ratio': r,
+            'met': None if r is None else r <= 1.0,
+        }
     for mode in ('ours_save', 'ours_async'):
         io = m.get(mode, {}).get('disk_bytes_per_checkpoint_byte')
         if io:
             # "Once": within 5 % over one pass (.metadata, journal lines, S3 responses, /proc reads).
-            targets[f'{mode}_written_once_read_once'] = {'write_bytes_x': io['write_bytes'], 'rchar_x': io['rchar'],
-                                                         'met': io['write_bytes'] <= 1.05 and io['rchar'] <= 1.05}
+            targets[f'{mode}_written_once_read_once'] = {
+                'write_bytes_x': io['write_bytes'],
+                'rchar_x': io['rchar'],
+                'met': io['write_bytes'] <= 1.05 and io['rchar'] <= 1.05,
+            }
     return targets
 
 
@@ -771,17 +911,24 @@ def _memory_experiment(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, 
     state = {'w': weight, f'opt_rank{d.rank}': torch.zeros(1024), 'step': torch.tensor(0)}
     staging = work / 'staging-memory'
     local_root = pathlib.Path(d.broadcast_object(str(work / 'fs-memory')))
-    writer = CheckpointWriter(f's3://{C.MOTO_BUCKET}/memory', backend_kwargs={'endpoint_url': endpoint},
-                              upload_staging_folder=str(staging), run_name='bench-memory', keep_last=2,
-                              num_concurrent_uploads=args.workers)
+    writer = CheckpointWriter(
+        f's3://{C.MOTO_BUCKET}/memory',
+        backend_kwargs={'endpoint_url': endpoint},
+        upload_staging_folder=str(staging),
+        run_name='bench-memory',
+        keep_last=2,
+        num_concurrent_uploads=args.workers,
+    )
     package = str(pathlib.Path(__file__).resolve().parents[1] / 'dist_logging')
     samples: list[dict[str, Any]] = []
     rss_growth = {'ours': [], 'filesystemwriter': []}  # (saves of the mode so far, cumulative RSS change)
     halfway: Any = None  # the snapshot at half the saves, to attribute what grew after it
     growth: list[dict[str, Any]] = []
     block = 10
-    d.log(f'{NAME}: memory, {args.memory_saves} saves of {C.format_size(per_rank)} per rank through one writer, '
-          f'interleaved with as many FileSystemWriter saves')
+    d.log(
+        f'{NAME}: memory, {args.memory_saves} saves of {C.format_size(per_rank)} per rank through one writer, '
+        f'interleaved with as many FileSystemWriter saves'
+    )
     started = time.monotonic()
     tracemalloc.start()
     try:
@@ -820,13 +967,23 @@ def _memory_experiment(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, 
             if halfway is None and done['ours'] > args.memory_saves // 2:
                 halfway = snapshot
             elif done['ours'] >= args.memory_saves and halfway is not None:
-                growth = [{'where': str(stat.traceback), 'bytes': stat.size_diff, 'blocks': stat.count_diff}
-                          for stat in snapshot.compare_to(halfway, 'lineno')[:5] if stat.size_diff]
-            samples.append({'saves': done['ours'], 'rss': _rss_bytes(),
-                            'dist_logging_py': sum(stat.size for stat in snapshot.statistics('filename')),
-                            'threads': threading.active_count(), 'fds': len(os.listdir('/proc/self/fd')),
-                            'staged': sum(size for size, _ in staged), 'largest_staged': max(staged, default=None),
-                            'timings_kept': len(writer.timings)})
+                growth = [
+                    {'where': str(stat.traceback), 'bytes': stat.size_diff, 'blocks': stat.count_diff}
+                    for stat in snapshot.compare_to(halfway, 'lineno')[:5]
+                    if stat.size_diff
+                ]
+            samples.append(
+                {
+                    'saves': done['ours'],
+                    'rss': _rss_bytes(),
+                    'dist_logging_py': sum(stat.size for stat in snapshot.statistics('filename')),
+                    'threads': threading.active_count(),
+                    'fds': len(os.listdir('/proc/self/fd')),
+                    'staged': sum(size for size, _ in staged),
+                    'largest_staged': max(staged, default=None),
+                    'timings_kept': len(writer.timings),
+                }
+            )
     finally:
         tracemalloc.stop()
         writer.close()
@@ -834,7 +991,9 @@ def _memory_experiment(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, 
         if d.local_rank == 0:
             shutil.rmtree(local_root, ignore_errors=True)
     # one listing, no read: the sink keeps no bytes
-    committed = list_checkpoints(f's3://{C.MOTO_BUCKET}/memory', 'ckpt/memory', backend_kwargs={'endpoint_url': endpoint})
+    committed = list_checkpoints(
+        f's3://{C.MOTO_BUCKET}/memory', 'ckpt/memory', backend_kwargs={'endpoint_url': endpoint}
+    )
 
     def per_100(series: list[tuple[int, int]]) -> Optional[float]:
         half = [point for point in series if point[0] > args.memory_saves // 2] or series
@@ -842,22 +1001,31 @@ def _memory_experiment(args: Any, d: C.Dist, work: pathlib.Path, endpoint: str, 
             return None
         return (half[-1][1] - half[0][1]) * 100 / (half[-1][0] - half[0][0])
 
-    mine = {'samples': samples, 'rss_growth_by_mode': rss_growth,
-            'rss_growth_bytes_per_100_saves': {mode: per_100(series) for mode, series in rss_growth.items()},
-            'dist_logging_py_growth_bytes_per_100_saves': per_100([(s['saves'], s['dist_logging_py'])
-                                                                   for s in samples]),
-            'dist_logging_py_top_growth_second_half': growth,
-            'threads_first_last': [samples[0]['threads'], samples[-1]['threads']] if samples else None,
-            'fds_first_last': [samples[0]['fds'], samples[-1]['fds']] if samples else None,
-            'staged_bytes_max': max((s['staged'] for s in samples), default=0)}
+    mine = {
+        'samples': samples,
+        'rss_growth_by_mode': rss_growth,
+        'rss_growth_bytes_per_100_saves': {mode: per_100(series) for mode, series in rss_growth.items()},
+        'dist_logging_py_growth_bytes_per_100_saves': per_100([(s['saves'], s['dist_logging_py']) for s in samples]),
+        'dist_logging_py_top_growth_second_half': growth,
+        'threads_first_last': [samples[0]['threads'], samples[-1]['threads']] if samples else None,
+        'fds_first_last': [samples[0]['fds'], samples[-1]['fds']] if samples else None,
+        'staged_bytes_max': max((s['staged'] for s in samples), default=0),
+    }
     everyone = d.all_gather_object(mine)
-    return {'saves': args.memory_saves, 'state_bytes_per_rank': per_rank, 'keep_last': 2,
-            'seconds': time.monotonic() - started, 'committed_at_end': committed,
-            'worst_rss_growth_bytes_per_100_saves': {
-                mode: max((r['rss_growth_bytes_per_100_saves'][mode] or 0) for r in everyone) for mode in rss_growth},
-            'worst_dist_logging_py_growth_bytes_per_100_saves': max(
-                (r['dist_logging_py_growth_bytes_per_100_saves'] or 0) for r in everyone),
-            'ranks': everyone}
+    return {
+        'saves': args.memory_saves,
+        'state_bytes_per_rank': per_rank,
+        'keep_last': 2,
+        'seconds': time.monotonic() - started,
+        'committed_at_end': committed,
+        'worst_rss_growth_bytes_per_100_saves': {
+            mode: max((r['rss_growth_bytes_per_100_saves'][mode] or 0) for r in everyone) for mode in rss_growth
+        },
+        'worst_dist_logging_py_growth_bytes_per_100_saves': max(
+            (r['dist_logging_py_growth_bytes_per_100_saves'] or 0) for r in everyone
+        ),
+        'ranks': everyone,
+    }
 
 
 def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
@@ -867,9 +1035,11 @@ def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
     modes = [m for m in next(iter(summary['experiments'].values()))['modes'] if m != 'none'] if labels else []
     width = 0.8 / max(len(labels), 1)
     xs = list(range(len(modes)))
-    panels = (('blocking_ms', 'training-thread blocking per save (ms, median, slowest rank)', True),
-              ('commit_s', 'save start -> committed in the bucket (s, median)', False),
-              ('disk', 'local disk per checkpoint byte: written (bar), read() (dot)', False))
+    panels = (
+        ('blocking_ms', 'training-thread blocking per save (ms, median, slowest rank)', True),
+        ('commit_s', 'save start -> committed in the bucket (s, median)', False),
+        ('disk', 'local disk per checkpoint byte: written (bar), read() (dot)', False),
+    )
     for ax, (key, title, log) in zip(axes, panels):
         for i, label in enumerate(labels):
             exp = summary['experiments'][label]['modes']
@@ -890,17 +1060,28 @@ def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
         ax = axes[3]
         for rank, mine in enumerate(memory['ranks']):
             for mode, series in mine['rss_growth_by_mode'].items():
-                ax.plot([x for x, _ in series], [y / 2**20 for _, y in series], label=f'RSS change, {mode}, rank {rank}')
-            ax.plot([s['saves'] for s in mine['samples']], [s['dist_logging_py'] / 2**20 for s in mine['samples']],
-                    linestyle='--', label=f"dist_logging's Python memory, rank {rank}")
+                ax.plot(
+                    [x for x, _ in series], [y / 2**20 for _, y in series], label=f'RSS change, {mode}, rank {rank}'
+                )
+            ax.plot(
+                [s['saves'] for s in mine['samples']],
+                [s['dist_logging_py'] / 2**20 for s in mine['samples']],
+                linestyle='--',
+                label=f"dist_logging's Python memory, rank {rank}",
+            )
         ax.set_xlabel('saves (of each mode, interleaved in blocks of 10)')
         ax.set_ylabel('MiB')
-        ax.set_title(f"memory over {memory['saves']} saves of {C.format_size(memory['state_bytes_per_rank'])}"
-                     ' per rank', fontsize=9)
+        ax.set_title(
+            f"memory over {memory['saves']} saves of {C.format_size(memory['state_bytes_per_rank'])} per rank",
+            fontsize=9,
+        )
         ax.legend(fontsize=6)
     note = ' (oversubscribed)' if d.local_world_size > (os.cpu_count() or 1) else ''
-    fig.suptitle(f'{NAME}: {d.world_size} rank(s){note}, a save every {summary["every"]} steps, '
-                 f'S3 {summary["s3_server"]} over {summary["s3_scheme"]}', fontsize=10)
+    fig.suptitle(
+        f'{NAME}: {d.world_size} rank(s){note}, a save every {summary["every"]} steps, '
+        f'S3 {summary["s3_server"]} over {summary["s3_scheme"]}',
+        fontsize=10,
+    )
     C.save_figure(fig, NAME, d, out_json)
 
 

@@ -58,6 +58,7 @@ SIM_NAME = 'gather_cost_simulated'
 
 # ---------------------------------------------------------------------------- counting collectives
 
+
 class CollectiveCounter:
     """Wraps torch.distributed's collectives to record (name, input bytes) while ``active``."""
 
@@ -75,6 +76,7 @@ class CollectiveCounter:
                 tensor = args[1] if name == 'all_gather' else args[0]
                 self.calls.append((name, tensor.numel() * tensor.element_size()))
             return real(*args, **kwargs)
+
         return wrapper
 
     def measure(self, fn: Any) -> list[tuple[str, int]]:
@@ -107,8 +109,7 @@ def wire_bytes(calls: list[tuple[str, int]], world: int, rank: int) -> dict[str,
         else:
             sent += nbytes
             received += nbytes
-    return {'input': float(sum(n for _, n in calls)), 'sent': sent, 'received': received,
-            'collectives': len(calls)}
+    return {'input': float(sum(n for _, n in calls)), 'sent': sent, 'received': received, 'collectives': len(calls)}
 
 
 def null_destination() -> Any:
@@ -128,16 +129,26 @@ def metrics_for(k: int, value: float) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------- torchrun mode
 
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = C.base_parser(__doc__.splitlines()[0])
     parser.add_argument('--keys', default='1,10,100,1000', help='comma-separated K values')
     parser.add_argument('--rounds', type=int, default=40, help='rounds per K (per_key uses fewer at large K)')
-    parser.add_argument('--per-key-budget', type=int, default=8000,
-                        help='at most this many single-element all_reduces per K for the per_key mode')
-    parser.add_argument('--design', choices=('new', 'old', 'both'), default='both',
-                        help='which gathering design(s) to time (old: one all_gather per flush)')
-    parser.add_argument('--simulate', default=None,
-                        help='comma-separated world sizes: run the simulated-world mode in this one process')
+    parser.add_argument(
+        '--per-key-budget',
+        type=int,
+        default=8000,
+        help='at most this many single-element all_reduces per K for the per_key mode',
+    )
+    parser.add_argument(
+        '--design',
+        choices=('new', 'old', 'both'),
+        default='both',
+        help='which gathering design(s) to time (old: one all_gather per flush)',
+    )
+    parser.add_argument(
+        '--simulate', default=None, help='comma-separated world sizes: run the simulated-world mode in this one process'
+    )
     parser.add_argument('--sim-rounds', type=int, default=20, help='flushes timed per (N, K) in --simulate')
     args = parser.parse_args(argv)
     if args.quick:
@@ -252,13 +263,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             per_round_max = [max(rank['samples'][mode][i] for rank in every) for i in range(len(samples[mode]))]
             entry[mode] = {'slowest_rank': C.summarize(per_round_max), 'rank0': C.summarize(every[0]['samples'][mode])}
         if 'auto' in modes:  # the training thread's CPU time (not wall time) in batch_end, per rank
-            entry['auto_cpu'] = {'rank0': C.summarize(every[0]['samples']['auto_cpu']),
-                                 'other': C.summarize(every[-1]['samples']['auto_cpu'])}
+            entry['auto_cpu'] = {
+                'rank0': C.summarize(every[0]['samples']['auto_cpu']),
+                'other': C.summarize(every[-1]['samples']['auto_cpu']),
+            }
         other = every[-1]['counted']
         entry['collectives_per_flush'] = {'min': len(counted['new']['calls']), 'max': len(counted['new']['calls'])}
-        entry['collectives'] = {label: [name for name, _ in every[0]['counted'][label]['calls']] for label in ('new', 'old')}
-        entry['bytes_per_flush'] = {label: {'rank0': every[0]['counted'][label]['rank'], 'other': other[label]['rank']}
-                                    for label in ('new', 'old')}
+        entry['collectives'] = {
+            label: [name for name, _ in every[0]['counted'][label]['calls']] for label in ('new', 'old')
+        }
+        entry['bytes_per_flush'] = {
+            label: {'rank0': every[0]['counted'][label]['rank'], 'other': other[label]['rank']}
+            for label in ('new', 'old')
+        }
         med = {m: entry[m]['slowest_rank']['median'] for m in modes}
         entry['ratio_flush_over_floor'] = C.ratio(med['flush'], med['floor_1tensor']) if 'flush' in med else None
         entry['ratio_per_key_over_flush'] = C.ratio(med['per_key'], med['flush']) if 'flush' in med else None
@@ -266,16 +283,19 @@ def main(argv: Optional[list[str]] = None) -> int:
             entry['ratio_new_over_old'] = C.ratio(med['flush'], med['flush_old'])
             entry['ratio_auto_over_old'] = C.ratio(med['auto'], med['flush_old'])
         results[str(k)] = entry
-        d.log(f'  K={k}: ' + ', '.join(f'{m} {med[m]:.1f} µs' for m in modes)
-              + f'; bytes in/out per rank new {entry["bytes_per_flush"]["new"]["other"]}, '
-              f'old {entry["bytes_per_flush"]["old"]["other"]}')
+        d.log(
+            f'  K={k}: '
+            + ', '.join(f'{m} {med[m]:.1f} µs' for m in modes)
+            + f'; bytes in/out per rank new {entry["bytes_per_flush"]["new"]["other"]}, '
+            f'old {entry["bytes_per_flush"]["old"]["other"]}'
+        )
     logger.close()
     auto_logger.close()
     schedule = measure_schedule(d, counter, max(ks))
 
     summary: dict[str, Any] = {
         'what': 'flush cost (µs, slowest rank per round) of the current and the previous design vs one all_reduce of '
-                'K floats (floor) vs K all_reduces; collectives and bytes per flush; collectives per batches',
+        'K floats (floor) vs K all_reduces; collectives and bytes per flush; collectives per batches',
         'unit': 'us',
         'keys': ks,
         'results': results,
@@ -283,7 +303,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     }
     summary['targets'] = targets(results, schedule, d.world_size)
     if d.world_size > 1 and any((results[str(k)]['collectives_per_flush'] or {}).get('max') == 0 for k in ks):
-        summary['warning'] = 'flush() issued no collective at world size > 1: the flush figures are not a real reduction'
+        summary['warning'] = (
+            'flush() issued no collective at world size > 1: the flush figures are not a real reduction'
+        )
     C.finish(NAME, d, summary, args, plot)
     return 0
 
@@ -308,11 +330,14 @@ def measure_schedule(d: C.Dist, counter: CollectiveCounter, k: int) -> dict[str,
                     if logged:
                         logger.log_metrics(metrics, reduce='mean')
                     logger.batch_end()
+
             d.barrier()
             calls = counter.measure(run)
             logger.close()
-            out[f'{label}_every{flush_every}'] = {'collectives': len(calls),
-                                                  'bytes': wire_bytes(calls, d.world_size, d.rank)}
+            out[f'{label}_every{flush_every}'] = {
+                'collectives': len(calls),
+                'bytes': wire_bytes(calls, d.world_size, d.rank),
+            }
     # The previous design: batch_end flushed at every batch, whatever was logged.
     logger = Logger([null_destination()], run_name='bench-gather-schedule', auto_flush=False)
     old = OldGatherer(logger._group)
@@ -326,6 +351,7 @@ def measure_schedule(d: C.Dist, counter: CollectiveCounter, k: int) -> dict[str,
                 if logged:
                     old.add(metrics, None, 'mean')
                 old.flush(batch)
+
         d.barrier()
         calls = counter.measure(run_old)
         out[f'{label}_old'] = {'collectives': len(calls), 'bytes': wire_bytes(calls, d.world_size, d.rank)}
@@ -341,20 +367,33 @@ def targets(results: dict[str, Any], schedule: dict[str, Any], world: int) -> di
         if world == 1:
             note = 'world size 1: flush issues no collective; ratios are not meaningful'
         if e.get('ratio_flush_over_floor') is not None:
-            out['flush_100_le_2x_floor'] = {'ratio': e['ratio_flush_over_floor'], 'target': 2.0,
-                                            'met': e['ratio_flush_over_floor'] <= 2.0, 'note': note}
-            out['per_key_100_ge_10x_flush'] = {'ratio': e['ratio_per_key_over_flush'], 'target': 10.0,
-                                               'met': e['ratio_per_key_over_flush'] >= 10.0, 'note': note}
-        out['bytes_per_rank_100_keys'] = {'new': e['bytes_per_flush']['new']['other'],
-                                          'old': e['bytes_per_flush']['old']['other'],
-                                          'note': 'compare across world sizes: within 1.25x of 2 ranks at 8 is the target'}
+            out['flush_100_le_2x_floor'] = {
+                'ratio': e['ratio_flush_over_floor'],
+                'target': 2.0,
+                'met': e['ratio_flush_over_floor'] <= 2.0,
+                'note': note,
+            }
+            out['per_key_100_ge_10x_flush'] = {
+                'ratio': e['ratio_per_key_over_flush'],
+                'target': 10.0,
+                'met': e['ratio_per_key_over_flush'] >= 10.0,
+                'note': note,
+            }
+        out['bytes_per_rank_100_keys'] = {
+            'new': e['bytes_per_flush']['new']['other'],
+            'old': e['bytes_per_flush']['old']['other'],
+            'note': 'compare across world sizes: within 1.25x of 2 ranks at 8 is the target',
+        }
     out['zero_collectives_between_flushes'] = {
         'keys_100_every10': schedule['keys_100_every10']['collectives'],
-        'expected_at_most': 2 * 10, 'met': schedule['keys_100_every10']['collectives'] <= 20}
+        'expected_at_most': 2 * 10,
+        'met': schedule['keys_100_every10']['collectives'] <= 20,
+    }
     return out
 
 
 # ---------------------------------------------------------------------------- simulated world
+
 
 def simulate(args: Any, ks: list[int], worlds: list[int]) -> int:
     """One process, torch's fake process group: CPU per flush and bytes at world sizes up to thousands."""
@@ -405,38 +444,59 @@ def simulate(args: Any, ks: list[int], worlds: list[int]) -> int:
                     calls = counter.measure(lambda: old.flush(i + 1))
                     cpu.append(time.thread_time_ns() - t0)
                 row[f'old_{who}'] = {'cpu_us': C.summarize(cpu), 'bytes': wire_bytes(calls, world, rank)}
-                print(f'[bench] simulated N={world} rank={rank} K={k}: new {row[f"new_{who}"]["cpu_us"]["median"]:.0f} µs, '
-                      f'old {row[f"old_{who}"]["cpu_us"]["median"]:.0f} µs', file=sys.stderr, flush=True)
+                print(
+                    f'[bench] simulated N={world} rank={rank} K={k}: new {row[f"new_{who}"]["cpu_us"]["median"]:.0f} µs, '
+                    f'old {row[f"old_{who}"]["cpu_us"]["median"]:.0f} µs',
+                    file=sys.stderr,
+                    flush=True,
+                )
     torch_dist.destroy_process_group()
     summary: dict[str, Any] = {
         'what': 'simulated world (fake process group, one process): training-thread CPU per flush (µs, thread time) '
-                'and modelled bytes per rank, current vs previous design',
-        'keys': ks, 'worlds': worlds, 'results': out,
+        'and modelled bytes per rank, current vs previous design',
+        'keys': ks,
+        'worlds': worlds,
+        'results': out,
     }
     big, k100 = str(max(worlds)), out.get(str(max(worlds)), {}).get('100')
     if k100:
         worst = max(k100['new_rank0']['cpu_us']['median'], k100.get('new_other', k100['new_rank0'])['cpu_us']['median'])
-        summary['targets'] = {f'cpu_per_flush_{big}_ranks_100_keys_lt_2ms': {'us': worst, 'target_us': 2000,
-                                                                             'met': worst < 2000}}
-    d = C.Dist(rank=0, world_size=1, local_rank=0, local_world_size=1, node=C.socket.gethostname(), backend='fake',
-               device=torch.device('cpu'))
+        summary['targets'] = {
+            f'cpu_per_flush_{big}_ranks_100_keys_lt_2ms': {'us': worst, 'target_us': 2000, 'met': worst < 2000}
+        }
+    d = C.Dist(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node=C.socket.gethostname(),
+        backend='fake',
+        device=torch.device('cpu'),
+    )
     C.finish(SIM_NAME, d, summary, args, plot_simulated)
     return 0
 
 
 # ---------------------------------------------------------------------------- plots
 
+
 def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
     fig, (ax, bx) = C.new_figure(ncols=2, width=12.8)
     ks = summary['keys']
     first = summary['results'][str(ks[0])]
     modes = [m for m in ('flush', 'auto', 'flush_old', 'floor_1tensor', 'per_key', 'floor_nccl') if m in first]
-    labels = {'flush': 'flush (SUM + MAX all_reduce)', 'auto': 'automatic flush (training thread, async)', 'flush_old': 'previous flush (one all_gather)',
-              'floor_1tensor': 'one all_reduce of K floats (floor)', 'per_key': 'K all_reduces (per-key sync_dist)',
-              'floor_nccl': 'one NCCL all_reduce (CUDA)'}
+    labels = {
+        'flush': 'flush (SUM + MAX all_reduce)',
+        'auto': 'automatic flush (training thread, async)',
+        'flush_old': 'previous flush (one all_gather)',
+        'floor_1tensor': 'one all_reduce of K floats (floor)',
+        'per_key': 'K all_reduces (per-key sync_dist)',
+        'floor_nccl': 'one NCCL all_reduce (CUDA)',
+    }
     for mode in modes:
-        ax.plot(ks, [summary['results'][str(k)][mode]['slowest_rank']['median'] for k in ks], marker='o',
-                label=labels[mode])
+        ax.plot(
+            ks, [summary['results'][str(k)][mode]['slowest_rank']['median'] for k in ks], marker='o', label=labels[mode]
+        )
     ax.set_xscale('log')
     ax.set_yscale('log')
     ax.set_xlabel('K (reduced keys per flush)')
@@ -463,11 +523,22 @@ def plot_simulated(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
     worlds = summary['worlds']
     for k in summary['keys']:
         for label, style in (('new', '-'), ('old', '--')):
-            ys = [summary['results'][str(n)][str(k)].get(f'{label}_other', summary['results'][str(n)][str(k)][f'{label}_rank0'])
-                  ['cpu_us']['median'] for n in worlds]
+            ys = [
+                summary['results'][str(n)][str(k)].get(
+                    f'{label}_other', summary['results'][str(n)][str(k)][f'{label}_rank0']
+                )['cpu_us']['median']
+                for n in worlds
+            ]
             ax.plot(worlds, ys, style, marker='o', label=f'{"current" if label == "new" else "previous"}, K={k}')
-            bs = [max(summary['results'][str(n)][str(k)].get(f'{label}_other', summary['results'][str(n)][str(k)][f'{label}_rank0'])
-                      ['bytes']['received'], 1) for n in worlds]
+            bs = [
+                max(
+                    summary['results'][str(n)][str(k)].get(
+                        f'{label}_other', summary['results'][str(n)][str(k)][f'{label}_rank0']
+                    )['bytes']['received'],
+                    1,
+                )
+                for n in worlds
+            ]
             bx.plot(worlds, bs, style, marker='o', label=f'{"current" if label == "new" else "previous"}, K={k}')
     for axis, ylabel in ((ax, 'CPU per flush, a rank other than zero (µs)'), (bx, 'bytes received per rank per flush')):
         axis.set_xscale('log')

@@ -124,11 +124,14 @@ def build_modes(workdir: pathlib.Path) -> tuple[dict[str, Callable], list]:
     def dict_append(metrics: Any, step: Any = None) -> None:
         append(metrics)
 
-    three = Logger([
-        InMemoryLogger(ranks='zero'),
-        ConsoleLogger(ranks='zero', stream=io.StringIO(), log_interval=1 << 30),
-        FileLogger(str(workdir / 'log-{rank}.txt'), remote_file_name='', ranks='zero', flush_interval=1 << 30),
-    ], run_name='bench-log-overhead')
+    three = Logger(
+        [
+            InMemoryLogger(ranks='zero'),
+            ConsoleLogger(ranks='zero', stream=io.StringIO(), log_interval=1 << 30),
+            FileLogger(str(workdir / 'log-{rank}.txt'), remote_file_name='', ranks='zero', flush_interval=1 << 30),
+        ],
+        run_name='bench-log-overhead',
+    )
     inmem = Logger([InMemoryLogger(ranks='zero')], run_name='bench-log-overhead')
     state = _ComposerStateLike()
     composer_design = ComposerDesignLogger(state, (ComposerDesignInMemoryLogger(state),))
@@ -158,10 +161,13 @@ def build_batch_modes(workdir: pathlib.Path) -> tuple[dict[str, Any], list]:
         batch_end = PeriodicFlushMixin.batch_end
 
     loggers = {
-        'batch_file_durable': Logger([FileLogger(str(workdir / 'durable-{rank}.txt'), remote_file_name='')],
-                                     run_name='bench-durable'),
-        'batch_file_buffered': Logger([BufferedOnlyFileLogger(str(workdir / 'buffered-{rank}.txt'),
-                                                              remote_file_name='')], run_name='bench-buffered'),
+        'batch_file_durable': Logger(
+            [FileLogger(str(workdir / 'durable-{rank}.txt'), remote_file_name='')], run_name='bench-durable'
+        ),
+        'batch_file_buffered': Logger(
+            [BufferedOnlyFileLogger(str(workdir / 'buffered-{rank}.txt'), remote_file_name='')],
+            run_name='bench-buffered',
+        ),
         'batch_inmem': Logger([InMemoryLogger(ranks='all')], run_name='bench-inmem'),
     }
     return loggers, list(loggers.values())
@@ -245,16 +251,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     ours_other = others_worst('ours_3zero')
     targets = {
         'other_ranks_ours_3zero_le_0.3us': {
-            'value_us': ours_other, 'target_us': 0.3,
+            'value_us': ours_other,
+            'target_us': 0.3,
             'met': None if ours_other is None else ours_other <= 0.3,
             'note': None if others else 'world size 1: no non-zero rank measured',
         },
         f'rank0_ours_inmem_le_{composer_ref}': {
-            'value_us': rank0['ours_inmem']['median'], 'reference_us': rank0[composer_ref]['median'],
+            'value_us': rank0['ours_inmem']['median'],
+            'reference_us': rank0[composer_ref]['median'],
             'ratio': C.ratio(rank0['ours_inmem']['median'], rank0[composer_ref]['median']),
             'met': rank0['ours_inmem']['median'] <= rank0[composer_ref]['median'],
-            'note': ('Composer not importable: compared with the line-for-line re-implementation of its design; '
-                     'the issue quotes about 2.2 µs for the real one on this machine') if composer_ref != 'composer_real' else None,
+            'note': (
+                'Composer not importable: compared with the line-for-line re-implementation of its design; '
+                'the issue quotes about 2.2 µs for the real one on this machine'
+            )
+            if composer_ref != 'composer_real'
+            else None,
         },
     }
     summary['ratios'] = {
@@ -266,8 +278,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     summary['targets'] = targets
     worst = {m: max(g[m]['median'] for g in gathered_batches) for m in per_batch_ns}
     summary['batch_durability'] = {
-        'what': (f'µs per batch of {args.lines_per_batch} log_metrics calls + batch_end, FileLogger defaults; '
-                 'worst rank median'),
+        'what': (
+            f'µs per batch of {args.lines_per_batch} log_metrics calls + batch_end, FileLogger defaults; '
+            'worst rank median'
+        ),
         'per_rank': {str(r): g for r, g in enumerate(gathered_batches)},
         'worst_median_us': worst,
         'durable_minus_buffered_us_per_batch': worst['batch_file_durable'] - worst['batch_file_buffered'],

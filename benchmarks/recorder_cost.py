@@ -73,9 +73,16 @@ def worker(args: argparse.Namespace) -> None:
     per_call_cpu_us = 1e6 * (time.thread_time() - cpu) / args.collectives
     torch_dist.barrier()
     if torch_dist.get_rank() == 0:
-        pathlib.Path(args.worker_out).write_text(json.dumps({'step_s': times, 'fr_entries': entries,
-                                                             'collective_us': per_call_us,
-                                                             'collective_cpu_us': per_call_cpu_us}))
+        pathlib.Path(args.worker_out).write_text(
+            json.dumps(
+                {
+                    'step_s': times,
+                    'fr_entries': entries,
+                    'collective_us': per_call_us,
+                    'collective_cpu_us': per_call_cpu_us,
+                }
+            )
+        )
     torch_dist.destroy_process_group()
 
 
@@ -91,8 +98,10 @@ def micro_worker(args: argparse.Namespace) -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     for _ in range(args.collectives):
         torch_dist.all_reduce(small)
-    report = {'wall_us': 1e6 * (time.perf_counter() - wall) / args.collectives,
-              'cpu_us': 1e6 * (time.process_time() - cpu) / args.collectives}
+    report = {
+        'wall_us': 1e6 * (time.perf_counter() - wall) / args.collectives,
+        'cpu_us': 1e6 * (time.process_time() - cpu) / args.collectives,
+    }
     pathlib.Path(args.micro_out).write_text(json.dumps(report))
     torch_dist.destroy_process_group()
 
@@ -102,29 +111,58 @@ def micro(args: argparse.Namespace, scratch: str) -> dict:
     rows = []
     for index in range(args.micro_rounds):
         row = {}
-        for setting in (SETTINGS if index % 2 == 0 else SETTINGS[::-1]):
+        for setting in SETTINGS if index % 2 == 0 else SETTINGS[::-1]:
             out = os.path.join(scratch, f'micro-{index}-{setting}.json')
             env = dict(os.environ, TORCH_FR_BUFFER_SIZE=setting, OMP_NUM_THREADS='1')
-            subprocess.run([sys.executable, os.path.abspath(__file__), '--micro-out', out, '--collectives',
-                            str(args.collectives)], env=env, check=True, timeout=600)
+            subprocess.run(
+                [sys.executable, os.path.abspath(__file__), '--micro-out', out, '--collectives', str(args.collectives)],
+                env=env,
+                check=True,
+                timeout=600,
+            )
             row[setting] = json.loads(pathlib.Path(out).read_text())
         row['extra_cpu_us'] = row['2000']['cpu_us'] - row['0']['cpu_us']
         row['extra_wall_us'] = row['2000']['wall_us'] - row['0']['wall_us']
-        print(f'[{NAME}] micro round {index}: off {row["0"]["cpu_us"]:.1f} us CPU, on {row["2000"]["cpu_us"]:.1f} us '
-              f'CPU per all_reduce ({row["extra_cpu_us"]:+.1f} us)', file=sys.stderr, flush=True)
+        print(
+            f'[{NAME}] micro round {index}: off {row["0"]["cpu_us"]:.1f} us CPU, on {row["2000"]["cpu_us"]:.1f} us '
+            f'CPU per all_reduce ({row["extra_cpu_us"]:+.1f} us)',
+            file=sys.stderr,
+            flush=True,
+        )
         rows.append(row)
-    return {'rounds': rows, 'extra_cpu_us_median': statistics.median(r['extra_cpu_us'] for r in rows),
-            'extra_wall_us_median': statistics.median(r['extra_wall_us'] for r in rows),
-            'collectives': args.collectives}
+    return {
+        'rounds': rows,
+        'extra_cpu_us_median': statistics.median(r['extra_cpu_us'] for r in rows),
+        'extra_wall_us_median': statistics.median(r['extra_wall_us'] for r in rows),
+        'collectives': args.collectives,
+    }
 
 
 def launch(args: argparse.Namespace, setting: str, out: str) -> dict:
     """Run one job with ``TORCH_FR_BUFFER_SIZE=setting`` and return rank zero's report."""
     env = dict(os.environ, TORCH_FR_BUFFER_SIZE=setting, OMP_NUM_THREADS='1')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}',
-           os.path.abspath(__file__), '--worker-out', out, '--width', str(args.width), '--depth', str(args.depth),
-           '--batch', str(args.batch), '--steps', str(args.steps), '--warmup', str(args.warmup),
-           '--collectives', str(args.collectives)]
+    cmd = [
+        sys.executable,
+        '-m',
+        'torch.distributed.run',
+        '--standalone',
+        f'--nproc_per_node={args.nproc}',
+        os.path.abspath(__file__),
+        '--worker-out',
+        out,
+        '--width',
+        str(args.width),
+        '--depth',
+        str(args.depth),
+        '--batch',
+        str(args.batch),
+        '--steps',
+        str(args.steps),
+        '--warmup',
+        str(args.warmup),
+        '--collectives',
+        str(args.collectives),
+    ]
     subprocess.run(cmd, env=env, check=True, timeout=900, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads(pathlib.Path(out).read_text())
 
@@ -139,8 +177,12 @@ def plot(summary: dict, path: pathlib.Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     rounds = summary['rounds']
     for setting, marker in zip(SETTINGS, ('o', 's')):
-        left.plot(range(len(rounds)), [r[setting]['median_ms'] for r in rounds], marker=marker,
-                  label=f'TORCH_FR_BUFFER_SIZE={setting}')
+        left.plot(
+            range(len(rounds)),
+            [r[setting]['median_ms'] for r in rounds],
+            marker=marker,
+            label=f'TORCH_FR_BUFFER_SIZE={setting}',
+        )
     left.set_xlabel('round')
     left.set_ylabel('median step (ms)')
     left.legend()
@@ -175,8 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--micro-only', action='store_true', help='only the single-process per-call timing')
     parser.add_argument('--worker-out', default=None, help=argparse.SUPPRESS)
     parser.add_argument('--micro-out', default=None, help=argparse.SUPPRESS)
-    parser.add_argument('--micro-rounds', type=int, default=6,
-                        help='single-process runs per setting timing the recorder per all_reduce (0: none)')
+    parser.add_argument(
+        '--micro-rounds',
+        type=int,
+        default=6,
+        help='single-process runs per setting timing the recorder per all_reduce (0: none)',
+    )
     args = parser.parse_args(argv)
     if args.worker_out:
         worker(args)
@@ -197,30 +243,51 @@ def main(argv: list[str] | None = None) -> int:
             for setting in order:
                 report = launch(args, setting, os.path.join(scratch, f'{index}-{setting}.json'))
                 steps = report['step_s']
-                row[setting] = {'median_ms': 1e3 * statistics.median(steps), 'mean_ms': 1e3 * statistics.fmean(steps),
-                                'fr_entries': report['fr_entries'], 'collective_us': report['collective_us'],
-                                'collective_cpu_us': report['collective_cpu_us']}
+                row[setting] = {
+                    'median_ms': 1e3 * statistics.median(steps),
+                    'mean_ms': 1e3 * statistics.fmean(steps),
+                    'fr_entries': report['fr_entries'],
+                    'collective_us': report['collective_us'],
+                    'collective_cpu_us': report['collective_cpu_us'],
+                }
             row['cost'] = row['2000']['median_ms'] / row['0']['median_ms'] - 1
             row['collective_extra_us'] = row['2000']['collective_us'] - row['0']['collective_us']
             row['collective_extra_cpu_us'] = row['2000']['collective_cpu_us'] - row['0']['collective_cpu_us']
             rounds.append(row)
-            print(f'[{NAME}] round {index}: off {row["0"]["median_ms"]:.2f} ms, on {row["2000"]["median_ms"]:.2f} ms, '
-                  f'cost {100 * row["cost"]:+.2f} % (entries on: {row["2000"]["fr_entries"]}); per small all_reduce '
-                  f'{row["collective_extra_us"]:+.1f} us wall, {row["collective_extra_cpu_us"]:+.1f} us CPU',
-                  file=sys.stderr, flush=True)
-    summary = {'benchmark': NAME, 'nproc': args.nproc, 'steps': args.steps, 'width': args.width,
-               'depth': args.depth, 'batch': args.batch, 'rounds': rounds, 'target': 0.01,
-               'single_process_per_all_reduce': per_call, 'host': os.uname().nodename,
-               'load_average': os.getloadavg()}
+            print(
+                f'[{NAME}] round {index}: off {row["0"]["median_ms"]:.2f} ms, on {row["2000"]["median_ms"]:.2f} ms, '
+                f'cost {100 * row["cost"]:+.2f} % (entries on: {row["2000"]["fr_entries"]}); per small all_reduce '
+                f'{row["collective_extra_us"]:+.1f} us wall, {row["collective_extra_cpu_us"]:+.1f} us CPU',
+                file=sys.stderr,
+                flush=True,
+            )
+    summary = {
+        'benchmark': NAME,
+        'nproc': args.nproc,
+        'steps': args.steps,
+        'width': args.width,
+        'depth': args.depth,
+        'batch': args.batch,
+        'rounds': rounds,
+        'target': 0.01,
+        'single_process_per_all_reduce': per_call,
+        'host': os.uname().nodename,
+        'load_average': os.getloadavg(),
+    }
     if rounds:
         costs = [r['cost'] for r in rounds]
-        summary.update({
-            'cost_median': statistics.median(costs), 'cost_mean': statistics.fmean(costs), 'cost_min': min(costs),
-            'cost_max': max(costs),
-            'collective_extra_us_median': statistics.median(r['collective_extra_us'] for r in rounds),
-            'collective_extra_cpu_us_median': statistics.median(r['collective_extra_cpu_us'] for r in rounds),
-            'collectives_per_step': (rounds[0]['2000']['fr_entries'] or 0) / max(1, args.steps + args.warmup),
-            'note': 'fr_entries counts the training steps only (taken before the small all_reduces)'})
+        summary.update(
+            {
+                'cost_median': statistics.median(costs),
+                'cost_mean': statistics.fmean(costs),
+                'cost_min': min(costs),
+                'cost_max': max(costs),
+                'collective_extra_us_median': statistics.median(r['collective_extra_us'] for r in rounds),
+                'collective_extra_cpu_us_median': statistics.median(r['collective_extra_cpu_us'] for r in rounds),
+                'collectives_per_step': (rounds[0]['2000']['fr_entries'] or 0) / max(1, args.steps + args.warmup),
+                'note': 'fr_entries counts the training steps only (taken before the small all_reduces)',
+            }
+        )
     stamp = time.strftime('%Y%m%d-%H%M%S')
     default = RESULTS_DIR / f'{NAME}-{os.uname().nodename}-{stamp}-n{args.nproc}.json'
     path = pathlib.Path(args.out_json) if args.out_json else default

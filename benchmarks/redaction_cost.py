@@ -54,8 +54,11 @@ PLAIN = ('plain_metrics', 'plain_logging', 'plain_path')
 BASELINE_COMMIT = '29372ac'
 
 
-MODES = {'before': _redact_v1.redact_text, 'at_29372ac': redaction_at.module_at(BASELINE_COMMIT).redact_text,
-         'after': redact_text}
+MODES = {
+    'before': _redact_v1.redact_text,
+    'at_29372ac': redaction_at.module_at(BASELINE_COMMIT).redact_text,
+    'after': redact_text,
+}
 GIT_SHA = '01c7f73d771dfac7d292323805ebc428287df4f9'
 _DETECT_SECRETS_SETTINGS: Any = None
 
@@ -87,11 +90,13 @@ def coverage(scan: Any) -> dict[str, Any]:
     values.update({name: url for name, (url, _) in webhook_urls().items()})
     named = {name: [t for t in scan(value) if 'High Entropy' not in t] for name, value in values.items()}
     ours = {name: redact_text(value) != value for name, value in values.items()}
-    return {'formats': len(values),
-            'detect_secrets_named_plugin': sorted(name for name, types in named.items() if types),
-            'ours': sorted(name for name, hit in ours.items() if hit),
-            'detect_secrets_flags_git_sha': scan(f'revision: {GIT_SHA}'),
-            'ours_flags_git_sha': redact_text(f'revision: {GIT_SHA}') != f'revision: {GIT_SHA}'}
+    return {
+        'formats': len(values),
+        'detect_secrets_named_plugin': sorted(name for name, types in named.items() if types),
+        'ours': sorted(name for name, hit in ours.items() if hit),
+        'detect_secrets_flags_git_sha': scan(f'revision: {GIT_SHA}'),
+        'ours_flags_git_sha': redact_text(f'revision: {GIT_SHA}') != f'revision: {GIT_SHA}',
+    }
 
 
 def run(rounds: int, inner: int) -> dict[str, Any]:
@@ -114,18 +119,29 @@ def run(rounds: int, inner: int) -> dict[str, Any]:
         before = min(samples['before'][line_name])
         after = min(samples['after'][line_name])
         baseline = min(samples['at_29372ac'][line_name])
-        per_line[line_name] = {'before_ns': round(before), 'after_ns': round(after), 'ratio': round(after / before, 2),
-                               'at_29372ac_ns': round(baseline), 'ratio_vs_29372ac': round(after / baseline, 2),
-                               'before_median_ns': round(C.percentile(sorted(samples['before'][line_name]), 50)),
-                               'after_median_ns': round(C.percentile(sorted(samples['after'][line_name]), 50))}
+        per_line[line_name] = {
+            'before_ns': round(before),
+            'after_ns': round(after),
+            'ratio': round(after / before, 2),
+            'at_29372ac_ns': round(baseline),
+            'ratio_vs_29372ac': round(after / baseline, 2),
+            'before_median_ns': round(C.percentile(sorted(samples['before'][line_name]), 50)),
+            'after_median_ns': round(C.percentile(sorted(samples['after'][line_name]), 50)),
+        }
         if scan is not None:
             fastest = min(samples['detect_secrets'][line_name])
             per_line[line_name]['detect_secrets_ns'] = round(fastest)
             per_line[line_name]['detect_secrets_over_after'] = round(fastest / after, 1)
     worst_plain = max(per_line[name]['ratio'] for name in PLAIN)
     worst_vs_baseline = max(per_line[name]['ratio_vs_29372ac'] for name in PLAIN)
-    summary = {'lines': LINES, 'per_line': per_line, 'worst_plain_ratio': worst_plain, 'target_plain_ratio': 2.0,
-               'worst_plain_ratio_vs_29372ac': worst_vs_baseline, 'target_plain_ratio_vs_29372ac': 1.5}
+    summary = {
+        'lines': LINES,
+        'per_line': per_line,
+        'worst_plain_ratio': worst_plain,
+        'target_plain_ratio': 2.0,
+        'worst_plain_ratio_vs_29372ac': worst_vs_baseline,
+        'target_plain_ratio_vs_29372ac': 1.5,
+    }
     if scan is not None:
         summary['coverage'] = coverage(scan)
         _DETECT_SECRETS_SETTINGS.__exit__(None, None, None)
@@ -137,8 +153,12 @@ def plot(summary: dict[str, Any], d: C.Dist, out_json: Optional[str]) -> None:
     ax = axes[0]
     names = list(summary['per_line'])
     xs = range(len(names))
-    ax.bar([x - 0.27 for x in xs], [summary['per_line'][n]['before_ns'] for n in names], width=0.27,
-           label='before issue 23')
+    ax.bar(
+        [x - 0.27 for x in xs],
+        [summary['per_line'][n]['before_ns'] for n in names],
+        width=0.27,
+        label='before issue 23',
+    )
     ax.bar(list(xs), [summary['per_line'][n]['at_29372ac_ns'] for n in names], width=0.27, label='29372ac')
     ax.bar([x + 0.27 for x in xs], [summary['per_line'][n]['after_ns'] for n in names], width=0.27, label='now')
     ax.set_xticks(list(xs))
@@ -157,8 +177,12 @@ def main() -> None:
     if args.quick:
         args.rounds, args.inner = 3, 100
     d = C.init_distributed(args.backend)
-    summary = {'environment': C.environment(d), 'rounds': args.rounds, 'inner': args.inner,
-               **run(args.rounds, args.inner)}
+    summary = {
+        'environment': C.environment(d),
+        'rounds': args.rounds,
+        'inner': args.inner,
+        **run(args.rounds, args.inner),
+    }
     C.finish(NAME, d, summary, args, plot)
 
 

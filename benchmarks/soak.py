@@ -98,8 +98,16 @@ class Sampler:
     def sample(self) -> None:
         staged = sum(tree_bytes(f) for f in self.staging)
         self.peak_staged = max(self.peak_staged, staged)
-        self.samples.append({'t': round(time.monotonic() - self._start, 3), 'rss': rss_bytes(), 'fds': open_fds(),
-                             'threads': threading.active_count(), 'staged': staged, **dict(self.counters)})
+        self.samples.append(
+            {
+                't': round(time.monotonic() - self._start, 3),
+                'rss': rss_bytes(),
+                'fds': open_fds(),
+                'threads': threading.active_count(),
+                'staged': staged,
+                **dict(self.counters),
+            }
+        )
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -120,16 +128,27 @@ def run_rank(args: Any, d: C.Dist, workdir: pathlib.Path, endpoint: Optional[str
     for store in stores:
         staging = str(workdir / f'staging-{store}')
         if store == 'local':
-            uploaders.append(RemoteUploaderDownloader(f'file://{workdir}/bucket', upload_staging_folder=staging,
-                                                      max_staged_bytes=args.max_staged_bytes))
+            uploaders.append(
+                RemoteUploaderDownloader(
+                    f'file://{workdir}/bucket', upload_staging_folder=staging, max_staged_bytes=args.max_staged_bytes
+                )
+            )
         else:
-            uploaders.append(RemoteUploaderDownloader(
-                f's3://{C.MOTO_BUCKET}/soak', upload_staging_folder=staging, max_staged_bytes=args.max_staged_bytes,
-                backend_kwargs={'endpoint_url': endpoint}))
+            uploaders.append(
+                RemoteUploaderDownloader(
+                    f's3://{C.MOTO_BUCKET}/soak',
+                    upload_staging_folder=staging,
+                    max_staged_bytes=args.max_staged_bytes,
+                    backend_kwargs={'endpoint_url': endpoint},
+                )
+            )
     memory = InMemoryLogger()
-    logger = Logger([memory, FileLogger(str(workdir / 'logs' / 'rank{rank}.jsonl'), format='jsonl',
-                                        remote_file_name='')] + uploaders,
-                    run_name='soak', sync_timeout=600)
+    logger = Logger(
+        [memory, FileLogger(str(workdir / 'logs' / 'rank{rank}.jsonl'), format='jsonl', remote_file_name='')]
+        + uploaders,
+        run_name='soak',
+        sync_timeout=600,
+    )
     src = workdir / 'src' / f'rank{d.rank}'
     src.mkdir(parents=True, exist_ok=True)
     counters = {'metric_calls': 0, 'uploads': 0, 'uploaded_bytes': 0, 'steps': 0}
@@ -216,11 +235,18 @@ def run_rank(args: Any, d: C.Dist, workdir: pathlib.Path, endpoint: Optional[str
         'objects': len(expected) * len(uploaders),
         'missing_objects': missing[:20],
         'missing_count': len(missing),
-        'rss_mib': {'start_steady': half[0]['rss'] / (1 << 20), 'end': samples[-1]['rss'] / (1 << 20),
-                    'max': max(s['rss'] for s in samples) / (1 << 20),
-                    'growth_mib_per_hour': _scaled(slope_per_hour(times, [s['rss'] for s in half]), 1 << 20)},
-        'open_fds': {'start_steady': half[0]['fds'], 'end': samples[-1]['fds'], 'max': max(s['fds'] for s in samples),
-                     'growth_per_hour': slope_per_hour(times, [s['fds'] for s in half])},
+        'rss_mib': {
+            'start_steady': half[0]['rss'] / (1 << 20),
+            'end': samples[-1]['rss'] / (1 << 20),
+            'max': max(s['rss'] for s in samples) / (1 << 20),
+            'growth_mib_per_hour': _scaled(slope_per_hour(times, [s['rss'] for s in half]), 1 << 20),
+        },
+        'open_fds': {
+            'start_steady': half[0]['fds'],
+            'end': samples[-1]['fds'],
+            'max': max(s['fds'] for s in samples),
+            'growth_per_hour': slope_per_hour(times, [s['fds'] for s in half]),
+        },
         'threads': {'start_steady': half[0]['threads'], 'end': samples[-1]['threads']},  # end: before close()
         'peak_staged_mib': sampler.peak_staged / (1 << 20),
         'after_close': after_close,
@@ -264,8 +290,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     per_rank = {str(r): {k: v for k, v in res.items() if k != 'samples'} for r, res in enumerate(everyone)}
-    growth = [res['rss_mib']['growth_mib_per_hour'] for res in everyone if res['rss_mib']['growth_mib_per_hour'] is not None]
-    fd_growth = [res['open_fds']['growth_per_hour'] for res in everyone if res['open_fds']['growth_per_hour'] is not None]
+    growth = [
+        res['rss_mib']['growth_mib_per_hour'] for res in everyone if res['rss_mib']['growth_mib_per_hour'] is not None
+    ]
+    fd_growth = [
+        res['open_fds']['growth_per_hour'] for res in everyone if res['open_fds']['growth_per_hour'] is not None
+    ]
     summary = {
         'config': {k: v for k, v in vars(args).items() if k not in ('out_json',)},
         'per_rank': per_rank,
@@ -278,7 +308,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             'max_rss_growth_mib_per_hour': max(growth) if growth else None,
             'max_open_fds': max(res['open_fds']['max'] for res in everyone),
             'max_fd_growth_per_hour': max(fd_growth) if fd_growth else None,
-            'fds_end_minus_start_max': max(res['open_fds']['end'] - res['open_fds']['start_steady'] for res in everyone),
+            'fds_end_minus_start_max': max(
+                res['open_fds']['end'] - res['open_fds']['start_steady'] for res in everyone
+            ),
             'peak_staged_mib_max': max(res['peak_staged_mib'] for res in everyone),
             'objects': sum(res['objects'] for res in everyone),
             'missing_objects': sum(res['missing_count'] for res in everyone),
@@ -306,9 +338,11 @@ def plot(summary: dict[str, Any], d: C.Dist, out_json: Optional[str]) -> None:
         ax.set_xlabel('minutes')
         ax.grid(True, alpha=0.3)
     ax_rss.legend(fontsize='small')
-    fig.suptitle(f"soak: {d.world_size} ranks, {overall['minutes']:.1f} min, "
-                 f"{overall['metric_calls_per_s_total']:.0f} metric calls/s, "
-                 f"{overall['upload_mib_per_s_total']:.1f} MiB/s uploaded, {overall['missing_objects']} missing")
+    fig.suptitle(
+        f"soak: {d.world_size} ranks, {overall['minutes']:.1f} min, "
+        f"{overall['metric_calls_per_s_total']:.0f} metric calls/s, "
+        f"{overall['upload_mib_per_s_total']:.1f} MiB/s uploaded, {overall['missing_objects']} missing"
+    )
     C.save_figure(fig, NAME, d, out_json)
 
 

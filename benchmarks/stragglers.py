@@ -63,8 +63,13 @@ def make_logger(every: Optional[int], run_name: str) -> Any:
     from dist_logging import Logger
     from dist_logging.destinations import InMemoryLogger
 
-    return Logger(InMemoryLogger(), run_name=run_name, rank_report_every=every, sync_timeout=120,
-                  rank_report_options={'history': False, 'heatmap': False})
+    return Logger(
+        InMemoryLogger(),
+        run_name=run_name,
+        rank_report_every=every,
+        sync_timeout=120,
+        rank_report_options={'history': False, 'heatmap': False},
+    )
 
 
 class _ReporterClock:
@@ -111,8 +116,16 @@ class _ReporterClock:
         return taken
 
 
-def run_loop(logger: Any, steps: int, slow: float, args: Any, rng: random.Random, grad: torch.Tensor,
-             timed: bool = False, reporter_clock: Optional[_ReporterClock] = None) -> dict[str, float]:
+def run_loop(
+    logger: Any,
+    steps: int,
+    slow: float,
+    args: Any,
+    rng: random.Random,
+    grad: torch.Tensor,
+    timed: bool = False,
+    reporter_clock: Optional[_ReporterClock] = None,
+) -> dict[str, float]:
     """``steps`` training steps; with ``timed``, the training thread's time inside the Logger's calls, measured
     around each call: CPU time (the work the Logger does on the training thread) and wall time (that plus
     waiting, e.g. at a report's collective for the last rank to arrive, which the next gradient all-reduce
@@ -159,15 +172,19 @@ def run_loop(logger: Any, steps: int, slow: float, args: Any, rng: random.Random
             sync.__exit__(None, None, None)
             logger.batch_end()
     elapsed = wall() - start
-    reporter_cpu, reporter_wall, probe_cpu, probe_wall = (reporter_clock.take() if reporter_clock is not None
-                                                          else (0.0, 0.0, 0.0, 0.0))
+    reporter_cpu, reporter_wall, probe_cpu, probe_wall = (
+        reporter_clock.take() if reporter_clock is not None else (0.0, 0.0, 0.0, 0.0)
+    )
     # the whole Logger's time, less what the instrument in front of the reporter added to it
-    return {'wall_s': elapsed, 'step_ms': elapsed / steps * 1e3,
-            'logger_us_per_step': (inside_wall - probe_wall) / steps * 1e6,
-            'logger_cpu_us_per_step': (inside_cpu - probe_cpu) / steps * 1e6,
-            'sections_cpu_us_per_step': sections_cpu / steps * 1e6,
-            'reporter_cpu_us_per_step': reporter_cpu / steps * 1e6,
-            'reporter_wall_us_per_step': reporter_wall / steps * 1e6}
+    return {
+        'wall_s': elapsed,
+        'step_ms': elapsed / steps * 1e3,
+        'logger_us_per_step': (inside_wall - probe_wall) / steps * 1e6,
+        'logger_cpu_us_per_step': (inside_cpu - probe_cpu) / steps * 1e6,
+        'sections_cpu_us_per_step': sections_cpu / steps * 1e6,
+        'reporter_cpu_us_per_step': reporter_cpu / steps * 1e6,
+        'reporter_wall_us_per_step': reporter_wall / steps * 1e6,
+    }
 
 
 def runqueue_wait_s() -> float:
@@ -197,10 +214,17 @@ def detection(d: C.Dist, args: Any, grad: torch.Tensor, steps: int, slowed_rank:
         if report is not None and report is not last and d.is_zero:
             last = report
             busy = report.series['busy']
-            reports.append({'batch': report.batch, 'flagged': {str(e.rank): e.verdict for e in report.stragglers},
-                            'busy_min_ms': busy.min_s * 1e3, 'busy_max_ms': busy.max_s * 1e3,
-                            'busy_median_ms': busy.median_s * 1e3, 'spread': busy.spread,
-                            'ratios': {str(e.rank): e.ratio for e in report.slowest}})
+            reports.append(
+                {
+                    'batch': report.batch,
+                    'flagged': {str(e.rank): e.verdict for e in report.stragglers},
+                    'busy_min_ms': busy.min_s * 1e3,
+                    'busy_max_ms': busy.max_s * 1e3,
+                    'busy_median_ms': busy.median_s * 1e3,
+                    'spread': busy.spread,
+                    'ratios': {str(e.rank): e.ratio for e in report.slowest},
+                }
+            )
 
     for _ in range(steps // args.every):
         before = runqueue_wait_s()
@@ -233,7 +257,9 @@ def detection(d: C.Dist, args: Any, grad: torch.Tensor, steps: int, slowed_rank:
                 explained += any(starved(int(rank), w) for w in range(max(0, window - 4), window + 1))
     out['false_flags_explained_by_cpu_starvation'] = explained
     others = sorted({int(r) for rep in reports for r in rep['flagged'] if slowed_rank is None or int(r) != slowed_rank})
-    out['false_flags'] = sum(1 for rep in reports for r in rep['flagged'] if slowed_rank is None or int(r) != slowed_rank)
+    out['false_flags'] = sum(
+        1 for rep in reports for r in rep['flagged'] if slowed_rank is None or int(r) != slowed_rank
+    )
     out['falsely_flagged_ranks'] = others
     if slowed_rank is not None:
         chronic_at = [i + 1 for i, rep in enumerate(reports) if rep['flagged'].get(str(slowed_rank)) == 'chronic']
@@ -259,8 +285,9 @@ def overhead(d: C.Dist, args: Any, grad: torch.Tensor) -> dict[str, Any]:
     for _, order in C.rotations(list(loggers), args.rounds):
         row = {}
         for mode in order:
-            row[mode] = run_loop(loggers[mode], args.round_steps, 1.0, args, rng, grad, timed=True,
-                                 reporter_clock=clocks[mode])
+            row[mode] = run_loop(
+                loggers[mode], args.round_steps, 1.0, args, rng, grad, timed=True, reporter_clock=clocks[mode]
+            )
         rounds.append(row)
     for logger in loggers.values():
         logger.close()
@@ -274,8 +301,11 @@ def overhead(d: C.Dist, args: Any, grad: torch.Tensor) -> dict[str, Any]:
             mine[f'{key}_{mode}'] = median(mode, f'{key}_per_step')
         # What the report adds on the training thread, attributed call by call: the sections over the
         # reports-off sections, plus the reporter's share of batch_end (0 with reports off).
-        mine[f'added_cpu_us_{mode}'] = (mine[f'sections_cpu_us_{mode}'] - median('off', 'sections_cpu_us_per_step')
-                                        + mine[f'reporter_cpu_us_{mode}'])
+        mine[f'added_cpu_us_{mode}'] = (
+            mine[f'sections_cpu_us_{mode}']
+            - median('off', 'sections_cpu_us_per_step')
+            + mine[f'reporter_cpu_us_{mode}']
+        )
     mine['wall_ratio'] = float(np.median([r['on']['step_ms'] / r['off']['step_ms'] for r in rounds]))
     everyone = d.all_gather_object(mine)
 
@@ -285,22 +315,37 @@ def overhead(d: C.Dist, args: Any, grad: torch.Tensor) -> dict[str, Any]:
     def worst_added(mode: str) -> float:
         return max(m[f'added_cpu_us_{mode}'] / (m['step_ms'] * 1e3) for m in everyone)
 
-    return {'rounds': args.rounds, 'round_steps': args.round_steps, 'intervals': intervals, 'per_rank': everyone,
-            'worst_rank_added_cpu_fraction': worst_added('on'),
-            'sparse_worst_rank_added_cpu_fraction': worst_added('sparse'),
-            'worst_rank_cpu_overhead_fraction': worst('logger_cpu_us', 'on'),
-            'worst_rank_wall_inside_overhead_fraction': worst('logger_us', 'on'),
-            'sparse_worst_rank_cpu_overhead_fraction': worst('logger_cpu_us', 'sparse'),
-            'sparse_worst_rank_wall_inside_overhead_fraction': worst('logger_us', 'sparse'),
-            'wall_ratio_on_off_median': float(np.median([m['wall_ratio'] for m in everyone]))}
+    return {
+        'rounds': args.rounds,
+        'round_steps': args.round_steps,
+        'intervals': intervals,
+        'per_rank': everyone,
+        'worst_rank_added_cpu_fraction': worst_added('on'),
+        'sparse_worst_rank_added_cpu_fraction': worst_added('sparse'),
+        'worst_rank_cpu_overhead_fraction': worst('logger_cpu_us', 'on'),
+        'worst_rank_wall_inside_overhead_fraction': worst('logger_us', 'on'),
+        'sparse_worst_rank_cpu_overhead_fraction': worst('logger_cpu_us', 'sparse'),
+        'sparse_worst_rank_wall_inside_overhead_fraction': worst('logger_us', 'sparse'),
+        'wall_ratio_on_off_median': float(np.median([m['wall_ratio'] for m in everyone])),
+    }
 
 
 # ---------------------------------------------------------------------------- the simulated model
 
+
 def simulate(args: Any, worlds: list[int]) -> dict[str, Any]:
     """The report code over modelled per-rank windows: +-5 % per-step jitter, one rank 1.2x, at N ranks."""
-    from dist_logging.stragglers.report import (BUSY, FIXED, JITTER, MEMORY, STEPS, WALL, build_report, report_metrics,
-                                           table_rows)
+    from dist_logging.stragglers.report import (
+        BUSY,
+        FIXED,
+        JITTER,
+        MEMORY,
+        STEPS,
+        WALL,
+        build_report,
+        report_metrics,
+        table_rows,
+    )
     from dist_logging.stragglers.stats import VerdictTracker, Verdicts
 
     step_s = (args.cpu_ms + args.device_ms) / 1e3
@@ -336,8 +381,9 @@ def simulate(args: Any, worlds: list[int]) -> dict[str, Any]:
                 table[:, FIXED] = work * every * 0.3
                 table[:, FIXED + 1] = work * every * 0.7
                 t0 = time.thread_time_ns()
-                report, previous = build_report(table, ['data', 'forward'], ['host'] * world, tracker, previous,
-                                                (window + 1) * every, window, 5)
+                report, previous = build_report(
+                    table, ['data', 'forward'], ['host'] * world, tracker, previous, (window + 1) * every, window, 5
+                )
                 report_metrics(report)
                 table_rows(report)
                 cpu.append(time.thread_time_ns() - t0)
@@ -346,8 +392,12 @@ def simulate(args: Any, worlds: list[int]) -> dict[str, Any]:
                         flags += 1
                     elif entry.verdict == 'chronic' and first_chronic is None:
                         first_chronic = window + 1
-            result[label] = {'reports': windows, 'steps': windows * every, 'false_flags': flags,
-                             'rank_zero_cpu_ms_per_report': C.summarize(cpu, scale=1e-6)}
+            result[label] = {
+                'reports': windows,
+                'steps': windows * every,
+                'false_flags': flags,
+                'rank_zero_cpu_ms_per_report': C.summarize(cpu, scale=1e-6),
+            }
             if slowed is not None:
                 result[label]['first_chronic_report'] = first_chronic
         out[str(world)] = result
@@ -355,6 +405,7 @@ def simulate(args: Any, worlds: list[int]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- main
+
 
 def main() -> int:
     parser = C.base_parser(__doc__.split('\n')[0])
@@ -382,11 +433,16 @@ def main() -> int:
     simulated = simulate(args, [int(n) for n in args.simulate.split(',') if n.strip()]) if d.is_zero else {}
     summary: dict[str, Any] = {
         'what': 'rank reports: detection of a rank slowed 1.2x, false reports without one, training-thread overhead '
-                'with reports on vs off (interleaved), and the simulated model at 2, 4 and 4,096 ranks',
+        'with reports on vs off (interleaved), and the simulated model at 2, 4 and 4,096 ranks',
         'world_size': d.world_size,
-        'config': {k: getattr(args, k) for k in ('every', 'cpu_ms', 'device_ms', 'slowdown', 'slowed_steps',
-                                                 'even_steps', 'rounds', 'round_steps')},
-        'slowed': slowed, 'even': even, 'overhead': cost, 'simulated': simulated,
+        'config': {
+            k: getattr(args, k)
+            for k in ('every', 'cpu_ms', 'device_ms', 'slowdown', 'slowed_steps', 'even_steps', 'rounds', 'round_steps')
+        },
+        'slowed': slowed,
+        'even': even,
+        'overhead': cost,
+        'simulated': simulated,
         'load_average_1m': {'start': load_start[0], 'end': os.getloadavg()[0], 'cpus': os.cpu_count()},
     }
     if d.is_zero:
@@ -394,25 +450,39 @@ def main() -> int:
         if d.world_size > 1:
             first = slowed.get('first_chronic_report')
             targets['slowed_rank_chronic_within_2_reports'] = {'report': first, 'met': first is not None and first <= 2}
-            targets['slowed_run_no_other_rank_flagged'] = {'flags': slowed['false_flags'], 'met': slowed['false_flags'] == 0}
+            targets['slowed_run_no_other_rank_flagged'] = {
+                'flags': slowed['false_flags'],
+                'met': slowed['false_flags'] == 0,
+            }
         targets['no_false_reports_even_run'] = {
-            'steps': args.even_steps, 'flags': even['false_flags'], 'met': even['false_flags'] == 0,
-            'flags_explained_by_cpu_starvation': even['false_flags_explained_by_cpu_starvation']}
+            'steps': args.even_steps,
+            'flags': even['false_flags'],
+            'met': even['false_flags'] == 0,
+            'flags_explained_by_cpu_starvation': even['false_flags_explained_by_cpu_starvation'],
+        }
         for mode, prefix in (('on', ''), ('sparse', 'sparse_')):
             fraction = cost[f'{prefix}worst_rank_added_cpu_fraction']
             targets[f'overhead_le_0.1pct_of_step_every_{cost["intervals"][mode]}'] = {
                 'measure': "training thread's CPU time the report adds per step (sections over the reports-off "
-                           "sections, plus the reporter's share of batch_end) / step (worst rank)",
-                'fraction': fraction, 'met': fraction <= 0.001,
+                "sections, plus the reporter's share of batch_end) / step (worst rank)",
+                'fraction': fraction,
+                'met': fraction <= 0.001,
                 'logger_cpu_on_minus_off_fraction': cost[f'{prefix}worst_rank_cpu_overhead_fraction'],
-                'wall_inside_fraction': cost[f'{prefix}worst_rank_wall_inside_overhead_fraction']}
-        targets[f'overhead_le_0.1pct_of_step_every_{args.every}']['wall_step_ratio_on_off'] = (
-            cost['wall_ratio_on_off_median'])
+                'wall_inside_fraction': cost[f'{prefix}worst_rank_wall_inside_overhead_fraction'],
+            }
+        targets[f'overhead_le_0.1pct_of_step_every_{args.every}']['wall_step_ratio_on_off'] = cost[
+            'wall_ratio_on_off_median'
+        ]
         for world, sim in simulated.items():
             first = sim['slowed'].get('first_chronic_report')
-            targets[f'simulated_{world}_chronic_within_2_reports'] = {'report': first, 'met': first is not None and first <= 2}
-            targets[f'simulated_{world}_no_false_reports'] = {'flags': sim['even']['false_flags'] + sim['slowed']['false_flags'],
-                                                              'met': sim['even']['false_flags'] + sim['slowed']['false_flags'] == 0}
+            targets[f'simulated_{world}_chronic_within_2_reports'] = {
+                'report': first,
+                'met': first is not None and first <= 2,
+            }
+            targets[f'simulated_{world}_no_false_reports'] = {
+                'flags': sim['even']['false_flags'] + sim['slowed']['false_flags'],
+                'met': sim['even']['false_flags'] + sim['slowed']['false_flags'] == 0,
+            }
         summary['targets'] = targets
     C.finish(NAME, d, summary, args, plot)
     return 0
@@ -425,8 +495,12 @@ def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
     for rank in range(summary['world_size']):
         ys = [rep['ratios'].get(str(rank)) for rep in reports]
         if any(y is not None for y in ys):
-            ax.plot([rep['batch'] for rep in reports], ys, marker='o', label=f'rank {rank}' +
-                    (' (slowed 1.2x)' if rank == slowed_rank else ''))
+            ax.plot(
+                [rep['batch'] for rep in reports],
+                ys,
+                marker='o',
+                label=f'rank {rank}' + (' (slowed 1.2x)' if rank == slowed_rank else ''),
+            )
     ax.axhline(1.1, color='grey', linestyle='--', label='slow_ratio 1.1')
     ax.set_xlabel('batch')
     ax.set_ylabel('busy time / lower quartile')
@@ -439,18 +513,28 @@ def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
     sections = [m['sections_cpu_us_on'] - m['sections_cpu_us_off'] for m in per_rank]
     bx.bar(xs - 0.3, sections, 0.2, label='sections, over reports-off sections')
     bx.bar(xs - 0.1, [m['reporter_cpu_us_on'] for m in per_rank], 0.2, label=f'reporter in batch_end, every {every}')
-    bx.bar(xs + 0.1, [m['reporter_cpu_us_sparse'] for m in per_rank], 0.2,
-           label=f'reporter in batch_end, every {every * 10}')
-    bx.bar(xs + 0.3, [m['logger_cpu_us_on'] - m['logger_cpu_us_off'] for m in per_rank], 0.2,
-           label=f'whole Logger, on minus off (every {every})')
+    bx.bar(
+        xs + 0.1,
+        [m['reporter_cpu_us_sparse'] for m in per_rank],
+        0.2,
+        label=f'reporter in batch_end, every {every * 10}',
+    )
+    bx.bar(
+        xs + 0.3,
+        [m['logger_cpu_us_on'] - m['logger_cpu_us_off'] for m in per_rank],
+        0.2,
+        label=f'whole Logger, on minus off (every {every})',
+    )
     bx.axhline(0.001 * per_rank[0]['step_ms'] * 1e3, color='grey', linestyle='--', label='0.1 % of the step')
     bx.set_xticks(xs, [f'rank {r}' for r in xs])
     bx.set_ylabel('training thread CPU µs per step')
     step_ms = per_rank[0]['step_ms']
     cost = summary['overhead']
-    bx.set_title(f'Added by the report, {step_ms:.2f} ms step: {cost["worst_rank_added_cpu_fraction"] * 100:.3f} % '
-                 f'(every {every}), {cost["sparse_worst_rank_added_cpu_fraction"] * 100:.3f} % (every {every * 10})',
-                 fontsize=9)
+    bx.set_title(
+        f'Added by the report, {step_ms:.2f} ms step: {cost["worst_rank_added_cpu_fraction"] * 100:.3f} % '
+        f'(every {every}), {cost["sparse_worst_rank_added_cpu_fraction"] * 100:.3f} % (every {every * 10})',
+        fontsize=9,
+    )
     bx.legend(fontsize=7)
     worlds = sorted(summary['simulated'], key=int)
     cpu = [summary['simulated'][w]['even']['rank_zero_cpu_ms_per_report']['median'] for w in worlds]

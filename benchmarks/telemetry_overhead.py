@@ -29,8 +29,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.distributed as torch_dist  # noqa: E402
-from _common import (base_parser, init_distributed, new_figure, rotations, save_figure, shutdown,  # noqa: E402
-                     summarize, write_results)
+from _common import (
+    base_parser,
+    init_distributed,
+    new_figure,
+    rotations,
+    save_figure,
+    shutdown,  # noqa: E402
+    summarize,
+    write_results,
+)
 
 from dist_logging import Logger  # noqa: E402
 
@@ -124,12 +132,18 @@ def main() -> None:
             per_round[mode].append(summarize(times)['median'])
             all_times[mode].extend(times)
         d.log(f'round {r}: ' + ', '.join(f'{m} {per_round[m][-1]:.0f} us' for m in MODES if per_round[m]))
-    ratios = {mode: sorted(per_round[mode][i] / per_round['off'][i] for i in range(args.rounds))
-              for mode in MODES if mode != 'off'}
+    ratios = {
+        mode: sorted(per_round[mode][i] / per_round['off'][i] for i in range(args.rounds))
+        for mode in MODES
+        if mode != 'off'
+    }
     cost = sample_cost_us(20 if args.quick else 200)
     summary = {
         'question': 'step-time overhead of system_metrics_every (+ a scraped endpoint on rank zero)',
-        'ranks': d.world_size, 'rounds': args.rounds, 'steps_per_round': args.steps, 'width': args.width,
+        'ranks': d.world_size,
+        'rounds': args.rounds,
+        'steps_per_round': args.steps,
+        'width': args.width,
         'step_us': {mode: summarize([t for t in all_times[mode]]) for mode in MODES},
         'median_round_ratio_vs_off': {mode: values[len(values) // 2] for mode, values in ratios.items()},
         'round_ratios_vs_off': ratios,
@@ -154,8 +168,7 @@ def main() -> None:
         right.axhline(0.1, color='red', linestyle='--', label='0.1 % budget')
         right.axhline(-0.1, color='red', linestyle='--')
         right.set_ylabel('step time vs off, same round (%)')
-        right.set_title(f'sample_once: {cost["median"]:.0f} us CPU '
-                        f'({cost["median"] / 1e4:.3f} % of a core at 1/s)')
+        right.set_title(f'sample_once: {cost["median"]:.0f} us CPU ({cost["median"] / 1e4:.3f} % of a core at 1/s)')
         right.legend()
         save_figure(fig, NAME, d, args.out_json)
     shutdown(d)

@@ -74,8 +74,10 @@ NAME = 'training_stall'
 ALL_MODES = ('none', 'ours_nocopy', 'ours_procs_nocopy', 'ours_copy', 'ours_procs', 'sync_upload', 'composer_design')
 # Not in the default list: ours with upload_priority='normal' (workers not lowered) or 'low'
 # (nice 19 without SCHED_IDLE, the default before), for comparison.
-EXTRA_MODES = {'normal': ('ours_nocopy_prio_normal', 'ours_copy_prio_normal'),
-               'low': ('ours_nocopy_prio_low', 'ours_copy_prio_low')}
+EXTRA_MODES = {
+    'normal': ('ours_nocopy_prio_normal', 'ours_copy_prio_normal'),
+    'low': ('ours_nocopy_prio_low', 'ours_copy_prio_low'),
+}
 # Worker threads with other backend kwargs / worker count (--variant-backend-kwargs, --variant-workers).
 VARIANT_MODES = ('ours_nocopy_variant', 'ours_copy_variant')
 
@@ -97,26 +99,45 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--width', type=int, default=1024)
     parser.add_argument('--depth', type=int, default=4)
     parser.add_argument('--batch', type=int, default=128)
-    parser.add_argument('--device-ms', type=float, default=0.0,
-                        help='on a CPU-only machine, add an emulated accelerator step of this many ms to every '
-                             'step: the training thread waits (sleeps), as a host waits on its GPU, and the cores '
-                             'are free meanwhile (0: the CPU computes the whole step, the worst case for uploads)')
+    parser.add_argument(
+        '--device-ms',
+        type=float,
+        default=0.0,
+        help='on a CPU-only machine, add an emulated accelerator step of this many ms to every '
+        'step: the training thread waits (sleeps), as a host waits on its GPU, and the cores '
+        'are free meanwhile (0: the CPU computes the whole step, the worst case for uploads)',
+    )
     parser.add_argument('--store', choices=('local', 's3'), default='local', help='upload target')
     parser.add_argument('--modes', default=','.join(ALL_MODES))
     parser.add_argument('--workers', type=int, default=4, help='num_concurrent_uploads for ours')
     parser.add_argument('--composer-workers', type=int, default=1)
     parser.add_argument('--workdir', default=None)
-    parser.add_argument('--max-tail-steps', type=int, default=2000,
-                        help='after a segment, train on (timed) at most this many steps while its uploads land')
-    parser.add_argument('--backend-kwargs', type=json.loads, default={},
-                        help='JSON object merged into the backend_kwargs of our modes, e.g. \'{"max_concurrency": 1}\' '
-                             '(S3 part threads per upload)')
-    parser.add_argument('--variant-backend-kwargs', type=json.loads, default=None,
-                        help='JSON merged into backend_kwargs for the ours_*_variant modes (worker threads), '
-                             'compared in the same run with the defaults')
+    parser.add_argument(
+        '--max-tail-steps',
+        type=int,
+        default=2000,
+        help='after a segment, train on (timed) at most this many steps while its uploads land',
+    )
+    parser.add_argument(
+        '--backend-kwargs',
+        type=json.loads,
+        default={},
+        help='JSON object merged into the backend_kwargs of our modes, e.g. \'{"max_concurrency": 1}\' '
+        '(S3 part threads per upload)',
+    )
+    parser.add_argument(
+        '--variant-backend-kwargs',
+        type=json.loads,
+        default=None,
+        help='JSON merged into backend_kwargs for the ours_*_variant modes (worker threads), '
+        'compared in the same run with the defaults',
+    )
     parser.add_argument('--variant-workers', type=int, default=None, help='num_concurrent_uploads of the variant')
-    parser.add_argument('--variant-upload-rate', default=None,
-                        help='DIST_LOGGING_UPLOAD_BYTES_PER_S during the ours_*_variant segments, e.g. 200MB')
+    parser.add_argument(
+        '--variant-upload-rate',
+        default=None,
+        help='DIST_LOGGING_UPLOAD_BYTES_PER_S during the ours_*_variant segments, e.g. 200MB',
+    )
     C.add_s3_server_arguments(parser)
     args = parser.parse_args(argv)
     C.check_s3_scheme(parser, args)
@@ -189,24 +210,32 @@ def main(argv: Optional[list[str]] = None) -> int:
             if m.startswith('ours'):
                 skipped[m] = f'RemoteUploaderDownloader not importable: {exc}'
     # (use_procs, priority, mode names, backend kwargs, workers, staging tag)
-    configs = [(False, 'idle', ('ours_nocopy', 'ours_copy'), backend_kwargs, args.workers, 'threads-idle'),
-               (True, 'idle', ('ours_procs_nocopy', 'ours_procs'), backend_kwargs, args.workers, 'procs-idle'),
-               (False, 'normal', EXTRA_MODES['normal'], backend_kwargs, args.workers, 'threads-normal'),
-               (False, 'low', EXTRA_MODES['low'], backend_kwargs, args.workers, 'threads-low')]
+    configs = [
+        (False, 'idle', ('ours_nocopy', 'ours_copy'), backend_kwargs, args.workers, 'threads-idle'),
+        (True, 'idle', ('ours_procs_nocopy', 'ours_procs'), backend_kwargs, args.workers, 'procs-idle'),
+        (False, 'normal', EXTRA_MODES['normal'], backend_kwargs, args.workers, 'threads-normal'),
+        (False, 'low', EXTRA_MODES['low'], backend_kwargs, args.workers, 'threads-low'),
+    ]
     if args.variant_upload_rate is not None:
         from dist_logging.upload.rate_limit import parse_byte_rate
 
         parse_byte_rate(args.variant_upload_rate)  # a bad value fails before anything runs
     if any(v is not None for v in (args.variant_backend_kwargs, args.variant_workers, args.variant_upload_rate)):
         variant_kwargs = {**(backend_kwargs or {}), **(args.variant_backend_kwargs or {})} or None
-        configs.append((False, 'idle', VARIANT_MODES, variant_kwargs, args.variant_workers or args.workers,
-                        'threads-variant'))
+        configs.append(
+            (False, 'idle', VARIANT_MODES, variant_kwargs, args.variant_workers or args.workers, 'threads-variant')
+        )
     for use_procs, priority, names, kwargs, workers, tag in configs:
         if RemoteUploaderDownloader is None or not any(n in wanted for n in names):
             continue
-        dest = RemoteUploaderDownloader(uri, backend_kwargs=kwargs, num_concurrent_uploads=workers,
-                                        use_procs=use_procs, upload_priority=priority,
-                                        upload_staging_folder=str(work / f'staging-{tag}'))
+        dest = RemoteUploaderDownloader(
+            uri,
+            backend_kwargs=kwargs,
+            num_concurrent_uploads=workers,
+            use_procs=use_procs,
+            upload_priority=priority,
+            upload_staging_folder=str(work / f'staging-{tag}'),
+        )
         logger = Logger([dest], run_name='bench-stall')
         closers.append(logger.close)
 
@@ -224,24 +253,28 @@ def main(argv: Optional[list[str]] = None) -> int:
         waits['sync_upload'] = lambda names: None
         landed['sync_upload'] = lambda names: True
     if 'composer_design' in wanted:
-        uploader = B.ComposerDesignUploader(spec, str(work / f'staging-composer-r{d.rank}'),
-                                            num_concurrent_uploads=args.composer_workers)
+        uploader = B.ComposerDesignUploader(
+            spec, str(work / f'staging-composer-r{d.rank}'), num_concurrent_uploads=args.composer_workers
+        )
         closers.append(uploader.close)
         calls['composer_design'] = lambda n, p: uploader.upload_file(n, p)
 
         def cwait(names: list[str]) -> None:
             if not uploader.wait_landed(names, 900):
                 raise RuntimeError('Composer-design uploads did not land within 900 s')
+
         waits['composer_design'] = cwait
         landed['composer_design'] = lambda names: uploader.wait_landed(names, 0)  # forgets them when True
     modes = [m for m in wanted if m in calls]
     everyone = d.all_gather_object(modes)
     modes = [m for m in modes if all(m in other for other in everyone)]
-    d.log(f'training_stall: {d.world_size} ranks, modes {modes}, checkpoint {C.format_size(ckpt_size)} every '
-          f'{args.every} steps, {args.rounds} rounds x {args.checkpoints} checkpoints, store {args.store}')
+    d.log(
+        f'training_stall: {d.world_size} ranks, modes {modes}, checkpoint {C.format_size(ckpt_size)} every '
+        f'{args.every} steps, {args.rounds} rounds x {args.checkpoints} checkpoints, store {args.store}'
+    )
 
     steps: dict[str, list[int]] = {m: [] for m in modes}
-    ckpt_steps: dict[str, list[int]] = {m: [] for m in modes}   # the step right after a checkpoint
+    ckpt_steps: dict[str, list[int]] = {m: [] for m in modes}  # the step right after a checkpoint
     upload_block: dict[str, list[int]] = {m: [] for m in modes}
     writes: list[int] = []
     mode_writes: dict[str, list[int]] = {m: [] for m in modes}  # checkpoint writes, per mode
@@ -317,9 +350,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         if d.local_rank == 0 and not args.workdir:
             shutil.rmtree(base, ignore_errors=True)
 
-    every = d.all_gather_object({'steps': steps, 'ckpt_steps': ckpt_steps, 'upload': upload_block, 'writes': writes,
-                                 'mode_writes': mode_writes,
-                                 'cpu': seg_cpu, 'tails': tails})
+    every = d.all_gather_object(
+        {
+            'steps': steps,
+            'ckpt_steps': ckpt_steps,
+            'upload': upload_block,
+            'writes': writes,
+            'mode_writes': mode_writes,
+            'cpu': seg_cpu,
+            'tails': tails,
+        }
+    )
     per_mode: dict[str, Any] = {}
     for mode in modes:
         # A step is as slow as its slowest rank (DDP all-reduces gradients every step).
@@ -327,12 +368,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         slowest = [max(rank['steps'][mode][i] for rank in every) for i in range(n)]
         per_mode[mode] = {
             'step_ms': C.summarize(slowest, 1e-6),
-            'step_after_checkpoint_ms': C.summarize([max(rank['ckpt_steps'][mode][i] for rank in every)
-                                                     for i in range(len(ckpt_steps[mode]))], 1e-6),
+            'step_after_checkpoint_ms': C.summarize(
+                [max(rank['ckpt_steps'][mode][i] for rank in every) for i in range(len(ckpt_steps[mode]))], 1e-6
+            ),
             'upload_call_ms': C.summarize([v for rank in every for v in rank['upload'][mode]], 1e-6),
             # The write is not part of the step, but a mode's earlier uploads may slow it (page cache).
             'checkpoint_write_ms': C.summarize([v for rank in every for v in rank['mode_writes'][mode]], 1e-6),
         }
+
     def mean_cpu(mode: str) -> float:  # per segment, summed over ranks
         values = [sum(rank['cpu'][mode][i] for rank in every) for i in range(len(seg_cpu[mode]))]
         return sum(values) / len(values) if values else float('nan')
@@ -349,8 +392,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     per_segment = args.every * args.checkpoints
     for mode in modes:
         per_mode[mode]['inflation_mean'] = C.ratio(per_mode[mode]['step_ms']['mean'], ref) - 1.0
-        per_mode[mode]['inflation_median'] = C.ratio(per_mode[mode]['step_ms']['median'],
-                                                     per_mode['none']['step_ms']['median']) - 1.0
+        per_mode[mode]['inflation_median'] = (
+            C.ratio(per_mode[mode]['step_ms']['median'], per_mode['none']['step_ms']['median']) - 1.0
+        )
         # Whole cost: the segment's steps against as many at the `none` mean (checkpoint writes
         # included), plus its tail against as many clean steps (the `none` median).
         clean = per_mode['none']['step_ms']['median']
@@ -360,8 +404,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             tail_slowest = [max(rank['tails'][mode][i][j] for rank in every) for j in range(len(tail))]
             extra_ns.append(sum(fixed) - per_segment * ref * 1e6 + sum(tail_slowest) - len(tail) * clean * 1e6)
         extra_ms = sum(extra_ns) / len(extra_ns) / args.checkpoints * 1e-6 if extra_ns else float('nan')
-        per_mode[mode]['tail_steps_mean'] = (sum(len(t) for t in tails[mode]) / len(tails[mode])
-                                             if tails[mode] else float('nan'))
+        per_mode[mode]['tail_steps_mean'] = (
+            sum(len(t) for t in tails[mode]) / len(tails[mode]) if tails[mode] else float('nan')
+        )
         per_mode[mode]['tail_capped_segments'] = tail_capped[mode]
         per_mode[mode]['extra_ms_per_checkpoint'] = extra_ms
         per_mode[mode]['inflation_with_tail'] = extra_ms / (args.every * ref)
@@ -374,13 +419,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         'store': args.store,
         'workers': args.workers,
         'backend_kwargs': args.backend_kwargs,
-        'variant': {'backend_kwargs': args.variant_backend_kwargs, 'workers': args.variant_workers,
-                    'upload_rate': args.variant_upload_rate},
+        'variant': {
+            'backend_kwargs': args.variant_backend_kwargs,
+            'workers': args.variant_workers,
+            'upload_rate': args.variant_upload_rate,
+        },
         's3_server': args.s3_server if args.store == 's3' else None,
         's3_scheme': args.s3_scheme if args.store == 's3' else None,
         's3_server_priority': args.s3_server_priority if args.store == 's3' else None,
-        'model': {'width': args.width, 'depth': args.depth, 'batch': args.batch, 'device': str(d.device),
-                  'ddp': d.world_size > 1, 'emulated_device_ms': args.device_ms if d.device.type == 'cpu' else 0},
+        'model': {
+            'width': args.width,
+            'depth': args.depth,
+            'batch': args.batch,
+            'device': str(d.device),
+            'ddp': d.world_size > 1,
+            'emulated_device_ms': args.device_ms if d.device.type == 'cpu' else 0,
+        },
         'checkpoint_write_ms': C.summarize([v for rank in every for v in rank['writes']], 1e-6),
         'skipped': skipped,
         'modes': per_mode,
@@ -417,8 +471,10 @@ def _delete_objects(store: str, spec: dict, endpoint: Optional[str], names: list
             except FileNotFoundError:
                 pass
     elif names:
-        C.s3_client(endpoint).delete_objects(Bucket=C.MOTO_BUCKET,  # type: ignore[arg-type]
-                                             Delete={'Objects': [{'Key': n} for n in names], 'Quiet': True})
+        C.s3_client(endpoint).delete_objects(
+            Bucket=C.MOTO_BUCKET,  # type: ignore[arg-type]
+            Delete={'Objects': [{'Key': n} for n in names], 'Quiet': True},
+        )
 
 
 def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
@@ -427,20 +483,32 @@ def plot(summary: dict, d: C.Dist, out_json: Optional[str]) -> None:
     xs = list(range(len(modes)))
     infl = [100 * (summary['modes'][m]['inflation_with_tail'] or 0.0) for m in modes]
     during = [100 * (summary['modes'][m]['inflation_mean'] or 0.0) for m in modes]
-    bars = ax1.bar(xs, infl, color=['gray' if m == 'none' else 'tab:blue' if m.startswith('ours') else 'tab:orange'
-                                    for m in modes])
+    bars = ax1.bar(
+        xs, infl, color=['gray' if m == 'none' else 'tab:blue' if m.startswith('ours') else 'tab:orange' for m in modes]
+    )
     for bar, value in zip(bars, infl):
-        ax1.annotate(f'{value:.1f}%', (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha='center',
-                     va='bottom', fontsize=8)
-    ax1.scatter(xs, during, color='black', marker='_', s=200, zorder=3,
-                label='during the segment only (uploads left at its end not charged)')
+        ax1.annotate(
+            f'{value:.1f}%', (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha='center', va='bottom', fontsize=8
+        )
+    ax1.scatter(
+        xs,
+        during,
+        color='black',
+        marker='_',
+        s=200,
+        zorder=3,
+        label='during the segment only (uploads left at its end not charged)',
+    )
     ax1.axhline(5, color='red', linestyle='--', linewidth=1, label='target for copy=False: 5%')
     ax1.set_xticks(xs)
     ax1.set_xticklabels(modes, rotation=25, ha='right')
     ax1.set_ylabel('step-time inflation vs no upload (%, with the tail)')
     note = ' (oversubscribed)' if d.local_world_size > (os.cpu_count() or 1) else ''
-    ax1.set_title(f'{C.format_size(summary["checkpoint_bytes"])} checkpoint every {summary["every"]} steps, '
-                  f'{d.world_size} rank(s){note}', fontsize=9)
+    ax1.set_title(
+        f'{C.format_size(summary["checkpoint_bytes"])} checkpoint every {summary["every"]} steps, '
+        f'{d.world_size} rank(s){note}',
+        fontsize=9,
+    )
     ax1.legend(fontsize=8)
     med = [summary['modes'][m]['step_ms']['median'] for m in modes]
     p95 = [summary['modes'][m]['step_ms']['p95'] for m in modes]

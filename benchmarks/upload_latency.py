@@ -63,10 +63,28 @@ import _baselines as B  # noqa: E402
 import _common as C  # noqa: E402
 
 NAME = 'upload_latency'
-ALL_MODES = ('ours_copy', 'ours_nocopy', 'ours_procs', 'floor_cfr', 'floor_copy2', 'floor_link',
-             'sync_upload', 'composer_design', 'composer_real')
-UPLOAD_MODES = ('ours_copy', 'ours_nocopy', 'ours_procs', 'ours_procs_nocopy', 'ours_copy_prio_normal',
-                'ours_nocopy_prio_normal', 'sync_upload', 'composer_design', 'composer_real')
+ALL_MODES = (
+    'ours_copy',
+    'ours_nocopy',
+    'ours_procs',
+    'floor_cfr',
+    'floor_copy2',
+    'floor_link',
+    'sync_upload',
+    'composer_design',
+    'composer_real',
+)
+UPLOAD_MODES = (
+    'ours_copy',
+    'ours_nocopy',
+    'ours_procs',
+    'ours_procs_nocopy',
+    'ours_copy_prio_normal',
+    'ours_nocopy_prio_normal',
+    'sync_upload',
+    'composer_design',
+    'composer_real',
+)
 FLOORS = ('floor_cfr', 'floor_copy2', 'floor_link')
 
 
@@ -123,16 +141,24 @@ class StoreTarget:
             except Exception:  # noqa: BLE001
                 bad += 1
         for i in range(0, len(names), 1000):
-            self.client.delete_objects(Bucket=C.MOTO_BUCKET, Delete={'Objects': [{'Key': n} for n in names[i:i + 1000]],
-                                                                      'Quiet': True})
+            self.client.delete_objects(
+                Bucket=C.MOTO_BUCKET, Delete={'Objects': [{'Key': n} for n in names[i : i + 1000]], 'Quiet': True}
+            )
         return bad
 
 
 class Modes:
     """Callables per mode for one store target on this rank, plus how each waits for landing."""
 
-    def __init__(self, target: StoreTarget, work: pathlib.Path, wanted: list[str], workers: int,
-                 composer_workers: int, skipped: dict[str, str]):
+    def __init__(
+        self,
+        target: StoreTarget,
+        work: pathlib.Path,
+        wanted: list[str],
+        workers: int,
+        composer_workers: int,
+        skipped: dict[str, str],
+    ):
         from dist_logging import Logger
 
         self.target = target
@@ -152,10 +178,16 @@ class Modes:
                     if m.startswith('ours'):
                         skipped[m] = f'dist_logging.destinations.RemoteUploaderDownloader not importable: {exc}'
                 return None
-            dest = RemoteUploaderDownloader(target.uri, backend_kwargs=target.backend_kwargs,
-                                            num_concurrent_uploads=workers, use_procs=use_procs,
-                                            upload_priority=priority,
-                                            upload_staging_folder=str(work / f'staging-{target.kind}-{"procs" if use_procs else "threads"}-{priority}'))
+            dest = RemoteUploaderDownloader(
+                target.uri,
+                backend_kwargs=target.backend_kwargs,
+                num_concurrent_uploads=workers,
+                use_procs=use_procs,
+                upload_priority=priority,
+                upload_staging_folder=str(
+                    work / f'staging-{target.kind}-{"procs" if use_procs else "threads"}-{priority}'
+                ),
+            )
             logger = Logger([dest], run_name='bench-upload')
             self._closers.append(logger.close)
             return logger, dest
@@ -186,7 +218,9 @@ class Modes:
                     self.call['ours_procs'] = lambda name, path, lg=logger: lg.upload_file(name, path, copy=True)
                     self.wait['ours_procs'] = self._ours_wait(dest)
                 if 'ours_procs_nocopy' in wanted:
-                    self.call['ours_procs_nocopy'] = lambda name, path, lg=logger: lg.upload_file(name, path, copy=False)
+                    self.call['ours_procs_nocopy'] = lambda name, path, lg=logger: lg.upload_file(
+                        name, path, copy=False
+                    )
                     self.wait['ours_procs_nocopy'] = self._ours_wait(dest)
         floors = {'floor_cfr': B.floor_copy_file_range, 'floor_copy2': B.floor_copy2, 'floor_link': B.floor_link}
         for mode, fn in floors.items():
@@ -197,8 +231,11 @@ class Modes:
             self.call['sync_upload'] = lambda name, path: B.sync_upload(backend, name, path)
             self.wait['sync_upload'] = lambda names: None
         if 'composer_design' in wanted:
-            uploader = B.ComposerDesignUploader(target.spec, str(work / f'staging-composer-{target.kind}-r{rank_tag}'),
-                                                num_concurrent_uploads=composer_workers)
+            uploader = B.ComposerDesignUploader(
+                target.spec,
+                str(work / f'staging-composer-{target.kind}-r{rank_tag}'),
+                num_concurrent_uploads=composer_workers,
+            )
             self._closers.append(uploader.close)
             self.call['composer_design'] = lambda name, path: uploader.upload_file(name, path)
             self.wait['composer_design'] = lambda names: _require(uploader.wait_landed(names, 900), names)
@@ -248,6 +285,7 @@ class Modes:
         def wait(names: list[str]) -> None:
             if not waiter(900):
                 raise RuntimeError(f'uploads did not land within 900 s: {names[:3]}...')
+
         return wait
 
     def clean_floor(self) -> None:
@@ -272,8 +310,16 @@ def _s3_exists(target: StoreTarget, name: str) -> bool:
         return False
 
 
-def run_target(d: C.Dist, target: StoreTarget, work: pathlib.Path, sizes: list[int], wanted: list[str],
-               args: Any, sources: dict[int, str], exclude_pids: tuple[int, ...] = ()) -> tuple[dict, dict]:
+def run_target(
+    d: C.Dist,
+    target: StoreTarget,
+    work: pathlib.Path,
+    sizes: list[int],
+    wanted: list[str],
+    args: Any,
+    sources: dict[int, str],
+    exclude_pids: tuple[int, ...] = (),
+) -> tuple[dict, dict]:
     skipped: dict[str, str] = {}
     modes = Modes(target, work, wanted, args.workers, args.composer_workers, skipped)
     active = [m for m in wanted if m in modes.call]
@@ -322,8 +368,9 @@ def run_target(d: C.Dist, target: StoreTarget, work: pathlib.Path, sizes: list[i
                     if not warmup:
                         block[mode].extend(samples)
                         first_block[mode].append(samples[0])
-            every = d.all_gather_object({'block': block, 'first': first_block, 'e2e': e2e, 'bad': bad, 'cpu': cpu,
-                                         'uploaded': uploaded})
+            every = d.all_gather_object(
+                {'block': block, 'first': first_block, 'e2e': e2e, 'bad': bad, 'cpu': cpu, 'uploaded': uploaded}
+            )
             entry: dict[str, Any] = {'size_bytes': size, 'rounds': rounds, 'calls_per_round': burst, 'modes': {}}
             for mode in active:
                 pooled = [v for rank in every for v in rank['block'][mode]]
@@ -356,17 +403,20 @@ def evaluate(results: dict[str, Any], world: int) -> dict[str, Any]:
         for label, entry in by_size.items():
             med = {m: v['blocking_us']['median'] for m, v in entry['modes'].items()}
             e2e = {m: v['end_to_end_ms']['median'] for m, v in entry['modes'].items() if 'end_to_end_ms' in v}
-            row: dict[str, Any] = {'median_blocking_us': med, 'median_end_to_end_ms': e2e,
-                                   'cpu_s_per_gib': {m: v.get('cpu_s_per_gib') for m, v in entry['modes'].items()
-                                                     if 'cpu_s_per_gib' in v}}
+            row: dict[str, Any] = {
+                'median_blocking_us': med,
+                'median_end_to_end_ms': e2e,
+                'cpu_s_per_gib': {m: v.get('cpu_s_per_gib') for m, v in entry['modes'].items() if 'cpu_s_per_gib' in v},
+            }
             cd = med.get('composer_design')
             if 'ours_nocopy' in med:
                 row['nocopy_le_50us'] = med['ours_nocopy'] <= 50
                 row['composer_over_nocopy'] = C.ratio(cd, med['ours_nocopy'])
             if 'ours_copy' in med:
                 row['copy_over_floor_cfr'] = C.ratio(med['ours_copy'], med.get('floor_cfr'))
-                row['copy_le_1.2x_floor_cfr'] = (row['copy_over_floor_cfr'] is not None
-                                                 and row['copy_over_floor_cfr'] <= 1.2)
+                row['copy_le_1.2x_floor_cfr'] = (
+                    row['copy_over_floor_cfr'] is not None and row['copy_over_floor_cfr'] <= 1.2
+                )
                 row['copy_over_composer'] = C.ratio(med['ours_copy'], cd)
                 row['copy_le_composer'] = row['copy_over_composer'] is not None and row['copy_over_composer'] <= 1.0
             if 'ours_procs' in med:
@@ -398,7 +448,11 @@ def evaluate(results: dict[str, Any], world: int) -> dict[str, Any]:
         if over:
             h['copy_over_composer_worst'] = max(over)
             h['copy_never_above_composer'] = max(over) <= 1.0
-        e2e = [r.get('e2e_ours_copy_over_composer') for r in rows.values() if r.get('e2e_ours_copy_over_composer') is not None]
+        e2e = [
+            r.get('e2e_ours_copy_over_composer')
+            for r in rows.values()
+            if r.get('e2e_ours_copy_over_composer') is not None
+        ]
         if e2e:
             h['e2e_copy_over_composer_worst'] = max(e2e)
             h['e2e_le_composer_every_size'] = max(e2e) <= 1.0
@@ -409,18 +463,32 @@ def evaluate(results: dict[str, Any], world: int) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = C.base_parser(__doc__.splitlines()[0])
-    parser.add_argument('--sizes', default='4KiB,1MiB,64MiB,256MiB', help='file sizes, e.g. 4KiB,1MiB,64MiB,256MiB,1GiB')
+    parser.add_argument(
+        '--sizes', default='4KiB,1MiB,64MiB,256MiB', help='file sizes, e.g. 4KiB,1MiB,64MiB,256MiB,1GiB'
+    )
     parser.add_argument('--stores', default='local,s3', help='store targets: local, s3 (--s3-server on loopback)')
-    parser.add_argument('--s3-max-size', default='64MiB',
-                        help='sizes above this are skipped for the S3 target (kept short for --s3-server moto: it keeps '
-                             'objects in memory and is slow)')
-    parser.add_argument('--modes', default=','.join(ALL_MODES), help=f'subset of {",".join(ALL_MODES)} (+ ours_procs_nocopy)')
+    parser.add_argument(
+        '--s3-max-size',
+        default='64MiB',
+        help='sizes above this are skipped for the S3 target (kept short for --s3-server moto: it keeps '
+        'objects in memory and is slow)',
+    )
+    parser.add_argument(
+        '--modes', default=','.join(ALL_MODES), help=f'subset of {",".join(ALL_MODES)} (+ ours_procs_nocopy)'
+    )
     parser.add_argument('--workers', type=int, default=4, help='num_concurrent_uploads for ours (its default)')
-    parser.add_argument('--composer-workers', type=int, default=1,
-                        help='worker processes for the Composer-design baseline (Composer\'s default: 1)')
+    parser.add_argument(
+        '--composer-workers',
+        type=int,
+        default=1,
+        help='worker processes for the Composer-design baseline (Composer\'s default: 1)',
+    )
     parser.add_argument('--rounds', type=int, default=0, help='override the rounds per size (0: by size)')
-    parser.add_argument('--workdir', default=None,
-                        help='scratch folder (sources, staging, local bucket); one filesystem so hard links work')
+    parser.add_argument(
+        '--workdir',
+        default=None,
+        help='scratch folder (sources, staging, local bucket); one filesystem so hard links work',
+    )
     C.add_s3_server_arguments(parser)
     args = parser.parse_args(argv)
     C.check_s3_scheme(parser, args)
@@ -435,8 +503,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     base = args.workdir or d.shared_temp_dir('dist_logging-bench-upload-')
     work = pathlib.Path(base) / f'node-{d.node}'
     work.mkdir(parents=True, exist_ok=True)
-    d.log(f'upload_latency: {d.world_size} ranks, sizes {[C.format_size(s) for s in sizes]}, stores {stores}, '
-          f'work {work}')
+    d.log(
+        f'upload_latency: {d.world_size} ranks, sizes {[C.format_size(s) for s in sizes]}, stores {stores}, work {work}'
+    )
     s3_proc = None
     results: dict[str, Any] = {}
     skipped: dict[str, Any] = {}
@@ -454,8 +523,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             target = StoreTarget(store, work, endpoint)
             store_sizes = [s for s in sizes if store != 's3' or s <= s3_max]
             if len(store_sizes) < len(sizes):
-                skipped[f'{store}:sizes'] = (f'sizes above {C.format_size(s3_max)} skipped on S3 '
-                                            f'(--s3-max-size): {[C.format_size(s) for s in sizes if s > s3_max]}')
+                skipped[f'{store}:sizes'] = (
+                    f'sizes above {C.format_size(s3_max)} skipped on S3 '
+                    f'(--s3-max-size): {[C.format_size(s) for s in sizes if s > s3_max]}'
+                )
             exclude = (s3_proc.pid,) if s3_proc is not None else ()
             results[store], skipped_modes = run_target(d, target, work, store_sizes, wanted, args, sources, exclude)
             for mode, reason in skipped_modes.items():
@@ -471,8 +542,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             shutil.rmtree(base, ignore_errors=True)
 
     summary = {
-        'what': ('upload_file blocking time on the calling thread (µs; all ranks pooled) and end to end '
-                 '(first call of a burst to last object landed, slowest rank; ms), per store and size'),
+        'what': (
+            'upload_file blocking time on the calling thread (µs; all ranks pooled) and end to end '
+            '(first call of a burst to last object landed, slowest rank; ms), per store and size'
+        ),
         'workers': args.workers,
         'composer_workers': args.composer_workers,
         'composer_version': C.composer_available(),
@@ -488,11 +561,17 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 STYLE = {
-    'ours_copy': ('tab:blue', 'o', '-'), 'ours_nocopy': ('tab:green', 'o', '-'), 'ours_procs': ('tab:cyan', 'o', '-'),
+    'ours_copy': ('tab:blue', 'o', '-'),
+    'ours_nocopy': ('tab:green', 'o', '-'),
+    'ours_procs': ('tab:cyan', 'o', '-'),
     'ours_procs_nocopy': ('tab:olive', 'o', '-'),
-    'ours_copy_prio_normal': ('tab:purple', 'v', '-'), 'ours_nocopy_prio_normal': ('tab:pink', 'v', '-'),
-    'floor_cfr': ('black', 'x', ':'), 'floor_copy2': ('gray', 'x', ':'), 'floor_link': ('silver', 'x', ':'),
-    'sync_upload': ('tab:red', 's', '--'), 'composer_design': ('tab:orange', 's', '--'),
+    'ours_copy_prio_normal': ('tab:purple', 'v', '-'),
+    'ours_nocopy_prio_normal': ('tab:pink', 'v', '-'),
+    'floor_cfr': ('black', 'x', ':'),
+    'floor_copy2': ('gray', 'x', ':'),
+    'floor_link': ('silver', 'x', ':'),
+    'sync_upload': ('tab:red', 's', '--'),
+    'composer_design': ('tab:orange', 's', '--'),
     'composer_real': ('tab:brown', 's', '--'),
 }
 

@@ -69,6 +69,7 @@ def _flatten(data: Mapping[str, Any], sep: str, prefix: str) -> Iterator[tuple[s
 
 def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table (pipes in cells escaped), as TensorBoard's text plugin renders it."""
+
     def cell(value: Any) -> str:
         return format_log_data_value(value).replace('|', '\\|').replace('\n', ' ')
 
@@ -80,6 +81,9 @@ def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
 def table_json(columns: list[str], rows: list[list[Any]], ascii: bool = True) -> str:
     """A table as the compact JSON Composer's loggers print (pandas' ``orient='split'`` without
     the index): ``{"columns":["a","b"],"data":[[1,"x"]]}``, with ``/`` escaped as ``\\/`` as pandas does."""
-    text = json.dumps({'columns': [jsonable(c) for c in columns], 'data': [[jsonable(v) for v in row] for row in rows]},
-                      separators=(',', ':'), ensure_ascii=ascii)
+    text = json.dumps(
+        {'columns': [jsonable(c) for c in columns], 'data': [[jsonable(v) for v in row] for row in rows]},
+        separators=(',', ':'),
+        ensure_ascii=ascii,
+    )
     return text.replace('/', '\\/')

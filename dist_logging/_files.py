@@ -30,10 +30,25 @@ __all__ = ['copy_file', 'link_file', 'links_work', 'FICLONE']
 FICLONE = 0x40049409  # _IOW(0x94, 9, int), linux/fs.h
 
 # errno values that mean "this method does not work between these files", not "the copy failed".
-_UNSUPPORTED = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTTY, errno.EBADF,
-                errno.EPERM, errno.ETXTBSY, getattr(errno, 'ENOTSUP', errno.EOPNOTSUPP)}
-_LINK_UNSUPPORTED = {errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS,
-                     getattr(errno, 'ENOTSUP', errno.EOPNOTSUPP)}
+_UNSUPPORTED = {
+    errno.EXDEV,
+    errno.EINVAL,
+    errno.ENOSYS,
+    errno.EOPNOTSUPP,
+    errno.ENOTTY,
+    errno.EBADF,
+    errno.EPERM,
+    errno.ETXTBSY,
+    getattr(errno, 'ENOTSUP', errno.EOPNOTSUPP),
+}
+_LINK_UNSUPPORTED = {
+    errno.EXDEV,
+    errno.EPERM,
+    errno.EOPNOTSUPP,
+    errno.EMLINK,
+    errno.ENOSYS,
+    getattr(errno, 'ENOTSUP', errno.EOPNOTSUPP),
+}
 
 _no_clone: set[tuple[int, int]] = set()
 _no_copy_range: set[tuple[int, int]] = set()
@@ -55,8 +70,15 @@ def _remember(cache: set, key: tuple[int, int]) -> None:
         cache.add(key)
 
 
-def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int] = None,
-              mode: int = 0o600, progress: Optional[Callable[[int, int], None]] = None) -> tuple[int, str]:
+def copy_file(
+    src: str,
+    dst: str,
+    *,
+    fsync: bool = False,
+    dst_dev: Optional[int] = None,
+    mode: int = 0o600,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> tuple[int, str]:
     """Copy ``src`` to the new file ``dst`` as it is now, without a Python read/write loop.
 
     Args:
@@ -99,8 +121,14 @@ def copy_file(src: str, dst: str, *, fsync: bool = False, dst_dev: Optional[int]
     return size, method
 
 
-def _copy_fds(fin: int, fout: int, size: int, src_dev: int, dst_dev: Optional[int],
-              progress: Optional[Callable[[int, int], None]] = None) -> str:
+def _copy_fds(
+    fin: int,
+    fout: int,
+    size: int,
+    src_dev: int,
+    dst_dev: Optional[int],
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> str:
     if size == 0:
         return 'copy_file_range'
     step = size if progress is None else _PROGRESS_STEP

@@ -8,8 +8,18 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ['FLOAT_RANGE_WARNING', 'to_image_batch', 'to_uint8', 'to_rgb', 'to_mask_batch', 'validate_masks',
-           'overlay_masks', 'snapshot_images', 'encode_png', 'write_png']
+__all__ = [
+    'FLOAT_RANGE_WARNING',
+    'to_image_batch',
+    'to_uint8',
+    'to_rgb',
+    'to_mask_batch',
+    'validate_masks',
+    'overlay_masks',
+    'snapshot_images',
+    'encode_png',
+    'write_png',
+]
 
 
 # Floating dtypes numpy has; others (bfloat16, the float8 types) are widened to float32 first.
@@ -29,9 +39,11 @@ def _as_numpy(image: Any) -> np.ndarray:
 
 #: Warned (UserWarning) when a floating-point image holds values outside [0, 1], which are clipped when drawn.
 #: The first sentence is Composer's, so filters written for its loggers match.
-FLOAT_RANGE_WARNING = ('Image value range is not in the expected range of [0.0, 1.0] or [0, 255]. Floating-point '
-                       'images are drawn from [0, 1] and values outside it are clipped (integer images: 0-255); '
-                       'undo `transforms.Normalize` or scale the images before logging them.')
+FLOAT_RANGE_WARNING = (
+    'Image value range is not in the expected range of [0.0, 1.0] or [0, 255]. Floating-point '
+    'images are drawn from [0, 1] and values outside it are clipped (integer images: 0-255); '
+    'undo `transforms.Normalize` or scale the images before logging them.'
+)
 
 
 def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
@@ -73,25 +85,30 @@ def to_image_batch(images: Any, channels_last: bool = False) -> np.ndarray:
         array = np.moveaxis(array, 1, -1)
     if array.shape[-1] not in (1, 3, 4):
         layout = 'HWC/NHWC' if channels_last else 'CHW/NCHW'
-        raise ValueError(f'expected 1, 3 or 4 channels in {layout} layout, got shape {tuple(array.shape)} '
-                         f'({array.shape[-1]} channels); set channels_last={not channels_last} '
-                         'if the layout is the other one')
+        raise ValueError(
+            f'expected 1, 3 or 4 channels in {layout} layout, got shape {tuple(array.shape)} '
+            f'({array.shape[-1]} channels); set channels_last={not channels_last} '
+            'if the layout is the other one'
+        )
     if array.shape[1] == 0 or array.shape[2] == 0:
         raise ValueError(f'images must have a non-zero height and width, got shape {tuple(array.shape)}')
     if np.issubdtype(array.dtype, np.integer) and array.dtype != np.uint8:
         # Another integer type holding 0-255 (torch.randint(0, 256, ...) is int64), as Composer's loggers take it.
         low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
         if low < 0 or high > 255:
-            raise ValueError(f'integer images must hold values 0-255 (as uint8), got {array.dtype} values '
-                             f'{low}..{high}')
+            raise ValueError(
+                f'integer images must hold values 0-255 (as uint8), got {array.dtype} values {low}..{high}'
+            )
     elif np.issubdtype(array.dtype, np.floating):
         if array.size and (array.min() < 0.0 or array.max() > 1.0):
             # One fixed text from one place: Python's default warning filter shows it once per process, not
             # at every step, nor once more for each destination that draws the same batch.
             warnings.warn(FLOAT_RANGE_WARNING, UserWarning)
     elif not (array.dtype == np.uint8 or array.dtype == np.bool_):
-        raise ValueError(f'expected image dtype uint8, another integer type with values 0-255, bool or floating '
-                         f'point in [0, 1], got {array.dtype}')
+        raise ValueError(
+            f'expected image dtype uint8, another integer type with values 0-255, bool or floating '
+            f'point in [0, 1], got {array.dtype}'
+        )
     return array
 
 
@@ -108,12 +125,31 @@ def to_uint8(batch: np.ndarray) -> np.ndarray:
 
 
 # A fixed, colour-blind-friendly-ish palette for mask classes; class 0 is background (not drawn).
-_PALETTE = np.array([
-    [0, 0, 0], [230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200], [245, 130, 48],
-    [145, 30, 180], [70, 240, 240], [240, 50, 230], [210, 245, 60], [250, 190, 212], [0, 128, 128],
-    [220, 190, 255], [170, 110, 40], [255, 250, 200], [128, 0, 0], [170, 255, 195], [128, 128, 0],
-    [255, 215, 180], [0, 0, 128],
-], dtype=np.uint8)
+_PALETTE = np.array(
+    [
+        [0, 0, 0],
+        [230, 25, 75],
+        [60, 180, 75],
+        [255, 225, 25],
+        [0, 130, 200],
+        [245, 130, 48],
+        [145, 30, 180],
+        [70, 240, 240],
+        [240, 50, 230],
+        [210, 245, 60],
+        [250, 190, 212],
+        [0, 128, 128],
+        [220, 190, 255],
+        [170, 110, 40],
+        [255, 250, 200],
+        [128, 0, 0],
+        [170, 255, 195],
+        [128, 128, 0],
+        [255, 215, 180],
+        [0, 0, 128],
+    ],
+    dtype=np.uint8,
+)
 
 
 def to_rgb(batch: np.ndarray) -> np.ndarray:
@@ -148,8 +184,10 @@ def to_mask_batch(masks: Any, batch_shape: tuple[int, ...], name: str = 'mask') 
     elif array.ndim == 4 and array.shape[-1] == 1:
         array = array[..., 0]
     if array.shape != (n, h, w):
-        raise ValueError(f'mask {name!r}: expected class ids of shape {(n, h, w)} (N, H, W) to match the images, '
-                         f'got shape {tuple(array.shape)}')
+        raise ValueError(
+            f'mask {name!r}: expected class ids of shape {(n, h, w)} (N, H, W) to match the images, '
+            f'got shape {tuple(array.shape)}'
+        )
     if array.dtype == np.bool_:
         return array.astype(np.int64)
     if not np.issubdtype(array.dtype, np.integer):
@@ -223,7 +261,7 @@ def image_files(batch: np.ndarray, mask_batches: dict[str, np.ndarray], stem: st
     for index in range(batch.shape[0]):
         files.append((f'{stem}-{index}.png', batch[index]))
         for mask_name, mask in mask_batches.items():
-            overlaid = overlay_masks(batch[index:index + 1], mask[index:index + 1])[0]
+            overlaid = overlay_masks(batch[index : index + 1], mask[index : index + 1])[0]
             files.append((f'{stem}-{index}.{safe_artifact_name(mask_name).replace("/", "_")}.png', overlaid))
     return files
 
@@ -240,8 +278,10 @@ def encode_png(image: np.ndarray) -> bytes:
     if image.ndim == 2:
         image = image[..., None]
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] not in (1, 3, 4):
-        raise ValueError(f'encode_png: expected an HWC uint8 image with 1, 3 or 4 channels, '
-                         f'got shape {image.shape} dtype {image.dtype}')
+        raise ValueError(
+            f'encode_png: expected an HWC uint8 image with 1, 3 or 4 channels, '
+            f'got shape {image.shape} dtype {image.dtype}'
+        )
     height, width, channels = image.shape
     colour_type = {1: 0, 3: 2, 4: 6}[channels]
     # Filter type 0 (None) on every scanline: a zero byte before each row.
@@ -251,8 +291,12 @@ def encode_png(image: np.ndarray) -> bytes:
         return struct.pack('>I', len(payload)) + kind + payload + struct.pack('>I', zlib.crc32(kind + payload))
 
     header = struct.pack('>IIBBBBB', width, height, 8, colour_type, 0, 0, 0)
-    return (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(raw.tobytes(), 6))
-            + chunk(b'IEND', b''))
+    return (
+        b'\x89PNG\r\n\x1a\n'
+        + chunk(b'IHDR', header)
+        + chunk(b'IDAT', zlib.compress(raw.tobytes(), 6))
+        + chunk(b'IEND', b'')
+    )
 
 
 def write_png(path: Any, image: np.ndarray) -> None:

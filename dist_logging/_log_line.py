@@ -80,8 +80,7 @@ def format_record(created: float, rank: int, level: str, logger: str, message: s
     return header + first + ''.join('\n' + CONTINUATION + line for line in rest)
 
 
-_LEVELS = {'CRITICAL': 50, 'FATAL': 50, 'ERROR': 40, 'WARNING': 30, 'WARN': 30, 'INFO': 20, 'DEBUG': 10,
-           'NOTSET': 0}
+_LEVELS = {'CRITICAL': 50, 'FATAL': 50, 'ERROR': 40, 'WARNING': 30, 'WARN': 30, 'INFO': 20, 'DEBUG': 10, 'NOTSET': 0}
 
 
 def level_number(name: str) -> Optional[int]:

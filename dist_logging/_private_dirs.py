@@ -35,14 +35,25 @@ import stat
 import tempfile
 from typing import Optional
 
-__all__ = ['ENV_VAR', 'base_dir', 'private_dir', 'check_private_dir', 'state_dir', 'create_private_file',
-           'open_private_file', 'make_dirs', 'user_name']
+__all__ = [
+    'ENV_VAR',
+    'base_dir',
+    'private_dir',
+    'check_private_dir',
+    'state_dir',
+    'create_private_file',
+    'open_private_file',
+    'make_dirs',
+    'user_name',
+]
 
 ENV_VAR = 'DIST_LOGGING_TMPDIR'
 _NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
 _CLOEXEC = getattr(os, 'O_CLOEXEC', 0)
-_HOW_TO_MOVE = (f'set {ENV_VAR} to a folder of yours (it is created with mode 0700), or remove or fix this folder '
-                '(it must be a folder owned by you with mode 0700)')
+_HOW_TO_MOVE = (
+    f'set {ENV_VAR} to a folder of yours (it is created with mode 0700), or remove or fix this folder '
+    '(it must be a folder owned by you with mode 0700)'
+)
 
 
 def user_name() -> str:
@@ -222,8 +233,9 @@ def open_private_file(path: str, flags: int = os.O_RDONLY, *, create: bool = Fal
                 continue  # another process created it first: open theirs
         except OSError as exc:
             if os.path.islink(path):
-                raise PermissionError(f'dist_logging will not use {path}: it is a symlink; remove it, or '
-                                      f'{_HOW_TO_MOVE}') from exc
+                raise PermissionError(
+                    f'dist_logging will not use {path}: it is a symlink; remove it, or {_HOW_TO_MOVE}'
+                ) from exc
             raise
         _check_file(fd, path)
         return fd

@@ -47,8 +47,10 @@ def json_safe(value: Any) -> Any:
     :func:`format_log_data_value` text, so ``json.dumps(..., default=format_log_data_value)`` never fails.
     """
     if isinstance(value, Mapping):
-        return {k if isinstance(k, (str, int, float, bool)) or k is None else format_log_data_value(k): json_safe(v)
-                for k, v in value.items()}
+        return {
+            k if isinstance(k, (str, int, float, bool)) or k is None else format_log_data_value(k): json_safe(v)
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value

@@ -52,8 +52,16 @@ def _progress(bar: Any) -> Any:
 def _bar(total: Optional[int], description: str, enabled: bool) -> Any:
     import tqdm
 
-    return tqdm.tqdm(total=total, desc=description, unit='B', unit_scale=True, unit_divisor=1024,
-                     disable=not enabled, file=sys.stderr, leave=False)
+    return tqdm.tqdm(
+        total=total,
+        desc=description,
+        unit='B',
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not enabled,
+        file=sys.stderr,
+        leave=False,
+    )
 
 
 def _open_store(bucket_uri: str) -> Any:
@@ -114,14 +122,19 @@ def _cmd_drain(args: argparse.Namespace) -> int:
     if superseded:
         print(f'dropped {len(superseded)} older upload(s) superseded by a newer one of the same name')
     for name in report.skipped_custom_store:
-        print(f'not uploaded (queued through a custom object_store; resume it with a RemoteUploaderDownloader '
-              f'given the same store and staging folder): {name}', file=sys.stderr)
+        print(
+            f'not uploaded (queued through a custom object_store; resume it with a RemoteUploaderDownloader '
+            f'given the same store and staging folder): {name}',
+            file=sys.stderr,
+        )
     for name, error in sorted(report.failed.items()):
         print(f'failed: {name}: {type(error).__name__}: {error}', file=sys.stderr)
     failed = bool(report.failed or report.skipped_custom_store)
     if failed:
-        print(f'{len(report.failed) + len(report.skipped_custom_store)} upload(s) remain in the staging folder',
-              file=sys.stderr)
+        print(
+            f'{len(report.failed) + len(report.skipped_custom_store)} upload(s) remain in the staging folder',
+            file=sys.stderr,
+        )
     # Checkpoints a killed coordinator handed over but did not commit: commit those whose files all landed.
     from dist_logging.checkpoint.drain import finish_commits
 
@@ -148,19 +161,28 @@ def _object_names(files: Sequence[str], template: str) -> list[str]:
         if os.path.isdir(path):
             raise CommandError(f'{path!r} is a directory; pass its files', EXIT_USAGE)
         base = os.path.basename(path)
-        values = {'filename': base, 'stem': os.path.splitext(base)[0], 'ext': os.path.splitext(base)[1],
-                  'index': index, 'path': os.path.normpath(path).replace(os.sep, '/').lstrip('/')}
+        values = {
+            'filename': base,
+            'stem': os.path.splitext(base)[0],
+            'ext': os.path.splitext(base)[1],
+            'index': index,
+            'path': os.path.normpath(path).replace(os.sep, '/').lstrip('/'),
+        }
         try:
             name = template.format(**values)
             check_object_name(name)
         except (KeyError, IndexError, ValueError) as exc:
-            raise CommandError(f'--name {template!r}: {exc!s} (placeholders: {{filename}}, {{stem}}, {{ext}}, '
-                               '{path}, {index})', EXIT_USAGE) from None
+            raise CommandError(
+                f'--name {template!r}: {exc!s} (placeholders: {{filename}}, {{stem}}, {{ext}}, {{path}}, {{index}})',
+                EXIT_USAGE,
+            ) from None
         names.append(name)
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise CommandError(f'--name {template!r} gives several files the same name {duplicates}; use {{filename}} '
-                           'or {index}', EXIT_USAGE)
+        raise CommandError(
+            f'--name {template!r} gives several files the same name {duplicates}; use {{filename}} or {{index}}',
+            EXIT_USAGE,
+        )
     return names
 
 
@@ -229,8 +251,13 @@ def _cmd_download(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _as_rank(rank: int, world_size: int, nproc_per_node: int) -> Iterator[None]:
     """Pretend (through the environment torchrun sets) to be ``rank``; restored afterwards."""
-    values = {'RANK': rank, 'WORLD_SIZE': world_size, 'LOCAL_RANK': rank % nproc_per_node,
-              'LOCAL_WORLD_SIZE': nproc_per_node, 'GROUP_RANK': rank // nproc_per_node}
+    values = {
+        'RANK': rank,
+        'WORLD_SIZE': world_size,
+        'LOCAL_RANK': rank % nproc_per_node,
+        'LOCAL_WORLD_SIZE': nproc_per_node,
+        'GROUP_RANK': rank // nproc_per_node,
+    }
     saved = {k: os.environ.get(k) for k in (*values, 'NODE_RANK')}
     os.environ.update({k: str(v) for k, v in values.items()})
     os.environ.pop('NODE_RANK', None)
@@ -282,8 +309,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     world, per_node = args.world_size, args.nproc_per_node or args.world_size
     if world < 1 or per_node < 1 or world % per_node:
-        raise CommandError(f'--world-size {world} must be a positive multiple of --nproc-per-node {per_node}',
-                           EXIT_USAGE)
+        raise CommandError(
+            f'--world-size {world} must be a positive multiple of --nproc-per-node {per_node}', EXIT_USAGE
+        )
     try:
         config = load_config(args.config)
     except FileNotFoundError as exc:
@@ -296,23 +324,36 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     packages = package_status(config)
     missing = {module: extra for module, (ok, extra) in packages.items() if not ok}
     problems: list[str] = []
-    print(f'{args.config}: world size {world}, {per_node} rank(s) per node, {world // per_node} node(s), '
-          f'run name {run_name}')
+    print(
+        f'{args.config}: world size {world}, {per_node} rank(s) per node, {world // per_node} node(s), '
+        f'run name {run_name}'
+    )
     try:
         from dist_logging import dist
 
         here = dist.launch_facts()
-        print(f'this process: launched by {here.launcher} (rank {here.rank} of {here.world_size}, '
-              f'run name {here.run_name or "not derivable from the environment"}; see docs/launchers.md)')
+        print(
+            f'this process: launched by {here.launcher} (rank {here.rank} of {here.world_size}, '
+            f'run name {here.run_name or "not derivable from the environment"}; see docs/launchers.md)'
+        )
     except ValueError as exc:
         problems.append(f'this process\'s launcher variables: {exc}')
     for rank in range(world):
         local = rank % per_node
-        values = {'run_name': run_name, 'rank': rank, 'local_rank': local, 'world_size': world,
-                  'local_world_size': per_node, 'node_rank': rank // per_node}
+        values = {
+            'run_name': run_name,
+            'rank': rank,
+            'local_rank': local,
+            'world_size': world,
+            'local_world_size': per_node,
+            'node_rank': rank // per_node,
+        }
         print(f'rank {rank} (node {rank // per_node}, local rank {local}):')
-        built = [spec for spec in config.destinations if _included(spec.kwargs.get('ranks', _default_ranks(spec)),
-                                                                     rank, local)]
+        built = [
+            spec
+            for spec in config.destinations
+            if _included(spec.kwargs.get('ranks', _default_ranks(spec)), rank, local)
+        ]
         if not built:
             print('  (no destinations)')
         for spec in built:
@@ -365,8 +406,9 @@ def _level_threshold(text: str) -> int:
 
     number = level_number(text.strip())
     if number is None:
-        raise argparse.ArgumentTypeError(f'unknown level {text!r}; expected DEBUG, INFO, WARNING, ERROR, CRITICAL '
-                                         'or a number')
+        raise argparse.ArgumentTypeError(
+            f'unknown level {text!r}; expected DEBUG, INFO, WARNING, ERROR, CRITICAL or a number'
+        )
     return number
 
 
@@ -427,39 +469,57 @@ def build_parser() -> argparse.ArgumentParser:
     from dist_logging import __version__
 
     parser = argparse.ArgumentParser(
-        prog='dist-logging', description='Chores around dist_logging runs: pending uploads, object stores, configs.',
-        epilog='Exit codes: 0 ok, 1 the operation failed, 2 bad usage or input.')
+        prog='dist-logging',
+        description='Chores around dist_logging runs: pending uploads, object stores, configs.',
+        epilog='Exit codes: 0 ok, 1 the operation failed, 2 bad usage or input.',
+    )
     parser.add_argument('--version', action='version', version=f'%(prog)s {__version__}')
     sub = parser.add_subparsers(dest='command', metavar='COMMAND', required=True)
 
-    p = sub.add_parser('drain', help='upload what a stopped run left in its staging folder',
-                       description='Upload every pending upload in STAGING_FOLDER (as left by a killed run), '
-                                   'each to the bucket recorded with it. Exits 1 if any upload failed or '
-                                   'needs a custom object store (those stay in the folder).')
-    p.add_argument('staging_folder', metavar='STAGING_FOLDER',
-                   help="a run's upload_staging_folder (or one rank{r} folder)")
+    p = sub.add_parser(
+        'drain',
+        help='upload what a stopped run left in its staging folder',
+        description='Upload every pending upload in STAGING_FOLDER (as left by a killed run), '
+        'each to the bucket recorded with it. Exits 1 if any upload failed or '
+        'needs a custom object store (those stay in the folder).',
+    )
+    p.add_argument(
+        'staging_folder', metavar='STAGING_FOLDER', help="a run's upload_staging_folder (or one rank{r} folder)"
+    )
     p.add_argument('--workers', type=_positive_int, default=4, help='concurrent uploads (default 4)')
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
     p.set_defaults(func=_cmd_drain)
 
-    p = sub.add_parser('ls', help='list pending uploads per rank, with sizes',
-                       description='List the uploads still pending in STAGING_FOLDER, per rank (read-only).')
+    p = sub.add_parser(
+        'ls',
+        help='list pending uploads per rank, with sizes',
+        description='List the uploads still pending in STAGING_FOLDER, per rank (read-only).',
+    )
     p.add_argument('staging_folder', metavar='STAGING_FOLDER')
     p.set_defaults(func=_cmd_ls)
 
-    p = sub.add_parser('upload', help='upload files to a bucket',
-                       description='Upload FILEs to BUCKET_URI (s3://bucket/prefix, file:///abs/path or a local '
-                                   'folder). Credentials and AWS_ENDPOINT_URL come from the environment.')
+    p = sub.add_parser(
+        'upload',
+        help='upload files to a bucket',
+        description='Upload FILEs to BUCKET_URI (s3://bucket/prefix, file:///abs/path or a local '
+        'folder). Credentials and AWS_ENDPOINT_URL come from the environment.',
+    )
     p.add_argument('bucket_uri', metavar='BUCKET_URI')
     p.add_argument('files', metavar='FILE', nargs='+')
-    p.add_argument('--name', default='{filename}',
-                   help='object name template: {filename}, {stem}, {ext}, {path}, {index} (default: {filename})')
+    p.add_argument(
+        '--name',
+        default='{filename}',
+        help='object name template: {filename}, {stem}, {ext}, {path}, {index} (default: {filename})',
+    )
     p.add_argument('--overwrite', action='store_true', help='replace existing objects (default: refuse)')
     p.add_argument('--no-progress', action='store_true', help='no progress bars')
     p.set_defaults(func=_cmd_upload)
 
-    p = sub.add_parser('download', help='download one object',
-                       description='Download object NAME from BUCKET_URI to DEST (a file, or a folder to put it in).')
+    p = sub.add_parser(
+        'download',
+        help='download one object',
+        description='Download object NAME from BUCKET_URI to DEST (a file, or a folder to put it in).',
+    )
     p.add_argument('bucket_uri', metavar='BUCKET_URI')
     p.add_argument('name', metavar='NAME')
     p.add_argument('dest', metavar='DEST')
@@ -467,37 +527,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--no-progress', action='store_true', help='no progress bar')
     p.set_defaults(func=_cmd_download)
 
-    p = sub.add_parser('validate', help='check a config without starting anything',
-                       description='Check CONFIG (keys, destination types, values, name templates) and print, for '
-                                   'each rank, the destinations it would build, their rank policy and formatted '
-                                   'names; check that optional packages are installed. Starts nothing.')
+    p = sub.add_parser(
+        'validate',
+        help='check a config without starting anything',
+        description='Check CONFIG (keys, destination types, values, name templates) and print, for '
+        'each rank, the destinations it would build, their rank policy and formatted '
+        'names; check that optional packages are installed. Starts nothing.',
+    )
     p.add_argument('config', metavar='CONFIG', help='a YAML config (see configs/)')
     p.add_argument('--world-size', type=_positive_int, default=1, help='ranks in the job (default 1)')
-    p.add_argument('--nproc-per-node', type=_positive_int, default=None,
-                   help='ranks per node (default: the world size, one node)')
+    p.add_argument(
+        '--nproc-per-node', type=_positive_int, default=None, help='ranks per node (default: the world size, one node)'
+    )
     p.add_argument('--run-name', default=None, help='the run name to show in names (default: from the config)')
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser('logs', help='merge per-rank log files into one time-ordered stream',
-                       description='Read the per-rank logs written by setup_logging(file=...) or FileLogger (files, '
-                                   'or folders searched for them) and print one time-ordered stream. Identical '
-                                   'records (level, logger, message) from several ranks within --window seconds '
-                                   'become one line tagged [ranks 0-3]; a record of one rank is tagged [rank 2]. '
-                                   'Reads files of any size in constant memory per file.')
+    p = sub.add_parser(
+        'logs',
+        help='merge per-rank log files into one time-ordered stream',
+        description='Read the per-rank logs written by setup_logging(file=...) or FileLogger (files, '
+        'or folders searched for them) and print one time-ordered stream. Identical '
+        'records (level, logger, message) from several ranks within --window seconds '
+        'become one line tagged [ranks 0-3]; a record of one rank is tagged [rank 2]. '
+        'Reads files of any size in constant memory per file.',
+    )
     p.add_argument('paths', metavar='PATH', nargs='+', help='a log file, or a folder of them')
-    p.add_argument('--ranks', type=_rank_list, default=None, metavar='LIST',
-                   help='only these global ranks, e.g. 0,3-5')
-    p.add_argument('--level', type=_level_threshold, default=None, metavar='LEVEL',
-                   help='only records at LEVEL or above (DEBUG, INFO, WARNING, ERROR, CRITICAL or a number); '
-                        "FileLogger's records count as INFO")
+    p.add_argument('--ranks', type=_rank_list, default=None, metavar='LIST', help='only these global ranks, e.g. 0,3-5')
+    p.add_argument(
+        '--level',
+        type=_level_threshold,
+        default=None,
+        metavar='LEVEL',
+        help='only records at LEVEL or above (DEBUG, INFO, WARNING, ERROR, CRITICAL or a number); '
+        "FileLogger's records count as INFO",
+    )
     p.add_argument('--no-collapse', action='store_true', help="one line per rank's record")
-    p.add_argument('--window', type=_window, default=5.0, metavar='SECONDS',
-                   help='identical records at most this far apart are collapsed (default 5)')
-    p.add_argument('--follow', '-f', action='store_true',
-                   help='keep reading as the files grow and new ones appear, until Ctrl-C or SIGTERM')
-    p.add_argument('--all-attempts', action='store_true',
-                   help='also show the lines of earlier attempts that a resume superseded (FileLogger resume '
-                        'markers; left out by default, except with --follow, which shows every line as written)')
+    p.add_argument(
+        '--window',
+        type=_window,
+        default=5.0,
+        metavar='SECONDS',
+        help='identical records at most this far apart are collapsed (default 5)',
+    )
+    p.add_argument(
+        '--follow',
+        '-f',
+        action='store_true',
+        help='keep reading as the files grow and new ones appear, until Ctrl-C or SIGTERM',
+    )
+    p.add_argument(
+        '--all-attempts',
+        action='store_true',
+        help='also show the lines of earlier attempts that a resume superseded (FileLogger resume '
+        'markers; left out by default, except with --follow, which shows every line as written)',
+    )
     p.set_defaults(func=_cmd_logs)
 
     from dist_logging.stragglers.command import add_parser as add_stragglers  # its own module (docs/stragglers.md)

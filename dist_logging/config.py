@@ -31,9 +31,17 @@ from typing import Any, Mapping, Optional, Union
 
 # The machinery is in _logger.config_load, which does not know the Logger class (the Logger builds
 # itself from a config through it, so it cannot import this module back).
-from dist_logging._logger.config_load import (DESTINATION_TYPES, ConfigSource, DestinationSpec, LoggerConfig,
-                                              build_destinations, interpolate_env, package_status,
-                                              register_destination, required_packages)
+from dist_logging._logger.config_load import (
+    DESTINATION_TYPES,
+    ConfigSource,
+    DestinationSpec,
+    LoggerConfig,
+    build_destinations,
+    interpolate_env,
+    package_status,
+    register_destination,
+    required_packages,
+)
 from dist_logging._logger.config_load import build_logger as _build_logger
 from dist_logging._logger.config_load import load_config as _load_config
 from dist_logging.logger import Logger

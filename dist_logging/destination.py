@@ -20,8 +20,16 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 if TYPE_CHECKING:
     from dist_logging.state import ResumeInfo, State
 
-__all__ = ['LogLevel', 'Event', 'RANK_POLICIES', 'LoggerDestination', 'validate_ranks', 'ranks_from_rank_zero_only',
-           'post_close_caller', 'check_state']
+__all__ = [
+    'LogLevel',
+    'Event',
+    'RANK_POLICIES',
+    'LoggerDestination',
+    'validate_ranks',
+    'ranks_from_rank_zero_only',
+    'post_close_caller',
+    'check_state',
+]
 
 RANK_POLICIES = ('zero', 'local_zero', 'all')
 
@@ -94,8 +102,9 @@ def validate_ranks(ranks: Any, owner: str = 'destination') -> str:
     return ranks
 
 
-def ranks_from_rank_zero_only(ranks: Optional[str], rank_zero_only: Optional[bool], default: str,
-                              owner: str = 'destination') -> str:
+def ranks_from_rank_zero_only(
+    ranks: Optional[str], rank_zero_only: Optional[bool], default: str, owner: str = 'destination'
+) -> str:
     """The rank policy from Composer's ``rank_zero_only=`` and/or ``ranks=``.
 
     ``rank_zero_only=True`` means ``ranks='zero'`` and ``False`` means ``ranks='all'``;
@@ -113,8 +122,10 @@ def ranks_from_rank_zero_only(ranks: Optional[str], rank_zero_only: Optional[boo
         raise TypeError(f'{owner}: rank_zero_only must be a bool, got {rank_zero_only!r}')
     implied = 'zero' if rank_zero_only else 'all'
     if ranks is not None and ranks != implied:
-        raise ValueError(f'{owner}: rank_zero_only={rank_zero_only} means ranks={implied!r}, which contradicts '
-                         f'ranks={ranks!r}; give only one of them')
+        raise ValueError(
+            f'{owner}: rank_zero_only={rank_zero_only} means ranks={implied!r}, which contradicts '
+            f'ranks={ranks!r}; give only one of them'
+        )
     return implied
 
 
@@ -141,8 +152,10 @@ def post_close_caller(destination: 'LoggerDestination') -> Callable[['State', 'L
     try:
         signature.bind()
     except TypeError:
-        raise TypeError(f'{type(destination).__name__}.post_close{signature} must take no arguments (as in '
-                        'Composer) or (state, logger)') from None
+        raise TypeError(
+            f'{type(destination).__name__}.post_close{signature} must take no arguments (as in '
+            'Composer) or (state, logger)'
+        ) from None
     return lambda state, logger: method()
 
 
@@ -167,8 +180,14 @@ class LoggerDestination:
     log_level: LogLevel = LogLevel.VERBOSE
     optional: bool = False
 
-    def __init__(self, *args: Any, ranks: Optional[str] = None, log_level: Union[str, int, LogLevel, None] = None,
-                 optional: Optional[bool] = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        ranks: Optional[str] = None,
+        log_level: Union[str, int, LogLevel, None] = None,
+        optional: Optional[bool] = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         if ranks is not None:
             self.ranks = validate_ranks(ranks, type(self).__name__)
@@ -202,8 +221,9 @@ class LoggerDestination:
             traces: name -> any value.
         """
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         """Log a table.
 
         Args:
@@ -213,9 +233,16 @@ class LoggerDestination:
             step: as in :meth:`log_metrics`.
         """
 
-    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = True,
+    ) -> None:
         """Log images given as arrays or tensors.
 
         Args:
@@ -239,8 +266,7 @@ class LoggerDestination:
         """
         return False
 
-    def upload_file(self, state: 'State', remote_file_name: str, file_path: pathlib.Path, *,
-                    overwrite: bool) -> None:
+    def upload_file(self, state: 'State', remote_file_name: str, file_path: pathlib.Path, *, overwrite: bool) -> None:
         """Store the file at ``file_path`` under ``remote_file_name``.
 
         After this returns the caller may modify or delete ``file_path``, so a
@@ -253,8 +279,9 @@ class LoggerDestination:
             overwrite: whether an existing object of that name may be replaced.
         """
 
-    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
-                      progress_bar: bool = True) -> None:
+    def download_file(
+        self, remote_file_name: str, destination: str, overwrite: bool = False, progress_bar: bool = True
+    ) -> None:
         """Fetch ``remote_file_name`` into the local path ``destination``.
 
         Raises:
@@ -358,10 +385,12 @@ def check_state(destination: LoggerDestination, state: Any, keys: tuple[str, ...
     """
     owner = type(destination).__name__
     if not isinstance(state, Mapping):
-        raise TypeError(f'{owner}.load_state_dict: expected a mapping (what state_dict() returned), '
-                        f'got {type(state).__name__}')
+        raise TypeError(
+            f'{owner}.load_state_dict: expected a mapping (what state_dict() returned), got {type(state).__name__}'
+        )
     unknown = sorted(str(k) for k in state if k not in keys)
     if unknown:
-        raise ValueError(f'{owner}.load_state_dict: unknown key(s) {unknown}; this destination saves '
-                         f'{list(keys) or "nothing"}')
+        raise ValueError(
+            f'{owner}.load_state_dict: unknown key(s) {unknown}; this destination saves {list(keys) or "nothing"}'
+        )
     return dict(state)

@@ -26,8 +26,14 @@ from a collective), ``gloo_exit`` (the exit-time wait for gloo's worker threads)
 from __future__ import annotations
 
 # First: its exit hook must be registered before the package's others (atexit runs them last-in first-out).
-from dist_logging._world.ending import (EXIT_STATUS, FLUSH_SECONDS, fatal_error, forget_fatal_error,
-                                        note_fatal_error, on_fatal_exit)
+from dist_logging._world.ending import (
+    EXIT_STATUS,
+    FLUSH_SECONDS,
+    fatal_error,
+    forget_fatal_error,
+    note_fatal_error,
+    on_fatal_exit,
+)
 from dist_logging._world import gloo_exit as _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's threads
 from dist_logging._world.facts import (
     LaunchFacts,

@@ -41,20 +41,29 @@ class DistributedLoggingError(RuntimeError):
         hosts: Rank -> host name, as each rank announced itself at start, for the ranks named.
     """
 
-    def __init__(self, message: str, missing_ranks: Iterable[int] = (), left_ranks: Iterable[int] = (),
-                 unreachable_ranks: Iterable[int] = (), late_ranks: Iterable[int] = (),
-                 hosts: Optional[Mapping[int, str]] = None):
+    def __init__(
+        self,
+        message: str,
+        missing_ranks: Iterable[int] = (),
+        left_ranks: Iterable[int] = (),
+        unreachable_ranks: Iterable[int] = (),
+        late_ranks: Iterable[int] = (),
+        hosts: Optional[Mapping[int, str]] = None,
+    ):
         self.left_ranks = tuple(sorted(set(left_ranks)))
         self.unreachable_ranks = tuple(sorted(set(unreachable_ranks)))
         self.late_ranks = tuple(sorted(set(late_ranks)))
-        self.missing_ranks = tuple(sorted(set(missing_ranks) | set(self.left_ranks) | set(self.unreachable_ranks)
-                                          | set(self.late_ranks)))
+        self.missing_ranks = tuple(
+            sorted(set(missing_ranks) | set(self.left_ranks) | set(self.unreachable_ranks) | set(self.late_ranks))
+        )
         self.hosts = dict(hosts or {})
         super().__init__(message)
 
     def __reduce__(self):
-        return (type(self), (str(self), self.missing_ranks, self.left_ranks, self.unreachable_ranks,
-                             self.late_ranks, self.hosts))
+        return (
+            type(self),
+            (str(self), self.missing_ranks, self.left_ranks, self.unreachable_ranks, self.late_ranks, self.hosts),
+        )
 
     @classmethod
     def from_runtime_error(cls, what: str, exc: BaseException, timeout: float) -> 'DistributedLoggingError':

@@ -128,8 +128,9 @@ class Logger(RankReportMethods, ResumeMethods):
         for index, destination in enumerate(self.destinations):
             if not isinstance(destination, LoggerDestination):
                 raise TypeError(f'destinations[{index}] is a {type(destination).__name__}, not a LoggerDestination')
-            validate_ranks(getattr(destination, 'ranks', 'zero'),
-                           f'destinations[{index}] ({type(destination).__name__})')
+            validate_ranks(
+                getattr(destination, 'ranks', 'zero'), f'destinations[{index}] ({type(destination).__name__})'
+            )
             LogLevel.parse(destination.log_level)
         telemetry_options = TelemetryOptions(system_metrics_every, metrics_port, metrics_host)
         summarize_above = check_summary_above(gather_summary_above)
@@ -169,8 +170,14 @@ class Logger(RankReportMethods, ResumeMethods):
 
         self.run_event(Event.INIT)
         # The black box (docs/postmortem.md): after INIT, so the uploaders it delivers through are started.
-        self._postmortem = make_recorder(self._router, self.state, self._group, self._gatherer, hang_timeout,
-                                         bool(postmortem) if postmortem is not None else hang_timeout is not None)
+        self._postmortem = make_recorder(
+            self._router,
+            self.state,
+            self._group,
+            self._gatherer,
+            hang_timeout,
+            bool(postmortem) if postmortem is not None else hang_timeout is not None,
+        )
         if log_run_info:
             self._log_run_info()
 
@@ -201,9 +208,18 @@ class Logger(RankReportMethods, ResumeMethods):
                 return None if self._ranks is None else {}
             return {entry.rank: 1 for entry in report.chronic}
 
-        return Telemetry(options, self._group.store_line(), dist.get_global_rank(), dist.get_world_size(),
-                         dist.get_local_rank(), dist.get_node_rank(), dist.get_num_nodes(), uploaders,
-                         lambda: self._checkpoint_commit, stragglers)
+        return Telemetry(
+            options,
+            self._group.store_line(),
+            dist.get_global_rank(),
+            dist.get_world_size(),
+            dist.get_local_rank(),
+            dist.get_node_rank(),
+            dist.get_num_nodes(),
+            uploaders,
+            lambda: self._checkpoint_commit,
+            stragglers,
+        )
 
     def note_checkpoint_committed(self, checkpoint_id: str, step: Optional[int] = None) -> None:
         """Record a committed checkpoint for the endpoint (``CheckpointWriter`` calls it; any thread).
@@ -264,8 +280,14 @@ class Logger(RankReportMethods, ResumeMethods):
                 self.log_traces({'hyperparameter_mismatch': differences})
         self._dispatch(self._hparam_destinations, 'log_hyperparameters', redacted)
 
-    def log_metrics(self, metrics: Data, step: Optional[int] = None, *, reduce: Optional[str] = None,
-                    level: Union[LogLevel, int, str, None] = None) -> None:
+    def log_metrics(
+        self,
+        metrics: Data,
+        step: Optional[int] = None,
+        *,
+        reduce: Optional[str] = None,
+        level: Union[LogLevel, int, str, None] = None,
+    ) -> None:
         """Log scalar metrics.
 
         With ``reduce=None`` the call goes to the destinations active on this rank. With
@@ -341,8 +363,15 @@ class Logger(RankReportMethods, ResumeMethods):
             check_metric_key(key)
         self._dispatch(destinations, 'log_traces', self._redact(data))
 
-    def log_table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], name: str = 'Table',
-                  step: Optional[int] = None, *, level: Union[LogLevel, int, str] = LogLevel.BATCH) -> None:
+    def log_table(
+        self,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        name: str = 'Table',
+        step: Optional[int] = None,
+        *,
+        level: Union[LogLevel, int, str] = LogLevel.BATCH,
+    ) -> None:
         """Log a table to the destinations active on this rank; secrets in cells are redacted.
 
         Raises:
@@ -360,10 +389,18 @@ class Logger(RankReportMethods, ResumeMethods):
                 step = self.state.timestamp.batch
             self._dispatch(destinations, 'log_table', columns, self._redact.table(columns, rows), name, step)
 
-    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True, *,
-                   level: Union[LogLevel, int, str] = LogLevel.BATCH) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = True,
+        *,
+        level: Union[LogLevel, int, str] = LogLevel.BATCH,
+    ) -> None:
         """Log images (arrays or tensors, CHW/HWC or a batch) to the destinations active on this rank.
 
         Raises:
@@ -381,8 +418,9 @@ class Logger(RankReportMethods, ResumeMethods):
         if destinations:
             if step is None:
                 step = self.state.timestamp.batch
-            self._dispatch(destinations, 'log_images', images, name, channels_last, step, masks,
-                           mask_class_labels, use_table)
+            self._dispatch(
+                destinations, 'log_images', images, name, channels_last, step, masks, mask_class_labels, use_table
+            )
 
     # ------------------------------------------------------------------ files
     def has_file_upload_destination(self) -> bool:
@@ -390,8 +428,9 @@ class Logger(RankReportMethods, ResumeMethods):
         or overrides ``upload_file`` (the destinations :meth:`upload_file` calls)."""
         return self._router.has_uploader_anywhere
 
-    def upload_file(self, remote_file_name: str, file_path: Union[str, pathlib.Path], *,
-                    overwrite: bool = False, copy: bool = True) -> None:
+    def upload_file(
+        self, remote_file_name: str, file_path: Union[str, pathlib.Path], *, overwrite: bool = False, copy: bool = True
+    ) -> None:
         """Hand a file to every destination that takes files and whose policy includes this rank.
 
         As in Composer, a destination takes files when it overrides ``upload_file``, whether or
@@ -427,11 +466,15 @@ class Logger(RankReportMethods, ResumeMethods):
     def _warn_no_uploader(self, call: str) -> None:
         if not self._warned_no_upload:  # once per Logger
             self._warned_no_upload = True
-            warnings.warn(f'{call}: the Logger has no upload-capable destination; files are not uploaded',
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f'{call}: the Logger has no upload-capable destination; files are not uploaded',
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
-    def upload_folder(self, remote_prefix: str, local_dir: Union[str, pathlib.Path], *, commit: bool = True,
-                      copy: bool = True) -> None:
+    def upload_folder(
+        self, remote_prefix: str, local_dir: Union[str, pathlib.Path], *, commit: bool = True, copy: bool = True
+    ) -> None:
         """Hand a folder to every destination that takes files and whose policy includes this rank, committed
         as one object: visible (to ``dist_logging.checkpoint.latest_checkpoint``) only once every file landed.
 
@@ -540,8 +583,9 @@ class Logger(RankReportMethods, ResumeMethods):
             if destinations:
                 self._dispatch(destinations, 'log_metrics', metrics, batch if step is None else step)
         if self._telemetry is not None:
-            self._telemetry.note_gathered({key: {rank: entry[0] for rank, entry in values.items()}
-                                           for key, values in taken.items()})
+            self._telemetry.note_gathered(
+                {key: {rank: entry[0] for rank, entry in values.items()} for key, values in taken.items()}
+            )
 
     # ------------------------------------------------------------------ lifecycle
     def run_event(self, event: Union[Event, str]) -> None:
@@ -662,8 +706,12 @@ class Logger(RankReportMethods, ResumeMethods):
                 gather_error = exc
         pending = self._gatherer.pending_keys()
         if pending:
-            warnings.warn(f'Logger.close(): metrics buffered with reduce= were never flushed: {sorted(pending)}; '
-                          'call flush() on every rank before close()', RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f'Logger.close(): metrics buffered with reduce= were never flushed: {sorted(pending)}; '
+                'call flush() on every rank before close()',
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if self._ranks is not None:  # rank zero: upload the rank history, log its heatmap (no collective)
             try:
                 self._ranks.close(self)
@@ -701,12 +749,14 @@ class Logger(RankReportMethods, ResumeMethods):
         import torch
 
         hosts = self._group.all_gather_object(socket.gethostname(), 'gathering host names')
-        self.log_hyperparameters({
-            'world_size': dist.get_world_size(),
-            'num_nodes': dist.get_num_nodes(),
-            'torch_version': torch.__version__,
-            'hosts': sorted(set(hosts)),
-        })
+        self.log_hyperparameters(
+            {
+                'world_size': dist.get_world_size(),
+                'num_nodes': dist.get_num_nodes(),
+                'torch_version': torch.__version__,
+                'hosts': sorted(set(hosts)),
+            }
+        )
 
     @classmethod
     def from_config(cls, config: Any, **overrides: Any) -> 'Logger':

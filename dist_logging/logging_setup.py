@@ -28,8 +28,14 @@ from dist_logging import dist
 from dist_logging._log_line import format_record
 from dist_logging.redaction import redact_text
 from dist_logging.destination import LoggerDestination
-from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
-                                 template_placeholders, validate_object_name, validate_template)
+from dist_logging.naming import (
+    DIST_PLACEHOLDERS,
+    check_rank_distinct,
+    format_name_with_dist,
+    template_placeholders,
+    validate_object_name,
+    validate_template,
+)
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -112,8 +118,9 @@ class _FileFormatter(logging.Formatter):
             message = message.rstrip('\n') + '\n' + record.exc_text
         if record.stack_info:
             message = message.rstrip('\n') + '\n' + self.formatStack(record.stack_info)
-        return format_record(record.created, self.rank, record.levelname, record.name,
-                             redact_text(message.rstrip('\n')))
+        return format_record(
+            record.created, self.rank, record.levelname, record.name, redact_text(message.rstrip('\n'))
+        )
 
 
 class PythonLogUploader(LoggerDestination):
@@ -199,8 +206,10 @@ def _parse_level(level: Any) -> int:
         number = logging.getLevelName(level.upper())
         if isinstance(number, int):
             return number
-        raise ValueError(f'setup_logging: unknown level {level!r}; expected one of DEBUG, INFO, WARNING, ERROR, '
-                         'CRITICAL, or a number')
+        raise ValueError(
+            f'setup_logging: unknown level {level!r}; expected one of DEBUG, INFO, WARNING, ERROR, '
+            'CRITICAL, or a number'
+        )
     raise TypeError(f'setup_logging: level must be an int or a level name, got {type(level).__name__} {level!r}')
 
 
@@ -218,19 +227,25 @@ def _console_policy(console_ranks: Any, rank: int, world_size: int) -> tuple[boo
             return dist.get_local_rank() == 0, dist.get_num_nodes() > 1
         if console_ranks == 'all':
             return True, world_size > 1
-        raise ValueError(f'setup_logging: unknown console_ranks {console_ranks!r}; expected one of '
-                         f'{list(CONSOLE_POLICIES)} or a list of global ranks')
+        raise ValueError(
+            f'setup_logging: unknown console_ranks {console_ranks!r}; expected one of '
+            f'{list(CONSOLE_POLICIES)} or a list of global ranks'
+        )
     try:
         ranks = list(console_ranks)
     except TypeError:
-        raise TypeError(f'setup_logging: console_ranks must be one of {list(CONSOLE_POLICIES)} or a list of global '
-                        f'ranks, got {type(console_ranks).__name__} {console_ranks!r}') from None
+        raise TypeError(
+            f'setup_logging: console_ranks must be one of {list(CONSOLE_POLICIES)} or a list of global '
+            f'ranks, got {type(console_ranks).__name__} {console_ranks!r}'
+        ) from None
     for item in ranks:
         if isinstance(item, bool) or not isinstance(item, int):
             raise TypeError(f'setup_logging: console_ranks must hold ints (global ranks), got {item!r}')
         if not 0 <= item < world_size:
-            raise ValueError(f'setup_logging: console_ranks names rank {item}, outside this world of {world_size} '
-                             f'rank(s) (0..{world_size - 1})')
+            raise ValueError(
+                f'setup_logging: console_ranks names rank {item}, outside this world of {world_size} '
+                f'rank(s) (0..{world_size - 1})'
+            )
     return rank in ranks, len(set(ranks)) > 1
 
 
@@ -238,10 +253,12 @@ class _NoCollective:
     """Stands in for the Logger's group when deriving a run name: setup_logging never issues a collective."""
 
     def broadcast_object(self, obj: Any, what: str) -> Any:
-        raise ValueError('setup_logging: the file name uses {run_name} but this job shares no run id '
-                         '(DIST_LOGGING_RUN_NAME, torchrun\'s TORCHELASTIC_RUN_ID, a SLURM job, an MPI job id or '
-                         'MASTER_ADDR/MASTER_PORT) to '
-                         'derive one from without a collective; pass run_name= or logger=')
+        raise ValueError(
+            'setup_logging: the file name uses {run_name} but this job shares no run id '
+            '(DIST_LOGGING_RUN_NAME, torchrun\'s TORCHELASTIC_RUN_ID, a SLURM job, an MPI job id or '
+            'MASTER_ADDR/MASTER_PORT) to '
+            'derive one from without a collective; pass run_name= or logger='
+        )
 
 
 def _run_name(run_name: Optional[str], logger: Optional['Logger'], template: str) -> str:
@@ -272,9 +289,15 @@ def _upload_interval(logger: 'Logger') -> int:
 
 
 # ---------------------------------------------------------------------------- the public call
-def setup_logging(level: Union[int, str] = logging.INFO, *, console_ranks: ConsoleRanks = 'zero',
-                  file: Optional[Union[str, os.PathLike]] = None, run_name: Optional[str] = None,
-                  capture_warnings: bool = True, logger: Optional['Logger'] = None) -> Optional[str]:
+def setup_logging(
+    level: Union[int, str] = logging.INFO,
+    *,
+    console_ranks: ConsoleRanks = 'zero',
+    file: Optional[Union[str, os.PathLike]] = None,
+    run_name: Optional[str] = None,
+    capture_warnings: bool = True,
+    logger: Optional['Logger'] = None,
+) -> Optional[str]:
     """Configure this process's root logger for a distributed job: one console, one file per rank.
 
     Call it on every rank, before or after ``init_process_group`` (rank facts come from
@@ -417,8 +440,15 @@ def _mark_attempt(handler: logging.FileHandler, path: str) -> None:
     if facts.attempt == '0' or key in _marked_paths:
         return
     _marked_paths.add(key)
-    record = logging.LogRecord('dist_logging', logging.WARNING, __file__, 0,
-                               '===== attempt %s (%s) starts =====', (facts.attempt, facts.attempt_cause), None)
+    record = logging.LogRecord(
+        'dist_logging',
+        logging.WARNING,
+        __file__,
+        0,
+        '===== attempt %s (%s) starts =====',
+        (facts.attempt, facts.attempt_cause),
+        None,
+    )
     handler.handle(record)
 
 
@@ -512,7 +542,8 @@ def _stream_saved_by_torch() -> Any:
     except ValueError:
         return None
     if frame.f_code.co_name != '_distributed_excepthook' or not str(frame.f_globals.get('__name__', '')).startswith(
-            'torch.distributed'):
+        'torch.distributed'
+    ):
         return None
     stream = frame.f_locals.get('old_stderr')
     return stream if hasattr(stream, 'write') else None
@@ -527,10 +558,12 @@ def _excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
         sys.stderr = real_stderr
     try:
         # Ctrl-C reaches every rank: no N copies of it.
-        log = (lambda: False) if issubclass(exc_type, KeyboardInterrupt) else (
-            lambda: _log_uncaught(f'Uncaught exception: {exc_type.__name__}: {exc}', (exc_type, exc, tb)))
-        _chained_call(_excepthook_chain, sys.__excepthook__, depth, log,
-                      lambda previous: previous(exc_type, exc, tb))
+        log = (
+            (lambda: False)
+            if issubclass(exc_type, KeyboardInterrupt)
+            else (lambda: _log_uncaught(f'Uncaught exception: {exc_type.__name__}: {exc}', (exc_type, exc, tb)))
+        )
+        _chained_call(_excepthook_chain, sys.__excepthook__, depth, log, lambda previous: previous(exc_type, exc, tb))
     finally:
         _hook_state.depth = depth
         if real_stderr is not None:
@@ -541,14 +574,18 @@ def _threading_excepthook(args: Any) -> None:
     depth = getattr(_hook_state, 'thread_depth', 0)
     _hook_state.thread_depth = depth + 1
     try:
+
         def log() -> bool:
             if args.exc_type is None or issubclass(args.exc_type, SystemExit):
                 return False
             name = args.thread.name if args.thread is not None else '?'
-            return _log_uncaught(f'Uncaught exception in thread {name}: {args.exc_type.__name__}: {args.exc_value}',
-                                 (args.exc_type, args.exc_value, args.exc_traceback))
+            return _log_uncaught(
+                f'Uncaught exception in thread {name}: {args.exc_type.__name__}: {args.exc_value}',
+                (args.exc_type, args.exc_value, args.exc_traceback),
+            )
 
-        _chained_call(_threading_excepthook_chain, threading.__excepthook__, depth, log,
-                      lambda previous: previous(args))
+        _chained_call(
+            _threading_excepthook_chain, threading.__excepthook__, depth, log, lambda previous: previous(args)
+        )
     finally:
         _hook_state.thread_depth = depth

@@ -7,6 +7,7 @@ import string
 from typing import Any, Iterable
 
 from dist_logging import dist
+
 # One definition of a safe object name, shared with the (torch-free) object stores.
 from dist_logging.object_store import check_object_name as validate_object_name
 
@@ -23,8 +24,16 @@ __all__ = [
 
 DIST_PLACEHOLDERS = ('run_name', 'rank', 'local_rank', 'world_size', 'local_world_size', 'node_rank', 'attempt')
 TIME_PLACEHOLDERS = (
-    'epoch', 'batch', 'batch_in_epoch', 'sample', 'sample_in_epoch', 'token', 'token_in_epoch',
-    'total_wct', 'epoch_wct', 'batch_wct',
+    'epoch',
+    'batch',
+    'batch_in_epoch',
+    'sample',
+    'sample_in_epoch',
+    'token',
+    'token_in_epoch',
+    'total_wct',
+    'epoch_wct',
+    'batch_wct',
 )
 
 
@@ -53,8 +62,9 @@ def _parse_placeholders(format_str: str) -> frozenset[str]:
             continue
         root = field.split('.', 1)[0].split('[', 1)[0]
         if root == '' or root.isdigit():
-            raise ValueError(f'name template {format_str!r} has a positional placeholder {{{field}}}; '
-                             'use a name such as {rank}')
+            raise ValueError(
+                f'name template {format_str!r} has a positional placeholder {{{field}}}; use a name such as {{rank}}'
+            )
         names.add(root)
         if spec and '{' in spec:
             names |= template_placeholders(spec)
@@ -159,4 +169,3 @@ def check_rank_distinct(template: str, ranks: str, what: str) -> None:
                 f"{what} template {template!r} is used with ranks='local_zero' on {dist.get_num_nodes()} nodes "
                 "but cannot tell nodes apart: add {node_rank} (or {rank})"
             )
-

@@ -72,7 +72,7 @@ class Timestamp:
     def to_next_epoch(self) -> 'Timestamp':
         """The timestamp at the start of the next epoch (per-epoch counters reset)."""
         return dataclasses.replace(
-            self, epoch=self.epoch + 1, batch_in_epoch=0, sample_in_epoch=0, token_in_epoch=0, epoch_wct=0.0,
+            self, epoch=self.epoch + 1, batch_in_epoch=0, sample_in_epoch=0, token_in_epoch=0, epoch_wct=0.0
         )
 
 

@@ -43,8 +43,15 @@ class BackgroundWorker:
         ValueError: ``max_queue`` below 1.
     """
 
-    def __init__(self, owner: str, max_queue: int = 10_000, *, thread_name: Optional[str] = None,
-                 what: str = 'background call(s)', start: bool = True):
+    def __init__(
+        self,
+        owner: str,
+        max_queue: int = 10_000,
+        *,
+        thread_name: Optional[str] = None,
+        what: str = 'background call(s)',
+        start: bool = True,
+    ):
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f'{owner}: max_queue must be an int >= 1, got {max_queue!r}')
         self.owner = owner
@@ -99,8 +106,9 @@ class BackgroundWorker:
         with self._lock:
             errors, self._errors = self._errors, []
         if errors:
-            error = RuntimeError(f'{self.owner}: {len(errors)} {self.what} failed; first: '
-                                 f'{type(errors[0]).__name__}: {errors[0]}')
+            error = RuntimeError(
+                f'{self.owner}: {len(errors)} {self.what} failed; first: {type(errors[0]).__name__}: {errors[0]}'
+            )
             for other in errors[1:4]:
                 error.add_note(f'also: {type(other).__name__}: {other}')
             raise error from errors[0]

@@ -105,22 +105,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--bucket', required=True, help="bucket URI: file:///path, s3://bucket/prefix, ...")
     parser.add_argument('--endpoint-url', default=None, help='S3 endpoint (MinIO, moto, ...)')
     parser.add_argument('--run-name', default='ckpt-demo')
-    parser.add_argument('--staging', default=None,
-                        help='upload staging folder; the same on restart, so the restarted job finishes the '
-                             'uploads the killed one left (default: the writer\'s per-run folder)')
+    parser.add_argument(
+        '--staging',
+        default=None,
+        help='upload staging folder; the same on restart, so the restarted job finishes the '
+        'uploads the killed one left (default: the writer\'s per-run folder)',
+    )
     parser.add_argument('--steps', type=int, default=40)
     parser.add_argument('--save-every', type=int, default=5)
-    parser.add_argument('--die-at-step', type=int, default=None,
-                        help='first attempt only: SIGKILL every rank at the first step >= this one after a '
-                             'checkpoint committed')
+    parser.add_argument(
+        '--die-at-step',
+        type=int,
+        default=None,
+        help='first attempt only: SIGKILL every rank at the first step >= this one after a checkpoint committed',
+    )
     parser.add_argument('--step-ms', type=float, default=0.0, help='sleep this long per step (a slower "GPU")')
     parser.add_argument('--width', type=int, default=64)
     parser.add_argument('--depth', type=int, default=2)
     parser.add_argument('--batch', type=int, default=16)
     parser.add_argument('--keep-last', type=int, default=None, help='retention: keep the newest N committed')
     parser.add_argument('--out', default=None, help='folder for per-rank JSON reports')
-    parser.add_argument('--attempt', type=int, default=None,
-                        help='names the reports (default: torchrun\'s restart count); --die-at-step acts in attempt 0')
+    parser.add_argument(
+        '--attempt',
+        type=int,
+        default=None,
+        help='names the reports (default: torchrun\'s restart count); --die-at-step acts in attempt 0',
+    )
     args = parser.parse_args(argv)
     for name in ('steps', 'save_every', 'width', 'depth', 'batch'):
         if getattr(args, name) < 1:
@@ -147,8 +157,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         state = {'model': msd, 'optim': osd, 'meta': {'step': torch.tensor(-1)}}
         # The node's download cache next to the staging folder (the work folder), removed by the reader's close.
         cache = os.path.join(args.staging, 'reader-cache') if args.staging else None
-        with CheckpointReader(args.bucket, backend_kwargs=backend_kwargs, run_name=args.run_name,
-                              cache_folder=cache) as reader:
+        with CheckpointReader(
+            args.bucket, backend_kwargs=backend_kwargs, run_name=args.run_name, cache_folder=cache
+        ) as reader:
             dcp.load(state, checkpoint_id=latest, storage_reader=reader, process_group=ckpt_group)
         set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optim'])
         start = int(state['meta']['step'])
@@ -158,8 +169,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     elif rank == 0:
         print(f'[attempt {attempt}] no committed checkpoint under {prefix}: starting at step 0', flush=True)
 
-    writer = CheckpointWriter(args.bucket, backend_kwargs=backend_kwargs, upload_staging_folder=args.staging,
-                              run_name=args.run_name, keep_last=args.keep_last)
+    writer = CheckpointWriter(
+        args.bucket,
+        backend_kwargs=backend_kwargs,
+        upload_staging_folder=args.staging,
+        run_name=args.run_name,
+        keep_last=args.keep_last,
+    )
     pending = None
     loss = torch.tensor(float('nan'))
     try:
@@ -201,8 +217,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     report['latest_at_end'] = latest_checkpoint(args.bucket, prefix, backend_kwargs=backend_kwargs)
     _write_report(args.out, report)
     if rank == 0:
-        print(f'[attempt {attempt}] done: step {args.steps}, loss {loss.item():.6f}, latest {report["latest_at_end"]}',
-              flush=True)
+        print(
+            f'[attempt {attempt}] done: step {args.steps}, loss {loss.item():.6f}, latest {report["latest_at_end"]}',
+            flush=True,
+        )
     dist.destroy_process_group()
     return 0
 

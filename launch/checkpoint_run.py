@@ -23,9 +23,23 @@ ROOT = HERE.parent
 
 def command(nproc: int, workdir: pathlib.Path, bucket: str, attempt: int, extra: list[str]) -> list[str]:
     """The torchrun command line of one launch of the example."""
-    return [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}',
-            str(HERE / 'checkpoint_example.py'), '--bucket', bucket, '--staging', str(workdir / 'staging'),
-            '--out', str(workdir / 'report'), '--attempt', str(attempt), *extra]
+    return [
+        sys.executable,
+        '-m',
+        'torch.distributed.run',
+        '--standalone',
+        f'--nproc_per_node={nproc}',
+        str(HERE / 'checkpoint_example.py'),
+        '--bucket',
+        bucket,
+        '--staging',
+        str(workdir / 'staging'),
+        '--out',
+        str(workdir / 'report'),
+        '--attempt',
+        str(attempt),
+        *extra,
+    ]
 
 
 def summarize(report_dir: pathlib.Path) -> dict:
@@ -39,9 +53,12 @@ def summarize(report_dir: pathlib.Path) -> dict:
         first, last = attempts.get(0), attempts.get(max(attempts))
         resumed = last.get('resumed_from') if last else None
         saved = first['saves'].get(str(resumed)) if first and resumed is not None else None
-        out[rank] = {'attempts': sorted(attempts), 'resumed_from': resumed,
-                     'loaded_equals_saved': saved is not None and saved == last.get('loaded_digest'),
-                     'final_step': last.get('final_step') if last else None}
+        out[rank] = {
+            'attempts': sorted(attempts),
+            'resumed_from': resumed,
+            'loaded_equals_saved': saved is not None and saved == last.get('loaded_digest'),
+            'final_step': last.get('final_step') if last else None,
+        }
     return out
 
 
@@ -51,8 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--workdir', default='demo-ckpt')
     parser.add_argument('--bucket', default=None, help='default: <workdir>/bucket (a local folder)')
     parser.add_argument('--die-at-step', type=int, default=17, help='the first launch is killed from this step on')
-    parser.add_argument('example_args', nargs=argparse.REMAINDER,
-                        help='extra arguments for checkpoint_example.py (after --; default: --steps 40 --save-every 5)')
+    parser.add_argument(
+        'example_args',
+        nargs=argparse.REMAINDER,
+        help='extra arguments for checkpoint_example.py (after --; default: --steps 40 --save-every 5)',
+    )
     args = parser.parse_args(argv)
     if args.nproc_per_node < 1:
         parser.error(f'--nproc-per-node must be >= 1, got {args.nproc_per_node}')
@@ -73,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     print('$ ' + ' '.join(second), flush=True)
     code = subprocess.call(second, cwd=workdir, env=env)
     for rank, info in summarize(workdir / 'report').items():
-        print(f'rank {rank}: attempts {info["attempts"]}, resumed from step {info["resumed_from"]}, '
-              f'loaded state == saved state: {info["loaded_equals_saved"]}, finished at step {info["final_step"]}')
+        print(
+            f'rank {rank}: attempts {info["attempts"]}, resumed from step {info["resumed_from"]}, '
+            f'loaded state == saved state: {info["loaded_equals_saved"]}, finished at step {info["final_step"]}'
+        )
     return code
 
 

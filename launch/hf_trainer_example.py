@@ -39,14 +39,26 @@ def main() -> None:
     parser.add_argument('--max-steps', type=int, default=40)
     args = parser.parse_args()
 
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                       bos_token_id=0, eos_token_id=0))
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    )
     training_args = TrainingArguments(
-        output_dir=args.output_dir, max_steps=args.max_steps, logging_steps=10, save_steps=20,
-        per_device_train_batch_size=8, learning_rate=1e-3, use_cpu=not torch.cuda.is_available(),
-        report_to=[], disable_tqdm=True)
-    trainer = Trainer(model=model, args=training_args, train_dataset=RandomTokens(),
-                      callbacks=[DistLoggingCallback(config=args.config)])
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        logging_steps=10,
+        save_steps=20,
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        use_cpu=not torch.cuda.is_available(),
+        report_to=[],
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=RandomTokens(),
+        callbacks=[DistLoggingCallback(config=args.config)],
+    )
     trainer.train()  # on_train_end closes the Logger: waits for uploads, raises UploadError
 
 

@@ -31,8 +31,8 @@ class Regression(LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
-        self.log('train_loss', loss)                               # this rank's value (per-rank files keep it)
-        self.log('train_loss_mean', loss, sync_dist=True)          # Lightning's mean across ranks
+        self.log('train_loss', loss)  # this rank's value (per-rank files keep it)
+        self.log('train_loss_mean', loss, sync_dist=True)  # Lightning's mean across ranks
         return loss
 
     def configure_optimizers(self):
@@ -50,10 +50,16 @@ def main() -> None:
     x = torch.randn(1024, 16, generator=generator)
     data = DataLoader(TensorDataset(x, x @ torch.randn(16, 1, generator=generator)), batch_size=16)
     trainer = Trainer(
-        strategy='ddp', accelerator='cpu', devices=args.devices, max_steps=args.max_steps, log_every_n_steps=10,
+        strategy='ddp',
+        accelerator='cpu',
+        devices=args.devices,
+        max_steps=args.max_steps,
+        log_every_n_steps=10,
         logger=DistLoggingLogger(config=args.config),
         callbacks=[ModelCheckpoint(every_n_train_steps=25, save_top_k=-1, save_last=True)],
-        enable_progress_bar=False, enable_model_summary=False)
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Regression(), data)  # teardown finalizes the logger: waits for uploads, raises UploadError
 
 

@@ -36,11 +36,25 @@ def main(argv: list[str] | None = None) -> int:
     report = pathlib.Path(tempfile.mkdtemp(prefix='dist-logging-demo-'))
     try:
         extra = [a for a in args.train_args if a != '--']
-        cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc_per_node}',
-               str(HERE / 'train.py'), '--config', str(config), '--report', str(report), *extra]
+        cmd = [
+            sys.executable,
+            '-m',
+            'torch.distributed.run',
+            '--standalone',
+            f'--nproc_per_node={args.nproc_per_node}',
+            str(HERE / 'train.py'),
+            '--config',
+            str(config),
+            '--report',
+            str(report),
+            *extra,
+        ]
         run_name = os.environ.get('DIST_LOGGING_RUN_NAME') or time.strftime('demo-%Y%m%d-%H%M%S')
-        env = dict(os.environ, DIST_LOGGING_RUN_NAME=run_name,
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')])))
+        env = dict(
+            os.environ,
+            DIST_LOGGING_RUN_NAME=run_name,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')])),
+        )
         # The job's machine-wide state (upload caps, download locks) in the work folder too, not in the
         # system temp folder's per-user base: the demo leaves nothing outside the folder it names.
         env.setdefault('DIST_LOGGING_TMPDIR', str(workdir / '.dist_logging'))
@@ -53,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         buckets: set[pathlib.Path] = set()
         for path in sorted(report.glob('rank*.json'), key=lambda p: int(p.stem[4:])):
             info = json.loads(path.read_text())
-            print(f"  rank {info['rank']} (node {info['node_rank']}, local rank {info['local_rank']}, launched by "
-                  f"{info.get('launcher', '?')}), run {info['run_name']}:")
+            print(
+                f"  rank {info['rank']} (node {info['node_rank']}, local rank {info['local_rank']}, launched by "
+                f"{info.get('launcher', '?')}), run {info['run_name']}:"
+            )
             for output in info['outputs']:
                 details = ', '.join(f'{k}={v}' for k, v in output.items() if k != 'destination')
                 print(f"    {output['destination']}: {details}")
@@ -73,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             folder = pathlib.Path(os.path.commonpath([str(p.parent) for p in python_logs]))
             folder = folder.relative_to(pathlib.Path.cwd()) if folder.is_relative_to(pathlib.Path.cwd()) else folder
             print('Read them as one time-ordered stream (identical lines of several ranks shown once, as [ranks 0-N]):')
-            print(f'  .venv/bin/dist-logging logs {folder}/python-rank*.log    (also: --level WARNING, --ranks 1, --follow)')
+            print(
+                f'  .venv/bin/dist-logging logs {folder}/python-rank*.log    (also: --level WARNING, --ranks 1, --follow)'
+            )
         for bucket in sorted(buckets):
             objects = sorted(p for p in (bucket / run_name).rglob('*') if p.is_file())
             print(f'\nIn the bucket {bucket} ({len(objects)} objects):')
@@ -92,7 +110,7 @@ def _local_bucket(bucket_uri: str | None, workdir: pathlib.Path) -> pathlib.Path
     """The folder of a ``file://`` (or plain path) bucket URI, resolved like the job resolved it."""
     if not bucket_uri or '://' in bucket_uri and not bucket_uri.startswith('file://'):
         return None
-    path = pathlib.Path(bucket_uri[len('file://'):] if bucket_uri.startswith('file://') else bucket_uri)
+    path = pathlib.Path(bucket_uri[len('file://') :] if bucket_uri.startswith('file://') else bucket_uri)
     return path if path.is_absolute() else workdir / path
 
 

@@ -47,8 +47,9 @@ def main() -> None:
     dist.init_process_group_from_env()
     device = torch.device('cuda', torch.cuda.current_device()) if use_cuda else torch.device('cpu')
     rank, world_size = dist.get_global_rank(), dist.get_world_size()
-    logging.getLogger('train').info('launched by %s: %d rank(s) on %d node(s)', dist.launcher(), world_size,
-                                    dist.get_num_nodes())
+    logging.getLogger('train').info(
+        'launched by %s: %d rank(s) on %d node(s)', dist.launcher(), world_size, dist.get_num_nodes()
+    )
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
@@ -61,10 +62,15 @@ def main() -> None:
     # Again, now with the Logger: the same file is also uploaded with the other logs.
     python_log = setup_logging(file=PYTHON_LOG, logger=logger)
     log.info('training %d epochs of %d batches on %d rank(s)', args.epochs, args.batches_per_epoch, world_size)
-    logger.log_hyperparameters({
-        'lr': 1e-2, 'batch_size': args.batch_size, 'world_size': world_size, 'epochs': args.epochs,
-        'model': {'hidden': 64, 'layers': 2},
-    })
+    logger.log_hyperparameters(
+        {
+            'lr': 1e-2,
+            'batch_size': args.batch_size,
+            'world_size': world_size,
+            'epochs': args.epochs,
+            'model': {'hidden': 64, 'layers': 2},
+        }
+    )
     checkpoint_dir = pathlib.Path(logger.run_name) / 'checkpoints'
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
 
@@ -100,11 +106,21 @@ def main() -> None:
         report = pathlib.Path(args.report)
         report.mkdir(parents=True, exist_ok=True)
         outputs = [describe(d) for d in logger.active_destinations]
-        (report / f'rank{rank}.json').write_text(json.dumps({
-            'rank': rank, 'local_rank': dist.get_local_rank(), 'node_rank': dist.get_node_rank(),
-            'launcher': dist.launcher(),
-            'run_name': logger.run_name, 'cwd': os.getcwd(), 'outputs': outputs, 'python_log': python_log,
-        }, indent=2))
+        (report / f'rank{rank}.json').write_text(
+            json.dumps(
+                {
+                    'rank': rank,
+                    'local_rank': dist.get_local_rank(),
+                    'node_rank': dist.get_node_rank(),
+                    'launcher': dist.launcher(),
+                    'run_name': logger.run_name,
+                    'cwd': os.getcwd(),
+                    'outputs': outputs,
+                    'python_log': python_log,
+                },
+                indent=2,
+            )
+        )
     torch_dist.destroy_process_group()
 
 

@@ -37,8 +37,18 @@ def pytest_unconfigure(config):
 
 _SANDBOX = pytest.StashKey[tuple]()
 
-_RANK_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'NODE_RANK',
-              'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'DIST_LOGGING_RUN_NAME')
+_RANK_VARS = (
+    'RANK',
+    'LOCAL_RANK',
+    'WORLD_SIZE',
+    'LOCAL_WORLD_SIZE',
+    'GROUP_RANK',
+    'NODE_RANK',
+    'MASTER_ADDR',
+    'MASTER_PORT',
+    'TORCHELASTIC_RUN_ID',
+    'DIST_LOGGING_RUN_NAME',
+)
 
 
 # Launchers whose variables dist_logging reads (SLURM, Open MPI, MPICH / Intel MPI, PMIx) and torchrun's

@@ -47,8 +47,14 @@ def samples() -> dict[str, str]:
         'groq': 'gsk_' + draw(ALNUM, 52),
         'langsmith': 'lsv2_pt_' + draw(HEX, 32) + '_' + draw(HEX, 10),
         'databricks': 'dapi' + draw(HEX, 32),
-        'neptune': base64.b64encode(('{"api_address":"https://app.neptune.ai","api_url":"https://app.neptune.ai",'
-                                     '"api_key":"%s"}' % draw(HEX, 36)).encode()).decode().rstrip('='),
+        'neptune': base64.b64encode(
+            (
+                '{"api_address":"https://app.neptune.ai","api_url":"https://app.neptune.ai",'
+                '"api_key":"%s"}' % draw(HEX, 36)
+            ).encode()
+        )
+        .decode()
+        .rstrip('='),
         'github_pat': 'ghp_' + draw(ALNUM, 36),
         'github_oauth': 'gho_' + draw(ALNUM, 36),
         'github_app': 'ghs_' + draw(ALNUM, 36),
@@ -73,11 +79,16 @@ def webhook_urls() -> dict[str, tuple[str, str]]:
     discord = draw(URLSAFE, 68)
     sig = draw(ALNUM + '%', 40).replace('%', '%2B') + '%3D'
     return {
-        'slack_webhook': (f'https://hooks.slack.com/services/T{draw(UPPER + DIGITS, 10)}/B{draw(UPPER + DIGITS, 10)}/'
-                          f'{slack}', slack),
+        'slack_webhook': (
+            f'https://hooks.slack.com/services/T{draw(UPPER + DIGITS, 10)}/B{draw(UPPER + DIGITS, 10)}/{slack}',
+            slack,
+        ),
         'discord_webhook': (f'https://discord.com/api/webhooks/{draw(DIGITS, 19)}/{discord}', discord),
-        'azure_sas': (f'https://acct.blob.core.windows.net/ckpt/model.pt?sv=2022-11-02&ss=b&srt=o&sp=r'
-                      f'&se=2026-12-01T00:00:00Z&spr=https&sig={sig}', sig),
+        'azure_sas': (
+            f'https://acct.blob.core.windows.net/ckpt/model.pt?sv=2022-11-02&ss=b&srt=o&sp=r'
+            f'&se=2026-12-01T00:00:00Z&spr=https&sig={sig}',
+            sig,
+        ),
     }
 
 

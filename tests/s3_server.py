@@ -63,8 +63,13 @@ class MotoS3:
     def client(self):
         import boto3
 
-        return boto3.client('s3', endpoint_url=self.endpoint, region_name='us-east-1',
-                            aws_access_key_id='testing', aws_secret_access_key='testing')
+        return boto3.client(
+            's3',
+            endpoint_url=self.endpoint,
+            region_name='us-east-1',
+            aws_access_key_id='testing',
+            aws_secret_access_key='testing',
+        )
 
     def create_bucket(self, name: Optional[str] = None) -> str:
         name = name or f'bucket-{uuid.uuid4().hex[:12]}'

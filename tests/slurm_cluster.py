@@ -43,8 +43,9 @@ class SlurmCluster:
         return env
 
     def run(self, cmd: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, env=kwargs.pop('env', self.env), capture_output=True, text=True,
-                              timeout=timeout, **kwargs)
+        return subprocess.run(
+            cmd, env=kwargs.pop('env', self.env), capture_output=True, text=True, timeout=timeout, **kwargs
+        )
 
     def logs(self) -> str:
         parts = []
@@ -143,8 +144,10 @@ def start_cluster(root: pathlib.Path, timeout: float = 60) -> SlurmCluster:
     """
     missing = missing_commands()
     if missing:
-        raise ClusterUnavailable(f'SLURM/munge commands not installed: {missing} (make install installs Debian\'s '
-                                 'slurm-wlm and munge when run as root)')
+        raise ClusterUnavailable(
+            f'SLURM/munge commands not installed: {missing} (make install installs Debian\'s '
+            'slurm-wlm and munge when run as root)'
+        )
     if os.geteuid() != 0:
         raise ClusterUnavailable('a private SLURM needs root here (slurmd runs jobs as their user)')
     root.mkdir(parents=True, exist_ok=True)
@@ -153,21 +156,52 @@ def start_cluster(root: pathlib.Path, timeout: float = 60) -> SlurmCluster:
     _write_config(cluster)
     env = cluster.env
     try:
-        cluster.procs.append(subprocess.Popen(
-            ['munged', '--foreground', '--force', f'--key-file={root}/munge.key', f'--socket={root}/munge.socket',
-             f'--pid-file={root}/munged.pid', f'--log-file={root}/munged.log', f'--seed-file={root}/munge.seed'],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True))
+        cluster.procs.append(
+            subprocess.Popen(
+                [
+                    'munged',
+                    '--foreground',
+                    '--force',
+                    f'--key-file={root}/munge.key',
+                    f'--socket={root}/munge.socket',
+                    f'--pid-file={root}/munged.pid',
+                    f'--log-file={root}/munged.log',
+                    f'--seed-file={root}/munge.seed',
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         _wait_for(lambda: (root / 'munge.socket').exists(), 15, 'munged socket', cluster)
-        cluster.procs.append(subprocess.Popen(['slurmctld', '-D', '-i', '-f', str(cluster.conf)], env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-        _wait_for(lambda: cluster.run(['scontrol', 'ping'], timeout=10).stdout.count('UP') > 0, timeout,
-                  'slurmctld', cluster)
-        cluster.procs.append(subprocess.Popen(['slurmd', '-D', '-f', str(cluster.conf)], env=env,
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-        _wait_for(lambda: 'idle' in cluster.run(['sinfo', '-h', '-o', '%T'], timeout=10).stdout, timeout,
-                  'slurmd (node idle)', cluster)
+        cluster.procs.append(
+            subprocess.Popen(
+                ['slurmctld', '-D', '-i', '-f', str(cluster.conf)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        _wait_for(
+            lambda: cluster.run(['scontrol', 'ping'], timeout=10).stdout.count('UP') > 0, timeout, 'slurmctld', cluster
+        )
+        cluster.procs.append(
+            subprocess.Popen(
+                ['slurmd', '-D', '-f', str(cluster.conf)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        _wait_for(
+            lambda: 'idle' in cluster.run(['sinfo', '-h', '-o', '%T'], timeout=10).stdout,
+            timeout,
+            'slurmd (node idle)',
+            cluster,
+        )
     except BaseException:
         cluster.stop()
         raise
@@ -179,8 +213,9 @@ def _wait_for(check, timeout: float, what: str, cluster: SlurmCluster) -> None:
     while time.monotonic() < deadline:
         for proc in cluster.procs:
             if proc.poll() is not None:
-                raise ClusterUnavailable(f'{proc.args[0]} exited with {proc.returncode} while waiting for {what}\n'
-                                         f'{cluster.logs()}')
+                raise ClusterUnavailable(
+                    f'{proc.args[0]} exited with {proc.returncode} while waiting for {what}\n{cluster.logs()}'
+                )
         try:
             if check():
                 return

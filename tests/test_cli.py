@@ -43,8 +43,13 @@ def test_bad_usage_exits_2(capsys):
 
 
 def test_python_m_dist_logging(tmp_path):
-    result = subprocess.run([sys.executable, '-m', 'dist_logging', 'validate', str(tmp_path / 'missing.yaml')],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, '-m', 'dist_logging', 'validate', str(tmp_path / 'missing.yaml')],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert 'does not exist' in result.stderr
 
@@ -82,8 +87,13 @@ def killed_run(tmp_path):
     script.write_text(CRASH)
     bucket, staging, data = tmp_path / 'bucket', tmp_path / 'staging', tmp_path / 'data'
     data.mkdir()
-    result = subprocess.run([sys.executable, str(script), str(bucket), str(staging), str(data)], cwd=REPO,
-                            capture_output=True, text=True, timeout=150)
+    result = subprocess.run(
+        [sys.executable, str(script), str(bucket), str(staging), str(data)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert 'queued' in result.stdout, result.stderr
     return bucket, staging, data
 
@@ -118,8 +128,9 @@ def test_upload_and_download_with_a_local_bucket(tmp_path, capsys):
     a, b = tmp_path / 'a.txt', tmp_path / 'b.bin'
     a.write_text('alpha')
     b.write_bytes(b'\x00\x01' * 5000)
-    code, out, err = _run(capsys, 'upload', bucket.as_uri(), str(a), str(b), '--name', 'up/{stem}-{index}{ext}',
-                          '--no-progress')
+    code, out, err = _run(
+        capsys, 'upload', bucket.as_uri(), str(a), str(b), '--name', 'up/{stem}-{index}{ext}', '--no-progress'
+    )
     assert code == 0, err
     assert (bucket / 'up' / 'a-0.txt').read_text() == 'alpha'
     assert (bucket / 'up' / 'b-1.bin').read_bytes() == b.read_bytes()
@@ -146,32 +157,42 @@ def test_upload_and_download_with_s3(tmp_path, capsys, monkeypatch, s3_server):
     monkeypatch.setenv('AWS_ENDPOINT_URL', s3_server.endpoint)
     file = tmp_path / 'model.pt'
     file.write_bytes(b'weights' * 1000)
-    code, out, err = _run(capsys, 'upload', f's3://{bucket}/runs', str(file), '--name', 'exp/{filename}',
-                          '--no-progress')
+    code, out, err = _run(
+        capsys, 'upload', f's3://{bucket}/runs', str(file), '--name', 'exp/{filename}', '--no-progress'
+    )
     assert code == 0, err
     assert f's3://{bucket}/runs/exp/model.pt' in out
-    code, _, err = _run(capsys, 'download', f's3://{bucket}/runs', 'exp/model.pt', str(tmp_path / 'back.pt'),
-                        '--no-progress')
+    code, _, err = _run(
+        capsys, 'download', f's3://{bucket}/runs', 'exp/model.pt', str(tmp_path / 'back.pt'), '--no-progress'
+    )
     assert code == 0, err
     assert (tmp_path / 'back.pt').read_bytes() == file.read_bytes()
 
 
-@pytest.mark.parametrize('argv, message', [
-    (['upload', 'magic://bucket/p', '{file}'], "unsupported scheme 'magic'"),
-    (['upload', '{bucket}', '{missing}'], 'does not exist'),
-    (['upload', '{bucket}', '{file}', '{file}'], 'the same name'),
-    (['upload', '{bucket}', '{file}', '--name', '../{filename}'], '".." component'),
-    (['upload', '{bucket}', '{file}', '--name', '{nope}'], 'placeholders'),
-    (['download', 'nosuchproto://x/y', 'a', '{dest}'], "unsupported scheme 'nosuchproto'"),
-    (['download', '{bucket}', '/abs', '{dest}'], 'absolute'),
-])
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['upload', 'magic://bucket/p', '{file}'], "unsupported scheme 'magic'"),
+        (['upload', '{bucket}', '{missing}'], 'does not exist'),
+        (['upload', '{bucket}', '{file}', '{file}'], 'the same name'),
+        (['upload', '{bucket}', '{file}', '--name', '../{filename}'], '".." component'),
+        (['upload', '{bucket}', '{file}', '--name', '{nope}'], 'placeholders'),
+        (['download', 'nosuchproto://x/y', 'a', '{dest}'], "unsupported scheme 'nosuchproto'"),
+        (['download', '{bucket}', '/abs', '{dest}'], 'absolute'),
+    ],
+)
 def test_bad_input_exits_2(tmp_path, capsys, argv, message):
     file = tmp_path / 'f.txt'
     file.write_text('x')
-    values = {'file': str(file), 'bucket': str(tmp_path / 'bucket'), 'missing': str(tmp_path / 'missing'),
-              'dest': str(tmp_path / 'dest')}
-    code, _, err = _run(capsys, *[arg.format(**values) if arg.startswith('{') and arg != '{nope}' else arg
-                                  for arg in argv])
+    values = {
+        'file': str(file),
+        'bucket': str(tmp_path / 'bucket'),
+        'missing': str(tmp_path / 'missing'),
+        'dest': str(tmp_path / 'dest'),
+    }
+    code, _, err = _run(
+        capsys, *[arg.format(**values) if arg.startswith('{') and arg != '{nope}' else arg for arg in argv]
+    )
     assert code == 2 and message in err
 
 
@@ -179,8 +200,17 @@ def test_bad_input_exits_2(tmp_path, capsys, argv, message):
 def test_validate_prints_each_rank(capsys):
     if importlib.util.find_spec('dist_logging.destinations.remote') is None:
         pytest.skip('dist_logging.destinations.remote is not there yet')
-    code, out, err = _run(capsys, 'validate', str(CONFIGS / 'per_rank.yaml'), '--world-size', '4',
-                          '--nproc-per-node', '2', '--run-name', 'demo')
+    code, out, err = _run(
+        capsys,
+        'validate',
+        str(CONFIGS / 'per_rank.yaml'),
+        '--world-size',
+        '4',
+        '--nproc-per-node',
+        '2',
+        '--run-name',
+        'demo',
+    )
     assert code == 0, err
     assert 'world size 4, 2 rank(s) per node, 2 node(s)' in out
     assert 'rank 3 (node 1, local rank 1):' in out
@@ -253,8 +283,13 @@ def test_logs_follow_until_sigterm(tmp_path):
 
     log = tmp_path / 'py-rank0.log'
     _python_log(log, 0, 'first line', time.time())
-    proc = subprocess.Popen([sys.executable, '-m', 'dist_logging', 'logs', '--follow', '--window', '0', str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'dist_logging', 'logs', '--follow', '--window', '0', str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     try:

@@ -43,12 +43,21 @@ class ComposerWrittenDestination(LoggerDestination):
     def log_traces(self, traces: dict[str, Any]):
         self.calls.append(('traces', dict(traces)))
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         self.calls.append(('table', name, columns, rows, step))
 
-    def log_images(self, images, name: str = 'Images', channels_last: bool = False, step: Optional[int] = None,
-                   masks=None, mask_class_labels=None, use_table: bool = True):
+    def log_images(
+        self,
+        images,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks=None,
+        mask_class_labels=None,
+        use_table: bool = True,
+    ):
         self.calls.append(('images', name, tuple(images.shape), step))
 
     def batch_end(self, state: State, logger: Logger) -> None:
@@ -126,8 +135,12 @@ def test_upload_file_reaches_it_without_can_upload_files(tmp_path):
 def test_file_logger_uploads_its_log_to_it(tmp_path):
     # Composer's FileLogger test setup: a tracker that only overrides upload_file, buffer_size=1, flush_interval=1.
     tracker = ComposerWrittenDestination(tmp_path / 'bucket')
-    file_logger = FileLogger(filename=str(tmp_path / 'output.log'), remote_file_name='{run_name}/rank{rank}.log',
-                             buffer_size=1, flush_interval=1)
+    file_logger = FileLogger(
+        filename=str(tmp_path / 'output.log'),
+        remote_file_name='{run_name}/rank{rank}.log',
+        buffer_size=1,
+        flush_interval=1,
+    )
     with Logger([file_logger, tracker], run_name='fl') as logger:
         logger.log_hyperparameters({'foo': 3})
         logger.log_metrics({'loss': 2}, step=1)
@@ -135,7 +148,8 @@ def test_file_logger_uploads_its_log_to_it(tmp_path):
     uploads = [c for c in tracker.calls if c[0] == 'upload']
     assert uploads and all(c[1:] == ('fl/rank0.log', 'output.log', True) for c in uploads)
     assert (tmp_path / 'bucket' / 'fl' / 'rank0.log').read_text() == (
-        '[hyperparameter]: foo: 3 \n[metric][batch=1]: loss: 2 \n')
+        '[hyperparameter]: foo: 3 \n[metric][batch=1]: loss: 2 \n'
+    )
 
 
 def test_a_raising_destination_does_not_stop_the_others(tmp_path):
@@ -178,15 +192,38 @@ def test_name_templates_fill_as_composers(fake_rank, monkeypatch):
     names = ['run_name', 'rank', 'node_rank', 'world_size', 'local_world_size', 'local_rank', 'extra']
     template = ','.join(f'{n}={{{n}}}' for n in names)
     assert format_name_with_dist(template, 'awesome_run', extra=42) == (
-        'run_name=awesome_run,rank=0,node_rank=0,world_size=1,local_world_size=1,local_rank=0,extra=42')
-    times = ['epoch', 'batch', 'batch_in_epoch', 'sample', 'sample_in_epoch', 'token', 'token_in_epoch',
-             'total_wct', 'epoch_wct', 'batch_wct']
-    timestamp = Timestamp(batch=1, batch_in_epoch=1, sample=2, sample_in_epoch=2, token=3, token_in_epoch=3,
-                          total_wct=36000.0, epoch_wct=3000.0, batch_wct=5.0)
-    filled = format_name_with_dist_and_time(','.join(f'{n}={{{n}}}' for n in names + times), 'awesome_run',
-                                            timestamp, extra=42)
-    assert filled.endswith(',extra=42,epoch=0,batch=1,batch_in_epoch=1,sample=2,sample_in_epoch=2,token=3,'
-                           'token_in_epoch=3,total_wct=36000.0,epoch_wct=3000.0,batch_wct=5.0')
+        'run_name=awesome_run,rank=0,node_rank=0,world_size=1,local_world_size=1,local_rank=0,extra=42'
+    )
+    times = [
+        'epoch',
+        'batch',
+        'batch_in_epoch',
+        'sample',
+        'sample_in_epoch',
+        'token',
+        'token_in_epoch',
+        'total_wct',
+        'epoch_wct',
+        'batch_wct',
+    ]
+    timestamp = Timestamp(
+        batch=1,
+        batch_in_epoch=1,
+        sample=2,
+        sample_in_epoch=2,
+        token=3,
+        token_in_epoch=3,
+        total_wct=36000.0,
+        epoch_wct=3000.0,
+        batch_wct=5.0,
+    )
+    filled = format_name_with_dist_and_time(
+        ','.join(f'{n}={{{n}}}' for n in names + times), 'awesome_run', timestamp, extra=42
+    )
+    assert filled.endswith(
+        ',extra=42,epoch=0,batch=1,batch_in_epoch=1,sample=2,sample_in_epoch=2,token=3,'
+        'token_in_epoch=3,total_wct=36000.0,epoch_wct=3000.0,batch_wct=5.0'
+    )
     # two ranks and no node rank in the environment: a template that does not use it still fills
     fake_rank(rank=1, world_size=2)
     monkeypatch.delenv('GROUP_RANK')

@@ -7,8 +7,13 @@ import pathlib
 import pytest
 
 from dist_logging import Logger
-from dist_logging.config import (DESTINATION_TYPES, build_destinations, interpolate_env, load_config,
-                                 register_destination)
+from dist_logging.config import (
+    DESTINATION_TYPES,
+    build_destinations,
+    interpolate_env,
+    load_config,
+    register_destination,
+)
 from dist_logging.destinations import ConsoleLogger, FileLogger, InMemoryLogger
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
@@ -24,23 +29,38 @@ def _has_remote() -> bool:
 
 
 # ---------------------------------------------------------------------------- errors at load
-@pytest.mark.parametrize('config, message', [
-    ({'destinations': [{'type': 'console'}, {'type': 'file'}, {'type': 'console', 'rankz': 'zero'}]},
-     r"^destinations\[2\]\.rankz: unknown key; did you mean 'ranks'\?$"),
-    ({'destinations': [{'type': 'tensorbord'}]},
-     r"destinations\[0\]\.type: unknown destination type 'tensorbord'; did you mean 'tensorboard'\? known types: "
-     r'cometml, console, file, in_memory, mlflow, neptune, remote, tensorboard'),
-    ({'destinations': [{'type': 'nope'}]}, r"unknown destination type 'nope'; known types: cometml, console, file"),
-    ({'run_nme': 'x'}, r"^run_nme: unknown key; did you mean 'run_name'\?$"),
-    ({'destinations': {'type': 'console'}}, r'^destinations: expected a list'),
-    ({'destinations': [{'log_interval': 3}]}, r"^destinations\[0\]: missing key 'type'"),
-    ({'destinations': [42]}, r"^destinations\[0\]: expected a mapping with a 'type' key"),
-    ({'destinations': [{'type': 'console', 'ranks': 'everyone'}]}, r"destinations\[0\]\.ranks: unknown ranks policy"),
-    ({'upload': {'bucket_uri': 'magic://b/p'}}, r"^upload\.bucket_uri: .*unsupported scheme 'magic'"),
-    ({'upload': {'bucket_uri': 'buckets/x', 'num_atempts': 3}}, r"^upload\.num_atempts: unknown key; did you mean 'num_attempts'"),
-    ({'destinations': [{'type': 'file', 'filename': '${NOT_SET_ANYWHERE_XYZ}/log.txt'}]},
-     r'^destinations\[0\]\.filename: environment variable NOT_SET_ANYWHERE_XYZ is not set'),
-])
+@pytest.mark.parametrize(
+    'config, message',
+    [
+        (
+            {'destinations': [{'type': 'console'}, {'type': 'file'}, {'type': 'console', 'rankz': 'zero'}]},
+            r"^destinations\[2\]\.rankz: unknown key; did you mean 'ranks'\?$",
+        ),
+        (
+            {'destinations': [{'type': 'tensorbord'}]},
+            r"destinations\[0\]\.type: unknown destination type 'tensorbord'; did you mean 'tensorboard'\? known types: "
+            r'cometml, console, file, in_memory, mlflow, neptune, remote, tensorboard',
+        ),
+        ({'destinations': [{'type': 'nope'}]}, r"unknown destination type 'nope'; known types: cometml, console, file"),
+        ({'run_nme': 'x'}, r"^run_nme: unknown key; did you mean 'run_name'\?$"),
+        ({'destinations': {'type': 'console'}}, r'^destinations: expected a list'),
+        ({'destinations': [{'log_interval': 3}]}, r"^destinations\[0\]: missing key 'type'"),
+        ({'destinations': [42]}, r"^destinations\[0\]: expected a mapping with a 'type' key"),
+        (
+            {'destinations': [{'type': 'console', 'ranks': 'everyone'}]},
+            r"destinations\[0\]\.ranks: unknown ranks policy",
+        ),
+        ({'upload': {'bucket_uri': 'magic://b/p'}}, r"^upload\.bucket_uri: .*unsupported scheme 'magic'"),
+        (
+            {'upload': {'bucket_uri': 'buckets/x', 'num_atempts': 3}},
+            r"^upload\.num_atempts: unknown key; did you mean 'num_attempts'",
+        ),
+        (
+            {'destinations': [{'type': 'file', 'filename': '${NOT_SET_ANYWHERE_XYZ}/log.txt'}]},
+            r'^destinations\[0\]\.filename: environment variable NOT_SET_ANYWHERE_XYZ is not set',
+        ),
+    ],
+)
 def test_bad_configs_fail_at_load_with_the_key_path(config, message):
     if 'upload' in config and not _has_remote():
         pytest.skip('dist_logging.destinations.remote is not there yet')
@@ -82,12 +102,18 @@ class NeedsArgument(InMemoryLogger):
 
 
 def test_from_config_builds_the_logger(tmp_path):
-    logger = Logger.from_config({
-        'run_name': 'cfg', 'auto_flush': False,
-        'destinations': ['in_memory', {'type': 'console', 'log_interval': 5, 'ranks': 'all'},
-                         {'type': 'file', 'filename': str(tmp_path / '{run_name}-{rank}.txt'), 'flush_interval': 1},
-                         {'type': f'{__name__}:NeedsArgument', 'needed': 3}],
-    })
+    logger = Logger.from_config(
+        {
+            'run_name': 'cfg',
+            'auto_flush': False,
+            'destinations': [
+                'in_memory',
+                {'type': 'console', 'log_interval': 5, 'ranks': 'all'},
+                {'type': 'file', 'filename': str(tmp_path / '{run_name}-{rank}.txt'), 'flush_interval': 1},
+                {'type': f'{__name__}:NeedsArgument', 'needed': 3},
+            ],
+        }
+    )
     try:
         assert logger.run_name == 'cfg' and logger.auto_flush is False
         memory, console, file, custom = logger.destinations
@@ -124,11 +150,11 @@ def test_env_interpolation():
     env = {'A': 'x', 'EMPTY': '', 'N': '12', 'T': 'true'}
     assert interpolate_env('p/${A}/q', environ=env) == 'p/x/q'
     assert interpolate_env('${MISSING:-d}', environ=env) == 'd'
-    assert interpolate_env('${EMPTY:-d}', environ=env) == 'd'   # ':-' also replaces an empty value
-    assert interpolate_env('${EMPTY-d}', environ=env) is None    # '-' only an unset one; whole empty -> null
-    assert interpolate_env('${N}', environ=env) == 12             # a whole reference is a YAML scalar
+    assert interpolate_env('${EMPTY:-d}', environ=env) == 'd'  # ':-' also replaces an empty value
+    assert interpolate_env('${EMPTY-d}', environ=env) is None  # '-' only an unset one; whole empty -> null
+    assert interpolate_env('${N}', environ=env) == 12  # a whole reference is a YAML scalar
     assert interpolate_env('${T}', environ=env) is True
-    assert interpolate_env('n=${N}', environ=env) == 'n=12'       # embedded: stays a string
+    assert interpolate_env('n=${N}', environ=env) == 'n=12'  # embedded: stays a string
     assert interpolate_env('${MISSING:-}', environ=env) is None
     assert interpolate_env('$${A} and {run_name}', environ=env) == '${A} and {run_name}'
     assert interpolate_env({'k': ['${A}', 3]}, environ=env) == {'k': ['x', 3]}

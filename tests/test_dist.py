@@ -4,17 +4,32 @@ from dist_logging import dist
 
 
 def test_single_process_defaults():
-    assert (dist.get_global_rank(), dist.get_local_rank(), dist.get_world_size(),
-            dist.get_local_world_size(), dist.get_node_rank()) == (0, 0, 1, 1, 0)
+    assert (
+        dist.get_global_rank(),
+        dist.get_local_rank(),
+        dist.get_world_size(),
+        dist.get_local_world_size(),
+        dist.get_node_rank(),
+    ) == (0, 0, 1, 1, 0)
     assert dist.is_initialized() is False
 
 
 def test_from_torchrun_env(monkeypatch):
-    for key, value in {'RANK': '5', 'LOCAL_RANK': '1', 'WORLD_SIZE': '8', 'LOCAL_WORLD_SIZE': '4',
-                       'GROUP_RANK': '1'}.items():
+    for key, value in {
+        'RANK': '5',
+        'LOCAL_RANK': '1',
+        'WORLD_SIZE': '8',
+        'LOCAL_WORLD_SIZE': '4',
+        'GROUP_RANK': '1',
+    }.items():
         monkeypatch.setenv(key, value)
-    assert (dist.get_global_rank(), dist.get_local_rank(), dist.get_world_size(),
-            dist.get_local_world_size(), dist.get_node_rank()) == (5, 1, 8, 4, 1)
+    assert (
+        dist.get_global_rank(),
+        dist.get_local_rank(),
+        dist.get_world_size(),
+        dist.get_local_world_size(),
+        dist.get_node_rank(),
+    ) == (5, 1, 8, 4, 1)
     assert dist.get_num_nodes() == 2
 
 
@@ -40,21 +55,49 @@ import subprocess  # noqa: E402
 from dist_logging._world.launchers import expand_hostlist, launch_facts, parse_tasks_per_node  # noqa: E402
 
 SLURM_STEP = {  # what a real srun -n 4 over two nodes exports to task 3 (SLURM 22.05)
-    'SLURM_JOB_ID': '4242', 'SLURM_STEP_ID': '0', 'SLURM_PROCID': '3', 'SLURM_LOCALID': '1',
-    'SLURM_NODEID': '1', 'SLURM_NTASKS': '4', 'SLURM_STEP_NUM_TASKS': '4', 'SLURM_NNODES': '2',
-    'SLURM_STEP_NUM_NODES': '2', 'SLURM_STEP_TASKS_PER_NODE': '2(x2)', 'SLURM_TASKS_PER_NODE': '2(x2)',
-    'SLURM_JOB_NODELIST': 'gpu[01-02]', 'SLURM_STEP_NODELIST': 'gpu[01-02]',
+    'SLURM_JOB_ID': '4242',
+    'SLURM_STEP_ID': '0',
+    'SLURM_PROCID': '3',
+    'SLURM_LOCALID': '1',
+    'SLURM_NODEID': '1',
+    'SLURM_NTASKS': '4',
+    'SLURM_STEP_NUM_TASKS': '4',
+    'SLURM_NNODES': '2',
+    'SLURM_STEP_NUM_NODES': '2',
+    'SLURM_STEP_TASKS_PER_NODE': '2(x2)',
+    'SLURM_TASKS_PER_NODE': '2(x2)',
+    'SLURM_JOB_NODELIST': 'gpu[01-02]',
+    'SLURM_STEP_NODELIST': 'gpu[01-02]',
 }
-OPENMPI = {'OMPI_COMM_WORLD_RANK': '2', 'OMPI_COMM_WORLD_SIZE': '4', 'OMPI_COMM_WORLD_LOCAL_RANK': '0',
-           'OMPI_COMM_WORLD_LOCAL_SIZE': '2', 'OMPI_MCA_ess_base_jobid': '31337'}
+OPENMPI = {
+    'OMPI_COMM_WORLD_RANK': '2',
+    'OMPI_COMM_WORLD_SIZE': '4',
+    'OMPI_COMM_WORLD_LOCAL_RANK': '0',
+    'OMPI_COMM_WORLD_LOCAL_SIZE': '2',
+    'OMPI_MCA_ess_base_jobid': '31337',
+}
 HYDRA = {'PMI_RANK': '1', 'PMI_SIZE': '2', 'MPI_LOCALRANKID': '1', 'MPI_LOCALNRANKS': '2', 'PMI_PORT': 'h:1234'}
-TORCHRUN = {'RANK': '5', 'WORLD_SIZE': '8', 'LOCAL_RANK': '1', 'LOCAL_WORLD_SIZE': '4', 'GROUP_RANK': '1',
-            'TORCHELASTIC_RUN_ID': 'job9', 'TORCHELASTIC_RESTART_COUNT': '0'}
+TORCHRUN = {
+    'RANK': '5',
+    'WORLD_SIZE': '8',
+    'LOCAL_RANK': '1',
+    'LOCAL_WORLD_SIZE': '4',
+    'GROUP_RANK': '1',
+    'TORCHELASTIC_RUN_ID': 'job9',
+    'TORCHELASTIC_RESTART_COUNT': '0',
+}
 
 
 def _facts(facts):
-    return (facts.launcher, facts.rank, facts.world_size, facts.local_rank, facts.local_world_size,
-            facts.node_rank, facts.num_nodes)
+    return (
+        facts.launcher,
+        facts.rank,
+        facts.world_size,
+        facts.local_rank,
+        facts.local_world_size,
+        facts.node_rank,
+        facts.num_nodes,
+    )
 
 
 def test_each_launcher_alone():
@@ -69,8 +112,15 @@ def test_each_launcher_alone():
 
 def test_torchrun_wins_over_slurm_and_slurm_over_mpi():
     # srun --ntasks-per-node=1 torchrun --nproc-per-node=4: SLURM sees task 1 of 2; torchrun's ranks win.
-    srun_torchrun = dict(SLURM_STEP, SLURM_PROCID='1', SLURM_LOCALID='0', SLURM_NTASKS='2',
-                         SLURM_STEP_NUM_TASKS='2', SLURM_STEP_TASKS_PER_NODE='1(x2)', **TORCHRUN)
+    srun_torchrun = dict(
+        SLURM_STEP,
+        SLURM_PROCID='1',
+        SLURM_LOCALID='0',
+        SLURM_NTASKS='2',
+        SLURM_STEP_NUM_TASKS='2',
+        SLURM_STEP_TASKS_PER_NODE='1(x2)',
+        **TORCHRUN,
+    )
     facts = launch_facts(srun_torchrun)
     assert _facts(facts) == ('torchrun', 5, 8, 1, 4, 1, 2)
     assert facts.run_id == 'torchrun:job9'
@@ -82,8 +132,9 @@ def test_torchrun_wins_over_slurm_and_slurm_over_mpi():
 def test_run_names_from_jobs():
     assert launch_facts(SLURM_STEP).run_name == 'slurm-4242-0'
     # every task of the step has the same name, whatever its rank
-    assert launch_facts(dict(SLURM_STEP, SLURM_PROCID='0', SLURM_LOCALID='0', SLURM_NODEID='0')).run_name == \
-        'slurm-4242-0'
+    assert (
+        launch_facts(dict(SLURM_STEP, SLURM_PROCID='0', SLURM_LOCALID='0', SLURM_NODEID='0')).run_name == 'slurm-4242-0'
+    )
     assert launch_facts(dict(SLURM_STEP, SLURM_STEP_ID='1')).run_name == 'slurm-4242-1'
     assert launch_facts(OPENMPI).run_name.startswith('mpi-')
     assert launch_facts(HYDRA).run_name is None  # Hydra shares no job id: the Logger agrees on one
@@ -114,13 +165,16 @@ def test_attempts():
     assert launch_facts(dict(TORCHRUN, TORCHELASTIC_RESTART_COUNT='2', SLURM_RESTART_COUNT='1')).attempt == '1.2'
 
 
-@pytest.mark.parametrize('env, message', [
-    (dict(SLURM_STEP, SLURM_PROCID='x'), "SLURM_PROCID='x'"),
-    (dict(SLURM_STEP, SLURM_PROCID='4'), 'rank 4 is outside a world of 4'),
-    ({'OMPI_COMM_WORLD_RANK': '1'}, 'OMPI_COMM_WORLD_SIZE is not'),
-    ({'PMIX_RANK': '1'}, 'PMIX_RANK=1 is set but no world size'),
-    (dict(SLURM_STEP, SLURM_STEP_TASKS_PER_NODE='2(y2)'), "'2\\(y2\\)'"),
-])
+@pytest.mark.parametrize(
+    'env, message',
+    [
+        (dict(SLURM_STEP, SLURM_PROCID='x'), "SLURM_PROCID='x'"),
+        (dict(SLURM_STEP, SLURM_PROCID='4'), 'rank 4 is outside a world of 4'),
+        ({'OMPI_COMM_WORLD_RANK': '1'}, 'OMPI_COMM_WORLD_SIZE is not'),
+        ({'PMIX_RANK': '1'}, 'PMIX_RANK=1 is set but no world size'),
+        (dict(SLURM_STEP, SLURM_STEP_TASKS_PER_NODE='2(y2)'), "'2\\(y2\\)'"),
+    ],
+)
 def test_bad_launcher_variables_are_named(env, message):
     with pytest.raises(ValueError, match=message):
         launch_facts(env)
@@ -129,16 +183,30 @@ def test_bad_launcher_variables_are_named(env, message):
 def test_getters_read_slurm(monkeypatch):
     for key, value in SLURM_STEP.items():
         monkeypatch.setenv(key, value)
-    assert (dist.launcher(), dist.get_global_rank(), dist.get_local_rank(), dist.get_world_size(),
-            dist.get_local_world_size(), dist.get_node_rank(), dist.get_num_nodes()) == ('slurm', 3, 1, 4, 2, 1, 2)
+    assert (
+        dist.launcher(),
+        dist.get_global_rank(),
+        dist.get_local_rank(),
+        dist.get_world_size(),
+        dist.get_local_world_size(),
+        dist.get_node_rank(),
+        dist.get_num_nodes(),
+    ) == ('slurm', 3, 1, 4, 2, 1, 2)
 
 
 def test_tasks_per_node():
     assert parse_tasks_per_node('2(x3),1') == [2, 2, 2, 1]
     assert parse_tasks_per_node('4') == [4]
     # uneven nodes: the second node runs one task
-    env = dict(SLURM_STEP, SLURM_PROCID='2', SLURM_LOCALID='0', SLURM_NODEID='1', SLURM_NTASKS='3',
-               SLURM_STEP_NUM_TASKS='3', SLURM_STEP_TASKS_PER_NODE='2,1')
+    env = dict(
+        SLURM_STEP,
+        SLURM_PROCID='2',
+        SLURM_LOCALID='0',
+        SLURM_NODEID='1',
+        SLURM_NTASKS='3',
+        SLURM_STEP_NUM_TASKS='3',
+        SLURM_STEP_TASKS_PER_NODE='2,1',
+    )
     assert _facts(launch_facts(env)) == ('slurm', 2, 3, 0, 1, 1, 2)
 
 
@@ -165,8 +233,9 @@ def test_expand_hostlist_matches_scontrol(tmp_path):
     conf.write_text('ClusterName=x\nSlurmctldHost=localhost\n')
     env = {'PATH': '/usr/bin:/bin', 'SLURM_CONF': str(conf)}
     for hostlist, expected in HOSTLISTS.items():
-        out = subprocess.run(['scontrol', 'show', 'hostnames', hostlist], capture_output=True, text=True, env=env,
-                             timeout=30)
+        out = subprocess.run(
+            ['scontrol', 'show', 'hostnames', hostlist], capture_output=True, text=True, env=env, timeout=30
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == expected == expand_hostlist(hostlist)
 
@@ -185,7 +254,7 @@ def test_rendezvous_address_rules(monkeypatch):
     assert dist._rendezvous_address(launch_facts(dict(SLURM_STEP, SLURM_PROCID='0')), SLURM_STEP)[1] == port
     other = dict(SLURM_STEP, SLURM_STEP_ID='1')
     assert dist._rendezvous_address(launch_facts(other), other)[1] != port
-    assert dist._rendezvous_address(facts, dict(SLURM_STEP, MASTER_PORT='1234', MASTER_ADDR='h'))== ('h', '1234')
+    assert dist._rendezvous_address(facts, dict(SLURM_STEP, MASTER_PORT='1234', MASTER_ADDR='h')) == ('h', '1234')
     # MPI on one node: loopback; on two nodes without MASTER_ADDR: a clear error
     assert dist._rendezvous_address(launch_facts(HYDRA), HYDRA)[0] == '127.0.0.1'
     with pytest.raises(ValueError, match='export MASTER_ADDR'):
@@ -221,8 +290,16 @@ def test_every_variable_read_is_in_the_cache_key():
             return super().get(key, default)
 
     read: set = set()
-    for env in (SLURM_STEP, OPENMPI, HYDRA, TORCHRUN, {'PMIX_RANK': '0', 'PMI_SIZE': '1'}, {},
-                dict(SLURM_STEP, RANK='3', WORLD_SIZE='4'), dict(OPENMPI, RANK='2', WORLD_SIZE='4')):
+    for env in (
+        SLURM_STEP,
+        OPENMPI,
+        HYDRA,
+        TORCHRUN,
+        {'PMIX_RANK': '0', 'PMI_SIZE': '1'},
+        {},
+        dict(SLURM_STEP, RANK='3', WORLD_SIZE='4'),
+        dict(OPENMPI, RANK='2', WORLD_SIZE='4'),
+    ):
         launch_facts(Recording(env))
     assert read <= set(ENVIRONMENT_VARIABLES), read - set(ENVIRONMENT_VARIABLES)
 

@@ -40,8 +40,9 @@ def test_without_a_world_collectives_return_at_once():
 
 def _line(world_size, rank=0, store=None):
     """A StoreLine over an in-process store (no clone: a HashStore has no connection to copy)."""
-    return StoreLine(store if store is not None else torch_dist.HashStore(), rank, world_size, 'p/', clone=False,
-                     period=0.5)
+    return StoreLine(
+        store if store is not None else torch_dist.HashStore(), rank, world_size, 'p/', clone=False, period=0.5
+    )
 
 
 def _beat(store, rank, count, group_id, sequence, idle=0.0, waiting=False):
@@ -105,8 +106,7 @@ def test_a_failure_names_who_left_who_is_silent_and_who_is_late_with_their_hosts
     group = LoggingGroup(timeout=2)  # beats every 0.5 s: the two reads are 0.75 s apart
     group._line = line = _line(6, store=store)
     group._sequence = 5
-    line.roster.update({1: (HOST, ended.pid), 2: ('hostB', 11), 3: ('hostB', 12), 4: ('hostC', 13),
-                        5: ('hostC', 14)})
+    line.roster.update({1: (HOST, ended.pid), 2: ('hostB', 11), 3: ('hostB', 12), 4: ('hostC', 13), 5: ('hostC', 14)})
     _beat(store, 2, 7, group._id, 5)  # arrived, then silent
     _beat(store, 3, 7, group._id, 4)  # never arrived, silent
     _beat(store, 5, 3, group._id, 4)  # silent while rank 4 on the same host answers
@@ -158,6 +158,7 @@ class _SilentStore:
     def __getattr__(self, name):
         def block(*args, **kwargs):
             threading.Event().wait()
+
         return block
 
 
@@ -201,6 +202,7 @@ def test_a_failed_work_raises_named_and_the_group_is_abandoned():
 
 def test_a_signal_handler_runs_while_a_collective_waits():
     """The wait is Python-side (short sleeps), so FileLogger's SIGTERM handler is not held off."""
+
     class Interrupted(Exception):
         pass
 
@@ -232,8 +234,11 @@ def test_a_long_wait_warns_naming_the_late_rank_before_the_timeout():
     alive = _Beating(store, [1], group._id, 1, idle=100.0)
     alive.start()
     try:
-        with pytest.warns(RuntimeWarning, match=r'flush at step 8: still waiting after \d s: late: rank 1 on hostB '
-                                                r'is alive but has not entered a logging collective for 1\d\d s'):
+        with pytest.warns(
+            RuntimeWarning,
+            match=r'flush at step 8: still waiting after \d s: late: rank 1 on hostB '
+            r'is alive but has not entered a logging collective for 1\d\d s',
+        ):
             with pytest.raises(DistributedLoggingError, match='late: rank 1 on hostB') as info:
                 group.wait_all([_Work(done=False)], 'flush at step 8')
     finally:
@@ -298,8 +303,14 @@ def test_a_closed_connection_from_a_local_rank_that_failed_too_does_not_blame_it
 def test_the_error_keeps_its_details_through_pickling():
     import pickle
 
-    error = DistributedLoggingError('flush: x', missing_ranks=[4], left_ranks=[1], unreachable_ranks=[2, 3],
-                                    late_ranks=[5], hosts={2: 'hostB', 3: 'hostB'})
+    error = DistributedLoggingError(
+        'flush: x',
+        missing_ranks=[4],
+        left_ranks=[1],
+        unreachable_ranks=[2, 3],
+        late_ranks=[5],
+        hosts={2: 'hostB', 3: 'hostB'},
+    )
     copy = pickle.loads(pickle.dumps(error))
     assert str(copy) == 'flush: x' and copy.missing_ranks == (1, 2, 3, 4, 5) and copy.left_ranks == (1,)
     assert copy.unreachable_ranks == (2, 3) and copy.late_ranks == (5,) and copy.hosts == {2: 'hostB', 3: 'hostB'}

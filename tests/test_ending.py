@@ -13,8 +13,9 @@ from dist_logging import dist
 
 def _run(source: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, '-c', textwrap.dedent(source)], capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(source)], capture_output=True, text=True, timeout=timeout
+    )
     return result, time.monotonic() - started
 
 
@@ -48,8 +49,10 @@ def test_after_a_fatal_error_the_process_ends_with_status_1_after_the_later_hook
     assert 'hook registered later ran' in result.stdout
     assert 'logged before the end' in result.stdout
     assert 'buffered, not flushed by the script' in result.stdout
-    assert ('dist_logging: ending this process (exit status 1) after a fatal error: DistributedLoggingError: '
-            'flush at step 5: host host2 (ranks [2, 3]) silent.') in result.stderr
+    assert (
+        'dist_logging: ending this process (exit status 1) after a fatal error: DistributedLoggingError: '
+        'flush at step 5: host host2 (ranks [2, 3]) silent.'
+    ) in result.stderr
     assert 'dist-logging drain' in result.stderr
 
 

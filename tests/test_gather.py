@@ -134,6 +134,7 @@ def as_dict(results):
 
 # ---------------------------------------------------------------- world size one
 
+
 def test_world_of_one_reductions_and_repeats():
     g = MetricGatherer(LoggingGroup())
     g.add({'m': 1.0}, 3, 'mean')
@@ -195,8 +196,9 @@ def test_device_tensors_are_copied_once_per_device_and_dtype(monkeypatch):
     real_stack = torch.stack
     monkeypatch.setattr(_gather.torch, 'stack', lambda ts, *a, **k: calls.append(len(ts)) or real_stack(ts, *a, **k))
     # CPU tensors are read at the call; stand-ins for device tensors go through the batched path.
-    buffered = {f'k{i}': [None, 0, None, ('mean', 3), [torch.tensor(float(i)), torch.tensor(float(i + 1))]]
-                for i in range(50)}
+    buffered = {
+        f'k{i}': [None, 0, None, ('mean', 3), [torch.tensor(float(i)), torch.tensor(float(i + 1))]] for i in range(50)
+    }
     buffered['h'] = [None, 0, None, ('mean', 3), [torch.tensor(1, dtype=torch.int64)]]
     g._materialize(buffered)
     assert sorted(calls) == [1, 100]  # one stack per (device, dtype), not one per key
@@ -223,6 +225,7 @@ def test_logger_flush_emits_on_rank_zero_with_levels():
 
 # ---------------------------------------------------------------- a fake world of threads
 
+
 def rank_values(rank, n_keys=3):
     return {f'k{i}': float(rank * 10 + i) for i in range(n_keys)}
 
@@ -248,7 +251,8 @@ def test_fake_world_exact_reductions(size):
     assert first['sum'][0] == sum(values)
     assert first['min'][0] == min(values) and first['max'][0] == max(values)
     assert {k: v for k, (v, _) in first.items() if k.startswith('gather/')} == {
-        f'gather/rank{r}': values[r] for r in range(size)}
+        f'gather/rank{r}': values[r] for r in range(size)
+    }
     odd = [float(r) for r in range(size) if r % 2]
     assert first['only_odd'] == (sum(odd) / len(odd), None)  # over the ranks that logged it
     # first flush, empty layout: the header MAX, agreeing on the names, then SUM + MAX + gather of the new keys
@@ -263,12 +267,12 @@ def test_fake_world_steady_state_costs_and_key_set_changes():
         g = MetricGatherer(group)
         counts, outs, sizes = [], [], []
         plan = [
-            [f'k{i}' for i in range(1000)],       # 1000 new keys
-            [f'k{i}' for i in range(1000)],       # same keys: steady state
-            ['k1', 'k2'] if rank == 0 else [],    # a subset on one rank: still fits
-            [],                                   # nothing anywhere
-            ['new'] if rank == 2 else ['k5'],     # a new key on one rank
-            ['new', 'k5'],                        # steady again
+            [f'k{i}' for i in range(1000)],  # 1000 new keys
+            [f'k{i}' for i in range(1000)],  # same keys: steady state
+            ['k1', 'k2'] if rank == 0 else [],  # a subset on one rank: still fits
+            [],  # nothing anywhere
+            ['new'] if rank == 2 else ['k5'],  # a new key on one rank
+            ['new', 'k5'],  # steady again
         ]
         for step, keys in enumerate(plan):
             before, calls = group.collective_count, len(group.calls)
@@ -446,24 +450,28 @@ def test_world_of_one_fast_path_matches_the_collective_path():
 
 # ---------------------------------------------------------------- device-native packing (CPU stand-ins)
 
+
 def _kept(*values, dtype=torch.float64):
     return [torch.tensor(v, dtype=dtype) for v in values]
 
 
 def _fill_with_kept_tensors(g, rank):
     """Entries as log_metrics leaves them for tensors on a device: kept, not read."""
-    g._buffer.update({
-        'm': [1.0, 1, 3, ('mean', 3), _kept(2.0 + rank) + _kept(3, dtype=torch.int64)],  # a float and two tensors
-        's': [None, 0, None, ('sum', 3), _kept(0.5, dtype=torch.float32)],
-        'hi': [None, 0, 7, ('max', 4), _kept(float(rank), -1.0)],
-        'lo': [None, 0, None, ('min', 3), _kept(math.nan if rank == 1 else 1.0, 4.0)],
-        'g': [None, 0, 2, ('gather', 3), _kept(rank + 0.25)],
-    })
+    g._buffer.update(
+        {
+            'm': [1.0, 1, 3, ('mean', 3), _kept(2.0 + rank) + _kept(3, dtype=torch.int64)],  # a float and two tensors
+            's': [None, 0, None, ('sum', 3), _kept(0.5, dtype=torch.float32)],
+            'hi': [None, 0, 7, ('max', 4), _kept(float(rank), -1.0)],
+            'lo': [None, 0, None, ('min', 3), _kept(math.nan if rank == 1 else 1.0, 4.0)],
+            'g': [None, 0, 2, ('gather', 3), _kept(rank + 0.25)],
+        }
+    )
 
 
 def test_device_native_packing_matches_the_host_path():
     """The scatter of kept tensors into the packed vectors (what runs on the GPU) gives the same
     results as reading them on the host first; only the placement differs."""
+
     def scenario(rank, group):
         host = MetricGatherer(group)
         _fill_with_kept_tensors(host, rank)
@@ -516,6 +524,7 @@ def test_log_metrics_keeps_device_tensors_unread():
 
 
 # ---------------------------------------------------------------- the flush schedule
+
 
 @pytest.mark.parametrize('bad', [0, -1, 2.5, '3', True, None])
 def test_flush_every_is_validated_at_construction(bad):
@@ -588,13 +597,15 @@ def test_flush_every_ten_with_data_every_batch_and_the_reset_after_idle():
     assert flushed_at == list(range(10, 101, 10)) + [110, 130, 170, 250, 410, 420]
     losses = dict(data['loss'])
     # each flush emits the mean of every value both ranks logged since the last one: exact
-    assert [losses[s] for s in range(10, 101, 10)] == [sum(r + b for r in (0, 1) for b in range(s - 9, s + 1)) / 20
-                                                       for s in range(10, 101, 10)]
+    assert [losses[s] for s in range(10, 101, 10)] == [
+        sum(r + b for r in (0, 1) for b in range(s - 9, s + 1)) / 20 for s in range(10, 101, 10)
+    ]
     assert losses[400] == 400.5 and len(losses) == 11
     assert results[1][1] == {}
 
 
 # ---------------------------------------------------------------- a simulated world of 4,096 ranks
+
 
 @pytest.fixture
 def fake_process_group(monkeypatch):
@@ -610,6 +621,7 @@ def fake_process_group(monkeypatch):
             tensor = args[0] if name != 'all_gather' else args[1]
             calls.append((name, str(kwargs.get('op', '')), tensor.numel() * tensor.element_size()))
             return real(*args, **kwargs)
+
         return wrapper
 
     for name in ('all_reduce', 'gather', 'all_gather'):
@@ -715,6 +727,7 @@ def test_flush_every_from_config():
 
 def test_close_completes_the_flush_in_flight_and_raises_after_closing_destinations():
     """A rank that never arrives: the flush issued by batch_end fails when close() completes it."""
+
     class Unreachable(FakeGroup):
         def wait_all(self, works, what, deadline=None):
             raise DistributedLoggingError(f'{what}: ranks [1] did not reach it within 5 s', [1])
@@ -738,6 +751,7 @@ def test_close_completes_the_flush_in_flight_and_raises_after_closing_destinatio
 def test_values_without_a_step_keep_the_batch_of_their_call():
     """A value logged during the second batch (step 1, as an unreduced value logged there), flushed at
     batch 2 and completed at batch 4, is emitted with step 1, not 2 or 4."""
+
     def scenario(rank, logger, group, sink):
         for batch in range(1, 5):
             if batch == 2:

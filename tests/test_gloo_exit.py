@@ -33,8 +33,9 @@ def test_no_gloo_threads_returns_at_once(tmp_path, monkeypatch):
 
 
 def test_thread_names_with_parentheses_and_the_cpu_time_are_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(_gloo_exit, '_TASKS', _fake_tasks(tmp_path, {'2': ('pt_gloo_runloop', 'S'),
-                                                                      '3': ('x) (pt_gloo_runloop', 'R')}))
+    monkeypatch.setattr(
+        _gloo_exit, '_TASKS', _fake_tasks(tmp_path, {'2': ('pt_gloo_runloop', 'S'), '3': ('x) (pt_gloo_runloop', 'R')})
+    )
     assert _gloo_exit._gloo_workers() == {'2': ('S', 1000)}
     (tmp_path / '2' / 'schedstat').unlink()  # no schedstat: utime + stime in clock ticks
     assert _gloo_exit._gloo_workers() == {'2': ('S', 15)}
@@ -42,9 +43,11 @@ def test_thread_names_with_parentheses_and_the_cpu_time_are_read(tmp_path, monke
 
 @pytest.mark.parametrize('busy', ['R', 'S'], ids=['runnable', 'asleep-but-running-between-polls'])
 def test_a_busy_worker_is_waited_for_until_the_timeout(tmp_path, monkeypatch, busy):
-    monkeypatch.setattr(_gloo_exit, '_TASKS', _fake_tasks(tmp_path, {'1': ('python', 'S'),
-                                                                      '2': ('pt_gloo_runloop', 'S'),
-                                                                      '3': ('pt_gloo_runloop', busy)}))
+    monkeypatch.setattr(
+        _gloo_exit,
+        '_TASKS',
+        _fake_tasks(tmp_path, {'1': ('python', 'S'), '2': ('pt_gloo_runloop', 'S'), '3': ('pt_gloo_runloop', busy)}),
+    )
     real_workers = _gloo_exit._gloo_workers
     cpu = iter(range(2000, 10**9, 1000))
 

@@ -49,11 +49,9 @@ class Uploader(Recorder):
 
 
 # ----------------------------------------------------------------- routing and rank policy
-@pytest.mark.parametrize('rank,local_rank,expected', [
-    (0, 0, {'zero', 'local_zero', 'all'}),
-    (2, 0, {'local_zero', 'all'}),
-    (3, 1, {'all'}),
-])
+@pytest.mark.parametrize(
+    'rank,local_rank,expected', [(0, 0, {'zero', 'local_zero', 'all'}), (2, 0, {'local_zero', 'all'}), (3, 1, {'all'})]
+)
 def test_rank_policy(fake_rank, rank, local_rank, expected):
     fake_rank(rank=rank, world_size=4, local_rank=local_rank, local_world_size=2)
     dests = {policy: Recorder(ranks=policy) for policy in ('zero', 'local_zero', 'all')}
@@ -115,22 +113,34 @@ def test_log_level_threshold():
 def test_values_are_converted_to_python_numbers():
     rec = Recorder()
     logger = Logger([rec], run_name='r')
-    logger.log_metrics({'t': torch.tensor(2.5), 't1': torch.tensor([3]), 'np': np.float32(1.5),
-                        'arr': np.array([4.0]), 'nan': float('nan'), 'b': True}, step=4)
-    (_, metrics, step), = rec.hooks('log_metrics')
+    logger.log_metrics(
+        {
+            't': torch.tensor(2.5),
+            't1': torch.tensor([3]),
+            'np': np.float32(1.5),
+            'arr': np.array([4.0]),
+            'nan': float('nan'),
+            'b': True,
+        },
+        step=4,
+    )
+    ((_, metrics, step),) = rec.hooks('log_metrics')
     assert step == 4
     assert metrics['t'] == 2.5 and metrics['t1'] == 3 and metrics['np'] == 1.5 and metrics['arr'] == 4.0
     assert math.isnan(metrics['nan']) and metrics['b'] == 1
     assert all(type(v) in (int, float) for v in metrics.values())
 
 
-@pytest.mark.parametrize('metrics,error,fragment', [
-    ({1: 0.5}, TypeError, '1'),
-    ({'loss': 'high'}, TypeError, "'high'"),
-    ({'loss': [1, 2]}, TypeError, 'list'),
-    ({'loss': torch.ones(3)}, ValueError, 'shape (3,)'),
-    ({'loss': None}, TypeError, 'NoneType'),
-])
+@pytest.mark.parametrize(
+    'metrics,error,fragment',
+    [
+        ({1: 0.5}, TypeError, '1'),
+        ({'loss': 'high'}, TypeError, "'high'"),
+        ({'loss': [1, 2]}, TypeError, 'list'),
+        ({'loss': torch.ones(3)}, ValueError, 'shape (3,)'),
+        ({'loss': None}, TypeError, 'NoneType'),
+    ],
+)
 def test_bad_metrics_raise_at_call(metrics, error, fragment):
     logger = Logger([Recorder()], run_name='r')
     with pytest.raises(error, match=None) as info:
@@ -171,9 +181,13 @@ def test_calls_after_close_raise():
     logger = Logger([Recorder()], run_name='r')
     logger.close()
     logger.close()  # idempotent
-    for call in (lambda: logger.log_metrics({'a': 1}), lambda: logger.log_hyperparameters({'a': 1}),
-                 lambda: logger.log_traces({'a': 1}), lambda: logger.upload_file('x', __file__),
-                 lambda: logger.log_table(['a'], [[1]])):
+    for call in (
+        lambda: logger.log_metrics({'a': 1}),
+        lambda: logger.log_hyperparameters({'a': 1}),
+        lambda: logger.log_traces({'a': 1}),
+        lambda: logger.upload_file('x', __file__),
+        lambda: logger.log_table(['a'], [[1]]),
+    ):
         with pytest.raises(RuntimeError, match='closed'):
             call()
 
@@ -199,8 +213,17 @@ def test_events_and_timestamp():
         assert logger.state.timestamp.batch == 1 and logger.state.timestamp.sample == 4
         assert logger.state.timestamp.epoch == 1
     events = [c[1] for c in rec.hooks('event')]
-    assert events == [Event.INIT, Event.FIT_START, Event.EPOCH_START, Event.BATCH_START, Event.BATCH_END,
-                      Event.EPOCH_END, Event.FIT_END, Event.CLOSE, Event.POST_CLOSE]
+    assert events == [
+        Event.INIT,
+        Event.FIT_START,
+        Event.EPOCH_START,
+        Event.BATCH_START,
+        Event.BATCH_END,
+        Event.EPOCH_END,
+        Event.FIT_END,
+        Event.CLOSE,
+        Event.POST_CLOSE,
+    ]
 
 
 def test_reference_mylogger_overriding_only_hparams_works():
@@ -337,13 +360,23 @@ def test_close_error_raised_after_closing_everyone():
 def test_secrets_redacted_nested():
     rec = Recorder()
     logger = Logger([rec], run_name='r')
-    hparams = {'lr': 0.1, 'db': {'Password': 'hunter2', 'host': 'h'}, 'AWS_SECRET_ACCESS_KEY': 'k',
-               'list': [{'api_key': 'x'}], 'HF_TOKEN': 't'}
+    hparams = {
+        'lr': 0.1,
+        'db': {'Password': 'hunter2', 'host': 'h'},
+        'AWS_SECRET_ACCESS_KEY': 'k',
+        'list': [{'api_key': 'x'}],
+        'HF_TOKEN': 't',
+    }
     logger.log_hyperparameters(hparams)
     logger.log_traces({'auth': {'credentials': 'c'}})
     got = rec.hooks('log_hyperparameters')[0][1]
-    assert got == {'lr': 0.1, 'db': {'Password': '***', 'host': 'h'}, 'AWS_SECRET_ACCESS_KEY': '***',
-                   'list': [{'api_key': '***'}], 'HF_TOKEN': '***'}
+    assert got == {
+        'lr': 0.1,
+        'db': {'Password': '***', 'host': 'h'},
+        'AWS_SECRET_ACCESS_KEY': '***',
+        'list': [{'api_key': '***'}],
+        'HF_TOKEN': '***',
+    }
     assert rec.hooks('log_traces')[0][1] == {'auth': {'credentials': '***'}}
     assert hparams['db']['Password'] == 'hunter2'  # the caller's dict is untouched
 
@@ -429,8 +462,12 @@ def test_post_close_in_both_forms_and_close_called_directly():
 
     logger = Logger([ComposerStyle(), OurStyle()], run_name='r')
     logger.close()
-    assert order == [('composer.event', Event.INIT), 'composer.close', 'composer.post_close',
-                     ('ours.post_close', 'r', 'Logger')]
+    assert order == [
+        ('composer.event', Event.INIT),
+        'composer.close',
+        'composer.post_close',
+        ('ours.post_close', 'r', 'Logger'),
+    ]
 
 
 def test_post_close_with_another_signature_fails_at_construction():

@@ -39,9 +39,21 @@ def test_state_dict_is_plain_stable_and_round_trips_through_torch_save():
     logger.epoch_end()
     saved = logger.state_dict()
     assert saved.keys() == template.keys() and saved['timestamp'].keys() == template['timestamp'].keys()
-    assert saved == {'format': 1, 'run_name': 'r1', 'attempt': '0', 'resumes': 0, 'timestamp': {
-        'epoch': 1, 'batch': 3, 'batch_in_epoch': 0, 'sample': 24, 'sample_in_epoch': 0, 'token': 300,
-        'token_in_epoch': 0}}
+    assert saved == {
+        'format': 1,
+        'run_name': 'r1',
+        'attempt': '0',
+        'resumes': 0,
+        'timestamp': {
+            'epoch': 1,
+            'batch': 3,
+            'batch_in_epoch': 0,
+            'sample': 24,
+            'sample_in_epoch': 0,
+            'token': 300,
+            'token_in_epoch': 0,
+        },
+    }
     buffer = io.BytesIO()
     torch.save(saved, buffer)
     buffer.seek(0)
@@ -79,8 +91,9 @@ def test_in_memory_drops_superseded_steps_whichever_step_convention(log_first):
     logger.load_state_dict(saved)
     _train(logger, 20, 40, 1000.0, log_first=log_first)
     first = 0 if log_first else 1
-    assert memory.data['loss'] == [(s, float(s) + (1000.0 if s >= 20 + (not log_first) else 0.0))
-                                   for s in range(first, first + 40)]
+    assert memory.data['loss'] == [
+        (s, float(s) + (1000.0 if s >= 20 + (not log_first) else 0.0)) for s in range(first, first + 40)
+    ]
     (info,) = memory.resumes
     assert (info.step, info.superseded_from, info.resume) == (20, 20 if log_first else 21, 1)
     assert memory.most_recent_values['loss'] == first + 39 + 1000.0
@@ -94,8 +107,13 @@ def test_resume_with_nothing_beyond_it_purges_nothing(tmp_path):
     from dist_logging.destinations import TensorboardLogger
 
     def build():
-        return Logger([TensorboardLogger(log_dir=str(tmp_path / 'tb'), flush_interval=1),
-                       FileLogger(str(tmp_path / 'logs-rank{rank}.txt'))], run_name='r')
+        return Logger(
+            [
+                TensorboardLogger(log_dir=str(tmp_path / 'tb'), flush_interval=1),
+                FileLogger(str(tmp_path / 'logs-rank{rank}.txt')),
+            ],
+            run_name='r',
+        )
 
     first = build()
     first.log_hyperparameters({'lr': 0.1})
@@ -108,10 +126,13 @@ def test_resume_with_nothing_beyond_it_purges_nothing(tmp_path):
     accumulator = EventAccumulator(str(tmp_path / 'tb'))
     accumulator.Reload()
     assert [(e.step, e.value) for e in accumulator.Scalars('loss')] == [
-        (s, s + (1000.0 if s > 20 else 0.0)) for s in range(1, 41)]
+        (s, s + (1000.0 if s > 20 else 0.0)) for s in range(1, 41)
+    ]
     text = (tmp_path / 'logs-rank0.txt').read_text()
-    assert ('[resume]: ===== resumed at step 20 (resume 1, attempt 0, saved by attempt 0) of run r, rank 0: '
-            'steps >= 21 written above are superseded (none found) =====') in text
+    assert (
+        '[resume]: ===== resumed at step 20 (resume 1, attempt 0, saved by attempt 0) of run r, rank 0: '
+        'steps >= 21 written above are superseded (none found) ====='
+    ) in text
     out = io.StringIO()
     merge_logs([str(tmp_path / 'logs-rank0.txt')], out, collapse=False)
     steps = [int(line.split('[batch=')[1].split(']')[0]) for line in out.getvalue().splitlines() if 'loss' in line]
@@ -136,7 +157,8 @@ def test_tensorboard_writer_opened_before_the_load_is_replaced_and_its_empty_fil
     accumulator = EventAccumulator(str(tmp_path / 'tb'))
     accumulator.Reload()
     assert [(e.step, e.value) for e in accumulator.Scalars('loss')] == [
-        (s, s + (1000.0 if s > 20 else 0.0)) for s in range(1, 41)]
+        (s, s + (1000.0 if s > 20 else 0.0)) for s in range(1, 41)
+    ]
 
 
 @pytest.mark.parametrize('fmt', ['text', 'jsonl'])
@@ -167,11 +189,17 @@ def test_logs_view_leaves_out_lines_superseded_by_later_markers(tmp_path, fmt):
     merge_logs([path], out, collapse=False)
     lines = out.getvalue().splitlines()
     if fmt == 'text':
-        got = [(int(line.split('[batch=')[1].split(']')[0]), float(line.split('loss: ')[1])) for line in lines
-               if 'loss' in line]
+        got = [
+            (int(line.split('[batch=')[1].split(']')[0]), float(line.split('loss: ')[1]))
+            for line in lines
+            if 'loss' in line
+        ]
     else:
-        got = [(int(line.split('[step=')[1].split(']')[0]), float(line.split('loss: ')[1])) for line in lines
-               if 'loss' in line]
+        got = [
+            (int(line.split('[step=')[1].split(']')[0]), float(line.split('loss: ')[1]))
+            for line in lines
+            if 'loss' in line
+        ]
     assert got == [(s, float(s)) for s in range(1, 11)] + [(s, s + 3000.0) for s in range(11, 16)]
     assert sum('RESUME' in line for line in lines) == 3
     everything = io.StringIO()
@@ -180,7 +208,10 @@ def test_logs_view_leaves_out_lines_superseded_by_later_markers(tmp_path, fmt):
     if fmt == 'jsonl':
         records = [json.loads(line) for line in open(path) if '"resume"' in line]
         assert [(r['data']['step'], r['data']['superseded_from'], r['data']['superseded_to']) for r in records] == [
-            (20, 21, 27), (30, 31, 35), (10, 11, 35)]
+            (20, 21, 27),
+            (30, 31, 35),
+            (10, 11, 35),
+        ]
 
 
 def test_console_says_where_the_resumed_lines_start():
@@ -192,8 +223,9 @@ def test_console_says_where_the_resumed_lines_start():
     logger.batch_end()
     logger.log_metrics({'loss': 1.0})
     logger.close()
-    assert ('[resume]: resumed at step 20 (resume 1, attempt 0); steps >= 21 printed before this line are '
-            'superseded') in stream.getvalue()
+    assert (
+        '[resume]: resumed at step 20 (resume 1, attempt 0); steps >= 21 printed before this line are superseded'
+    ) in stream.getvalue()
 
 
 def test_a_resume_waits_for_its_first_step_on_every_logging_path():

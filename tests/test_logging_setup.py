@@ -106,14 +106,17 @@ def test_rank_zero_prints_without_prefix_but_errors_with_it(capsys, fake_rank):
     assert lines[1].startswith('[rank 0] ')
 
 
-@pytest.mark.parametrize('rank,console_ranks,printed,prefixed', [
-    (2, 'all', True, True),
-    (2, [0, 2], True, True),
-    (3, [3], True, False),
-    (1, [3], False, False),
-    (2, 'local_zero', True, True),   # 2 nodes of 2 ranks: rank 2 is node 1's local zero
-    (1, 'local_zero', False, False),
-])
+@pytest.mark.parametrize(
+    'rank,console_ranks,printed,prefixed',
+    [
+        (2, 'all', True, True),
+        (2, [0, 2], True, True),
+        (3, [3], True, False),
+        (1, [3], False, False),
+        (2, 'local_zero', True, True),  # 2 nodes of 2 ranks: rank 2 is node 1's local zero
+        (1, 'local_zero', False, False),
+    ],
+)
 def test_console_ranks(capsys, fake_rank, rank, console_ranks, printed, prefixed):
     fake_rank(rank, 4, local_world_size=2)
     setup_logging(console_ranks=console_ranks)
@@ -124,18 +127,21 @@ def test_console_ranks(capsys, fake_rank, rank, console_ranks, printed, prefixed
         assert err.startswith(f'[rank {rank}] ') == prefixed
 
 
-@pytest.mark.parametrize('kwargs,error,match', [
-    ({'console_ranks': 'nope'}, ValueError, "unknown console_ranks 'nope'"),
-    ({'console_ranks': [0, 4]}, ValueError, 'rank 4, outside this world of 4'),
-    ({'console_ranks': ['0']}, TypeError, "must hold ints.*'0'"),
-    ({'console_ranks': 3}, TypeError, 'got int 3'),
-    ({'level': 'LOUD'}, ValueError, "unknown level 'LOUD'"),
-    ({'level': None}, TypeError, 'level must be'),
-    ({'file': 'logs/python.log'}, ValueError, 'cannot tell ranks apart'),
-    ({'file': 'logs/{rank}-{epoch}.log'}, ValueError, r'unknown placeholder\(s\) \{epoch\}'),
-    ({'file': '{run_name}/py-{rank}.log'}, ValueError, 'pass run_name= or logger='),
-    ({'logger': 'not a logger'}, TypeError, 'must be a dist_logging.Logger'),
-])
+@pytest.mark.parametrize(
+    'kwargs,error,match',
+    [
+        ({'console_ranks': 'nope'}, ValueError, "unknown console_ranks 'nope'"),
+        ({'console_ranks': [0, 4]}, ValueError, 'rank 4, outside this world of 4'),
+        ({'console_ranks': ['0']}, TypeError, "must hold ints.*'0'"),
+        ({'console_ranks': 3}, TypeError, 'got int 3'),
+        ({'level': 'LOUD'}, ValueError, "unknown level 'LOUD'"),
+        ({'level': None}, TypeError, 'level must be'),
+        ({'file': 'logs/python.log'}, ValueError, 'cannot tell ranks apart'),
+        ({'file': 'logs/{rank}-{epoch}.log'}, ValueError, r'unknown placeholder\(s\) \{epoch\}'),
+        ({'file': '{run_name}/py-{rank}.log'}, ValueError, 'pass run_name= or logger='),
+        ({'logger': 'not a logger'}, TypeError, 'must be a dist_logging.Logger'),
+    ],
+)
 def test_bad_arguments_raise_naming_the_value(fake_rank, kwargs, error, match):
     fake_rank(1, 4)
     root = _bare_root()
@@ -231,7 +237,9 @@ def test_capture_warnings_false_leaves_warnings_alone(capsys):
 
 def test_secrets_are_redacted_in_console_and_file(capsys, tmp_path):
     path = setup_logging(file=str(tmp_path / 'r{rank}.log'), run_name='s')
-    log.warning('connecting to postgres://alice:s3cr3t@db:5432/x with hf_%s', 'abcdefghijklmnopqrstuvwxyzABCDEFGH')  # a Hugging Face token: 34 letters
+    log.warning(
+        'connecting to postgres://alice:s3cr3t@db:5432/x with hf_%s', 'abcdefghijklmnopqrstuvwxyzABCDEFGH'
+    )  # a Hugging Face token: 34 letters
     err, text = capsys.readouterr().err, pathlib.Path(path).read_text()
     for where in (err, text):
         assert 'postgres://alice:***@db:5432/x' in where
@@ -383,7 +391,8 @@ def test_four_ranks_under_torchrun(tmp_path, capsys):
     # FileLogger(capture_stdout=True): each rank's print in its file, and still on stdout.
     for rank in range(4):
         assert (tmp_path / 'file-logs' / f'logs-rank{rank}.txt').read_text().count(
-            f'[stdout]: print from rank {rank}\n') == 1
+            f'[stdout]: print from rank {rank}\n'
+        ) == 1
         # Four processes share the pipe and print() writes the text and its newline separately,
         # so another rank's line may land between them: look for the text only.
         assert f'print from rank {rank}' in result.stdout

@@ -49,8 +49,13 @@ def test_parse_and_format_ranks():
     assert parse_ranks(' 7 , 2 - 3 ') == {2, 3, 7}
     assert format_ranks({0, 2, 3, 4, 5, 7}) == '0,2-5,7'
     assert format_ranks([3]) == '3' and format_ranks([1, 0]) == '0-1'
-    for bad, message in (('', "'' is not a rank"), ('a', "'a' is not a rank"), ('5-3', 'ends before it starts'),
-                         ('-1', "'-1' is not a rank"), ('1,,2', "'' is not a rank")):
+    for bad, message in (
+        ('', "'' is not a rank"),
+        ('a', "'a' is not a rank"),
+        ('5-3', 'ends before it starts'),
+        ('-1', "'-1' is not a rank"),
+        ('1,,2', "'' is not a rank"),
+    ):
         with pytest.raises(ValueError, match=re.escape(message)):
             parse_ranks(bad)
 
@@ -87,8 +92,15 @@ def test_time_order_across_files(tmp_path):
     write_log(tmp_path / 'r-rank0.log', [(t, 0, 'INFO', 'a', f'zero {t}') for t in (0, 2, 4, 6)])
     write_log(tmp_path / 'r-rank1.log', [(t, 1, 'INFO', 'a', f'one {t}') for t in (1, 3, 5)])
     lines = merged(tmp_path)
-    assert [line.split(': ', 1)[1] for line in lines] == ['zero 0', 'one 1', 'zero 2', 'one 3', 'zero 4', 'one 5',
-                                                          'zero 6']
+    assert [line.split(': ', 1)[1] for line in lines] == [
+        'zero 0',
+        'one 1',
+        'zero 2',
+        'one 3',
+        'zero 4',
+        'one 5',
+        'zero 6',
+    ]
 
 
 def test_multiline_records_and_lines_that_look_like_headers(tmp_path):
@@ -98,15 +110,25 @@ def test_multiline_records_and_lines_that_look_like_headers(tmp_path):
     write_log(tmp_path / 'py-rank1.log', [(0.5, 1, 'ERROR', 'a', message)])
     lines = merged(tmp_path)
     assert lines[0] == f'[ranks 0-1] {stamp(0)} ERROR a: failed'
-    assert lines[1:5] == ['[ranks 0-1] \tTraceback (most recent call last):', '[ranks 0-1] \t  File "x.py", line 1',
-                          f'[ranks 0-1] \t{fake}', '[ranks 0-1] \tKeyError: 1']
+    assert lines[1:5] == [
+        '[ranks 0-1] \tTraceback (most recent call last):',
+        '[ranks 0-1] \t  File "x.py", line 1',
+        f'[ranks 0-1] \t{fake}',
+        '[ranks 0-1] \tKeyError: 1',
+    ]
     assert lines[5] == f'[rank 0] {stamp(1)} INFO a: next' and len(lines) == 6
 
 
 def test_rank_and_level_filters(tmp_path):
     for rank in range(6):
-        write_log(tmp_path / f'py-rank{rank}.log', [(0, rank, 'INFO', 'a', 'hello'), (1, rank, 'ERROR', 'a', 'bad'),
-                                                    (2, rank, 'Level_5', 'a', 'very verbose')])
+        write_log(
+            tmp_path / f'py-rank{rank}.log',
+            [
+                (0, rank, 'INFO', 'a', 'hello'),
+                (1, rank, 'ERROR', 'a', 'bad'),
+                (2, rank, 'Level_5', 'a', 'very verbose'),
+            ],
+        )
     assert merged(tmp_path, ranks=parse_ranks('0,3-5'))[0].startswith('[ranks 0,3-5] ')
     assert merged(tmp_path, min_level=30) == [f'[ranks 0-5] {stamp(1)} ERROR a: bad']
     assert len(merged(tmp_path, min_level=5)) == 3 and len(merged(tmp_path, min_level=20)) == 2
@@ -128,12 +150,16 @@ def test_filelogger_text_and_jsonl_files_with_their_tables_skipped(tmp_path, cap
     assert (tmp_path / 'jsonl' / 'logs-rank0' / 'tables' / 't.jsonl').is_file()
     sources = find_log_files([str(tmp_path)])
     assert sorted((pathlib.Path(s.path).name, s.rank, s.kind) for s in sources) == [
-        ('logs-rank0.jsonl', 0, 'jsonl'), ('logs-rank0.txt', 0, 'text'),
-        ('logs-rank1.jsonl', 1, 'jsonl'), ('logs-rank1.txt', 1, 'text')]
+        ('logs-rank0.jsonl', 0, 'jsonl'),
+        ('logs-rank0.txt', 0, 'text'),
+        ('logs-rank1.jsonl', 1, 'jsonl'),
+        ('logs-rank1.txt', 1, 'text'),
+    ]
     lines = merged(tmp_path / 'jsonl')
     assert re.fullmatch(r'\[rank 0\] \S+Z STDOUT hello from 0', lines[0])
-    assert re.fullmatch(r'\[ranks 0-1\] \S+Z STDOUT the same on every rank', lines[1]) or \
-        re.fullmatch(r'\[ranks 0-1\] \S+Z STDOUT the same on every rank', lines[2])
+    assert re.fullmatch(r'\[ranks 0-1\] \S+Z STDOUT the same on every rank', lines[1]) or re.fullmatch(
+        r'\[ranks 0-1\] \S+Z STDOUT the same on every rank', lines[2]
+    )
     assert any(re.fullmatch(r'\[rank 1\] \S+Z METRIC \[step=3\] loss: 1.0', line) for line in lines)
     text_lines = merged(tmp_path / 'text')  # Composer's text lines carry no time: file order, '-' for the time
     assert '[rank 0] - STDOUT hello from 0' in text_lines and '[rank 1] - METRIC [batch=3]: loss: 1.0 ' in text_lines
@@ -227,9 +253,11 @@ def test_follow_reads_as_files_grow_and_new_files_appear(tmp_path):
     first = tmp_path / 'py-rank0.log'
     first.write_text(format_record(now, 0, 'INFO', 'a', 'already there') + '\n')
     out, stop = _Collect(), threading.Event()
-    thread = threading.Thread(target=follow_logs, args=([str(tmp_path)], out),
-                              kwargs=dict(window=0.2, poll_interval=0.02, rescan_interval=0.05,
-                                          should_stop=stop.is_set))
+    thread = threading.Thread(
+        target=follow_logs,
+        args=([str(tmp_path)], out),
+        kwargs=dict(window=0.2, poll_interval=0.02, rescan_interval=0.05, should_stop=stop.is_set),
+    )
     thread.start()
     try:
         out.wait_for(lambda lines: any('already there' in line for line in lines))
@@ -239,7 +267,7 @@ def test_follow_reads_as_files_grow_and_new_files_appear(tmp_path):
             time.sleep(0.05)
             handle.write(format_record(time.time(), 0, 'ERROR', 'a', 'grew\nTraceback')[20:] + '\n')
         stamp = time.time()
-        write_log(tmp_path / 'py-rank1.log', [(stamp - T0, 1, 'INFO', 'a', 'both'), ])
+        write_log(tmp_path / 'py-rank1.log', [(stamp - T0, 1, 'INFO', 'a', 'both')])
         with open(first, 'a') as handle:
             handle.write(format_record(stamp + 0.01, 0, 'INFO', 'a', 'both') + '\n')
         out.wait_for(lambda lines: any('both' in line for line in lines))

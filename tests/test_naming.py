@@ -6,8 +6,9 @@ from dist_logging.naming import check_rank_distinct, template_placeholders, vali
 
 def test_fills_dist_placeholders(fake_rank):
     fake_rank(rank=5, world_size=8, local_world_size=4)
-    name = format_name_with_dist('{run_name}/r{rank}-l{local_rank}-w{world_size}-lw{local_world_size}-n{node_rank}',
-                                 'exp')
+    name = format_name_with_dist(
+        '{run_name}/r{rank}-l{local_rank}-w{world_size}-lw{local_world_size}-n{node_rank}', 'exp'
+    )
     assert name == 'exp/r5-l1-w8-lw4-n1'
 
 
@@ -50,7 +51,9 @@ def test_non_string_template():
 
 def test_with_time_fields():
     ts = Timestamp(epoch=2, batch=7, batch_in_epoch=3, sample=70, token=700, total_wct=1.5)
-    name = format_name_with_dist_and_time('{run_name}/ep{epoch}-ba{batch}-bie{batch_in_epoch}-s{sample}-t{token}', 'r', ts)
+    name = format_name_with_dist_and_time(
+        '{run_name}/ep{epoch}-ba{batch}-bie{batch_in_epoch}-s{sample}-t{token}', 'r', ts
+    )
     assert name == 'r/ep2-ba7-bie3-s70-t700'
     assert format_name_with_dist_and_time('{total_wct:.1f}', 'r', ts) == '1.5'
 

@@ -102,9 +102,13 @@ def test_a_planted_base_is_refused_naming_folder_problem_and_way_out(shared_tmp,
         base.mkdir(0o700)
         os.chown(base, 65534, 65534)
         problem = 'it is owned by uid 65534'
-    for call in (_private_dirs.base_dir, lambda: _private_dirs.private_dir('downloads'),
-                 lambda: default_staging_folder('r'), lambda: rate_limit.NodeUploadRate(10),
-                 lambda: node_slots.NodeUploadSlots(2)):
+    for call in (
+        _private_dirs.base_dir,
+        lambda: _private_dirs.private_dir('downloads'),
+        lambda: default_staging_folder('r'),
+        lambda: rate_limit.NodeUploadRate(10),
+        lambda: node_slots.NodeUploadSlots(2),
+    ):
         with pytest.raises(PermissionError) as info:
             call()
         message = str(info.value)
@@ -205,8 +209,14 @@ def test_a_marker_that_is_not_ours_or_does_not_match_means_fetch_again(shared_tm
     dest = tmp_path / 'dest.bin'
     dest.write_bytes(b'stale file!!')  # same size as the object
     info = os.stat(dest)
-    record = {'run': 'mark', 'uri': rud.get_uri_for_file('obj.bin'), 'ino': info.st_ino, 'size': info.st_size,
-              'mtime_ns': info.st_mtime_ns, 'time': 0}
+    record = {
+        'run': 'mark',
+        'uri': rud.get_uri_for_file('obj.bin'),
+        'ino': info.st_ino,
+        'size': info.st_size,
+        'mtime_ns': info.st_mtime_ns,
+        'time': 0,
+    }
     downloads = _private_dirs.private_dir('downloads')
     marker = os.path.join(downloads, hashlib.sha1(str(dest).encode()).hexdigest()[:24] + '.json')
     if forged == 'symlink':

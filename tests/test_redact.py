@@ -23,25 +23,31 @@ OPENAI_PROJECT = 'sk-proj-' + ALNUM + '_' + ALNUM[::-1] + '-x9'
 GITHUB = {prefix: prefix + ALNUM + 'abcd' for prefix in ('ghp_', 'gho_', 'ghs_', 'ghu_', 'ghr_')}
 GITHUB_PAT = 'github_pat_11ABCDEFG0' + ALNUM[:12] + '_' + ALNUM + ALNUM[:27]  # 82 after the prefix
 SLACK = 'xoxb-' + '2417365' + '0912' + '-' + '4827361' + '09187-' + ALNUM[:24]
-PEM = ('-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA' + ALNUM + '\n' + ALNUM[::-1] + '==\n'
-       '-----END RSA PRIVATE KEY-----')
+PEM = (
+    '-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA' + ALNUM + '\n' + ALNUM[::-1] + '==\n'
+    '-----END RSA PRIVATE KEY-----'
+)
 GIT_SHA = '01c7f73d771dfac7d292323805ebc428287df4f9'
 UUID = '9b2f6c1e-4a7d-4e3b-8c5a-1f0e2d3c4b5a'
 
 
 # --------------------------------------------------------------------------- splitting keys
 
-@pytest.mark.parametrize('key, words', [
-    ('AWS_SECRET_ACCESS_KEY', ('aws', 'secret', 'access', 'key')),
-    ('hfToken2', ('hf', 'token', '2')),
-    ('APIKey', ('api', 'key')),
-    ('OAuthToken', ('o', 'auth', 'token')),
-    ('max-new-tokens', ('max', 'new', 'tokens')),
-    ('model.tokenizer.name', ('model', 'tokenizer', 'name')),
-    ('db password', ('db', 'password')),
-    ('fp16_opt_level', ('fp', '16', 'opt', 'level')),
-    ('', ()),
-])
+
+@pytest.mark.parametrize(
+    'key, words',
+    [
+        ('AWS_SECRET_ACCESS_KEY', ('aws', 'secret', 'access', 'key')),
+        ('hfToken2', ('hf', 'token', '2')),
+        ('APIKey', ('api', 'key')),
+        ('OAuthToken', ('o', 'auth', 'token')),
+        ('max-new-tokens', ('max', 'new', 'tokens')),
+        ('model.tokenizer.name', ('model', 'tokenizer', 'name')),
+        ('db password', ('db', 'password')),
+        ('fp16_opt_level', ('fp', '16', 'opt', 'level')),
+        ('', ()),
+    ],
+)
 def test_key_words(key, words):
     assert key_words(key) == words
 
@@ -50,47 +56,188 @@ def test_key_words(key, words):
 
 CREDENTIAL_KEYS = [
     # passwords and secrets
-    'password', 'Password', 'PASSWD', 'db_password', 'dbPassword', 'mysql_passwd', 'pwd', 'DB_PWD', 'passphrase',
-    'ssh_key_passphrase', 'secret', 'secrets', 'client_secret', 'clientSecret', 'aws_secret_access_key',
-    'AWS_SECRET_ACCESS_KEY', 'secret_key', 'jwt_secret', 'secret_sauce_ratio', 'webhook_secret',
+    'password',
+    'Password',
+    'PASSWD',
+    'db_password',
+    'dbPassword',
+    'mysql_passwd',
+    'pwd',
+    'DB_PWD',
+    'passphrase',
+    'ssh_key_passphrase',
+    'secret',
+    'secrets',
+    'client_secret',
+    'clientSecret',
+    'aws_secret_access_key',
+    'AWS_SECRET_ACCESS_KEY',
+    'secret_key',
+    'jwt_secret',
+    'secret_sauce_ratio',
+    'webhook_secret',
     # credentials, auth, cookies
-    'credential', 'credentials', 'gcp_credentials', 'GOOGLE_APPLICATION_CREDENTIALS', 'creds', 'auth', 'basic_auth',
-    'oauth', 'proxy_authorization', 'Authorization', 'session_cookie', 'cookies',
+    'credential',
+    'credentials',
+    'gcp_credentials',
+    'GOOGLE_APPLICATION_CREDENTIALS',
+    'creds',
+    'auth',
+    'basic_auth',
+    'oauth',
+    'proxy_authorization',
+    'Authorization',
+    'session_cookie',
+    'cookies',
     # keys
-    'api_key', 'apiKey', 'APIKey', 'apikey', 'WANDB_API_KEY', 'OPENAI_API_KEY', 'api_keys', 'access_key',
-    'access_key_id', 'aws_access_key_id', 'accessKey', 'private_key', 'privateKey', 'ssh_private_key',
-    'session_key', 'encryption_key', 'signing_key', 'license_key', 'account_key', 'AccountKey',
-    'subscription_key', 'master_key',
+    'api_key',
+    'apiKey',
+    'APIKey',
+    'apikey',
+    'WANDB_API_KEY',
+    'OPENAI_API_KEY',
+    'api_keys',
+    'access_key',
+    'access_key_id',
+    'aws_access_key_id',
+    'accessKey',
+    'private_key',
+    'privateKey',
+    'ssh_private_key',
+    'session_key',
+    'encryption_key',
+    'signing_key',
+    'license_key',
+    'account_key',
+    'AccountKey',
+    'subscription_key',
+    'master_key',
     # token as a credential
-    'token', 'Token', 'TOKEN', 'token2', 'hf_token', 'HF_TOKEN', 'hub_token', 'hubToken', 'auth_token',
-    'authToken', 'authtoken', 'access_token', 'accessToken', 'api_token', 'bearer_token', 'refresh_token',
-    'session_token', 'aws_session_token', 'AWS_SESSION_TOKEN', 'GITHUB_TOKEN', 'github_token', 'GH_TOKEN',
-    'wandb_token', 'slack_token', 'slack_bot_token', 'discord_bot_token', 'HUGGING_FACE_HUB_TOKEN',
-    'HUGGINGFACE_TOKEN', 'push_to_hub_token', 'id_token', 'csrf_token', 'security_token', 'sas_token',
-    'personal_access_token', 'client_token', 'hf_token_value', 'use_auth_token', 'hf_use_auth_token',
+    'token',
+    'Token',
+    'TOKEN',
+    'token2',
+    'hf_token',
+    'HF_TOKEN',
+    'hub_token',
+    'hubToken',
+    'auth_token',
+    'authToken',
+    'authtoken',
+    'access_token',
+    'accessToken',
+    'api_token',
+    'bearer_token',
+    'refresh_token',
+    'session_token',
+    'aws_session_token',
+    'AWS_SESSION_TOKEN',
+    'GITHUB_TOKEN',
+    'github_token',
+    'GH_TOKEN',
+    'wandb_token',
+    'slack_token',
+    'slack_bot_token',
+    'discord_bot_token',
+    'HUGGING_FACE_HUB_TOKEN',
+    'HUGGINGFACE_TOKEN',
+    'push_to_hub_token',
+    'id_token',
+    'csrf_token',
+    'security_token',
+    'sas_token',
+    'personal_access_token',
+    'client_token',
+    'hf_token_value',
+    'use_auth_token',
+    'hf_use_auth_token',
 ]
 
 ORDINARY_KEYS = [
     # vocabulary tokens and their ids
-    'pad_token', 'bos_token', 'eos_token', 'unk_token', 'sep_token', 'cls_token', 'mask_token', 'image_token',
-    'pad_token_id', 'bos_token_id', 'eos_token_id', 'decoder_start_token_id', 'forced_bos_token_id',
-    'no_timestamps_token_id', 'prev_sot_token_id', 'additional_special_tokens', 'added_tokens_decoder',
-    'added_tokens_overrides', 'special_tokens', 'add_bos_token', 'add_eos_token', 'use_cls_token',
-    'spaces_between_special_tokens', 'token_type_ids', 'token_id', 'tokens',
+    'pad_token',
+    'bos_token',
+    'eos_token',
+    'unk_token',
+    'sep_token',
+    'cls_token',
+    'mask_token',
+    'image_token',
+    'pad_token_id',
+    'bos_token_id',
+    'eos_token_id',
+    'decoder_start_token_id',
+    'forced_bos_token_id',
+    'no_timestamps_token_id',
+    'prev_sot_token_id',
+    'additional_special_tokens',
+    'added_tokens_decoder',
+    'added_tokens_overrides',
+    'special_tokens',
+    'add_bos_token',
+    'add_eos_token',
+    'use_cls_token',
+    'spaces_between_special_tokens',
+    'token_type_ids',
+    'token_id',
+    'tokens',
     # counted tokens
-    'max_tokens', 'max_new_tokens', 'min_new_tokens', 'num_tokens', 'num_memory_tokens', 'tokens_per_batch',
-    'tokens_per_second', 'include_tokens_per_second', 'include_num_input_tokens_seen', 'suppress_tokens',
-    'begin_suppress_tokens', 'accumulate_train_batch_on_tokens', 'n_expert_per_token', 'eval_max_new_tokens',
+    'max_tokens',
+    'max_new_tokens',
+    'min_new_tokens',
+    'num_tokens',
+    'num_memory_tokens',
+    'tokens_per_batch',
+    'tokens_per_second',
+    'include_tokens_per_second',
+    'include_num_input_tokens_seen',
+    'suppress_tokens',
+    'begin_suppress_tokens',
+    'accumulate_train_batch_on_tokens',
+    'n_expert_per_token',
+    'eval_max_new_tokens',
     'no_seqlen_plus_one_input_tokens',
     # tokenizers
-    'tokenizer', 'tokenizer_name', 'tokenizer_class', 'tokenizer_path', 'tokenizer_type', 'tokenizer_config',
-    'tokenizer_use_fast', 'TOKENIZERS_PARALLELISM', 'clean_up_tokenization_spaces', 'tokenize_chinese_chars',
+    'tokenizer',
+    'tokenizer_name',
+    'tokenizer_class',
+    'tokenizer_path',
+    'tokenizer_type',
+    'tokenizer_config',
+    'tokenizer_use_fast',
+    'TOKENIZERS_PARALLELISM',
+    'clean_up_tokenization_spaces',
+    'tokenize_chinese_chars',
     # ordinary keys that contain credential-ish letters
-    'author', 'authors', 'keyword', 'key', 'keys', 'image_key', 'text_key', 'lora_key', 'num_key_value_heads',
-    'apply_query_key_layer_scaling', 'memory_keys', 'load_ignore_keys', 'hub_private_repo', 'passes',
-    'num_passes', 'bypass', 'compass', 'd_kv', 'keep_latest_k',
-    'session_id', 'wandb_project', 'wandb_entity', 'hub_model_id', 'hub_strategy', 'access_log',
-    'private_repo', 'token_dropout', 'hf_token_path', 'tokenizer_file',
+    'author',
+    'authors',
+    'keyword',
+    'key',
+    'keys',
+    'image_key',
+    'text_key',
+    'lora_key',
+    'num_key_value_heads',
+    'apply_query_key_layer_scaling',
+    'memory_keys',
+    'load_ignore_keys',
+    'hub_private_repo',
+    'passes',
+    'num_passes',
+    'bypass',
+    'compass',
+    'd_kv',
+    'keep_latest_k',
+    'session_id',
+    'wandb_project',
+    'wandb_entity',
+    'hub_model_id',
+    'hub_strategy',
+    'access_log',
+    'private_repo',
+    'token_dropout',
+    'hf_token_path',
+    'tokenizer_file',
 ]
 
 
@@ -129,15 +276,24 @@ REPLACED = [
     ('redis://:only-a-password@cache:6379/0', 'redis://:***@cache:6379/0'),
     ('amqp://u:unencoded@sign@mq/vhost', 'amqp://u:***@mq/vhost'),
     (f'https://user:{GITHUB["ghp_"]}@github.com/o/r.git', 'https://user:***@github.com/o/r.git'),
-    ('pip install --index-url https://__token__:pypi-AgEIcHlwaS5vcmc@pypi.example.com/simple pkg',
-     'pip install --index-url https://__token__:***@pypi.example.com/simple pkg'),
+    (
+        'pip install --index-url https://__token__:pypi-AgEIcHlwaS5vcmc@pypi.example.com/simple pkg',
+        'pip install --index-url https://__token__:***@pypi.example.com/simple pkg',
+    ),
     ('mongodb://admin:pw1@h1:27017,h2:27017/db', 'mongodb://admin:***@h1:27017,h2:27017/db'),
     # token formats, whole or inside text
-    (AWS_ID, REDACTED), (AWS_TEMP_ID, REDACTED), (f'key id {AWS_ID} in us-east-1', 'key id *** in us-east-1'),
-    (HF, REDACTED), (f'HF_TOKEN={HF}', 'HF_TOKEN=***'), (OPENAI, REDACTED), (OPENAI_PROJECT, REDACTED),
-    *[(token, REDACTED) for token in GITHUB.values()], (GITHUB_PAT, REDACTED),
+    (AWS_ID, REDACTED),
+    (AWS_TEMP_ID, REDACTED),
+    (f'key id {AWS_ID} in us-east-1', 'key id *** in us-east-1'),
+    (HF, REDACTED),
+    (f'HF_TOKEN={HF}', 'HF_TOKEN=***'),
+    (OPENAI, REDACTED),
+    (OPENAI_PROJECT, REDACTED),
+    *[(token, REDACTED) for token in GITHUB.values()],
+    (GITHUB_PAT, REDACTED),
     (f'https://{GITHUB["ghp_"]}@github.com/o/r.git', 'https://***@github.com/o/r.git'),
-    (SLACK, REDACTED), ('xoxp-' + '283316862324-298911817009-298923149681-' + ALNUM, REDACTED),
+    (SLACK, REDACTED),
+    ('xoxp-' + '283316862324-298911817009-298923149681-' + ALNUM, REDACTED),
     (PEM, '-----BEGIN RSA PRIVATE KEY-----***-----END RSA PRIVATE KEY-----'),
     ('-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA', '-----BEGIN OPENSSH PRIVATE KEY-----***'),
     ('AIza' + ALNUM + 'aaa', REDACTED),
@@ -146,8 +302,10 @@ REPLACED = [
     # name=value and 'name': 'value' pairs whose name is a credential
     ('https://api.example.com/v1/x?api_key=abc123&page=2', 'https://api.example.com/v1/x?api_key=***&page=2'),
     ('Server=tcp:db;User Id=sa;Password=Pa55w0rd;Encrypt=true', 'Server=tcp:db;User Id=sa;Password=***;Encrypt=true'),
-    ('DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=bXlrZXk=;EndpointSuffix=core.windows.net',
-     'DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=***;EndpointSuffix=core.windows.net'),
+    (
+        'DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=bXlrZXk=;EndpointSuffix=core.windows.net',
+        'DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=***;EndpointSuffix=core.windows.net',
+    ),
     ("train(lr=0.1, password='hunter2')", "train(lr=0.1, password='***')"),
     ("config {'hf_token': 'abc', 'lr': 0.1}", "config {'hf_token': '***', 'lr': 0.1}"),
     ('{"client_secret": "abc", "max_new_tokens": 5}', '{"client_secret": "***", "max_new_tokens": 5}'),
@@ -162,22 +320,55 @@ REPLACED = [
 ]
 
 KEPT = [
-    'https://bob@host/path', 'git@github.com:org/repo.git', 'ssh://git@github.com/org/repo.git',
-    'https://host:8080/path?email=a@b.com', 'https://huggingface.co/meta-llama/Llama-2-7b-hf',
-    's3://my-bucket/checkpoints/{run_name}', 'alice@example.com', '/Users/alice@example.com/llama2-sft',
-    GIT_SHA, GIT_SHA.upper(), UUID, UUID.replace('-', ''),
-    'AKIA' + 'SHORT12', 'AKIA' + 'Q3EXAMPLE7KD2MZP' + 'X', 'aAKIA' + 'Q3EXAMPLE7KD2MZP',  # wrong length / glued
-    'hf_transfer', 'hf_' + 'a' * 20, 'sk-' + 'a1B2' * 4, 'sk-learn-compatible-estimator-pipeline',
-    'sk-ThisIsAVeryLongIdentifierNameForTestingPurposes', 'sk-HTTPServerConfigurationForTheLongRunningJobs',
-    'risk-' + ALNUM, 'task-' + ALNUM, 'ghp_short', 'xoxb-123', 'xoxz-' + ALNUM,
+    'https://bob@host/path',
+    'git@github.com:org/repo.git',
+    'ssh://git@github.com/org/repo.git',
+    'https://host:8080/path?email=a@b.com',
+    'https://huggingface.co/meta-llama/Llama-2-7b-hf',
+    's3://my-bucket/checkpoints/{run_name}',
+    'alice@example.com',
+    '/Users/alice@example.com/llama2-sft',
+    GIT_SHA,
+    GIT_SHA.upper(),
+    UUID,
+    UUID.replace('-', ''),
+    'AKIA' + 'SHORT12',
+    'AKIA' + 'Q3EXAMPLE7KD2MZP' + 'X',
+    'aAKIA' + 'Q3EXAMPLE7KD2MZP',  # wrong length / glued
+    'hf_transfer',
+    'hf_' + 'a' * 20,
+    'sk-' + 'a1B2' * 4,
+    'sk-learn-compatible-estimator-pipeline',
+    'sk-ThisIsAVeryLongIdentifierNameForTestingPurposes',
+    'sk-HTTPServerConfigurationForTheLongRunningJobs',
+    'risk-' + ALNUM,
+    'task-' + ALNUM,
+    'ghp_short',
+    'xoxb-123',
+    'xoxz-' + ALNUM,
     '-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA\n-----END PUBLIC KEY-----',
     '-----BEGIN CERTIFICATE-----\nMIIDdzCCAl+gAwIBAgIE\n-----END CERTIFICATE-----',
-    'max_new_tokens=128 pad_token=<pad>', 'tokenizer=EleutherAI/gpt-neox-20b', 'password=', "password=''",
-    'expandable_segments:True', 'torchrun --nnodes=2 --rdzv-endpoint=10.0.0.12:29500 train.py',
+    'max_new_tokens=128 pad_token=<pad>',
+    'tokenizer=EleutherAI/gpt-neox-20b',
+    'password=',
+    "password=''",
+    'expandable_segments:True',
+    'torchrun --nnodes=2 --rdzv-endpoint=10.0.0.12:29500 train.py',
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% endif %}",
-    'Bearer', 'the bearer of bad news', 'Basic block', '', 'plain text without anything',
-    '{% if token == eos %}', 'Loading tokenizer: gpt2', 'pad_token: <pad>', '--max-new-tokens 128', 'key: value',
-    'api_key: null', 'password=None', 'hub_token: ~', 'step 1200 loss=1.2345 lr=3e-4 tokens/s=51234',
+    'Bearer',
+    'the bearer of bad news',
+    'Basic block',
+    '',
+    'plain text without anything',
+    '{% if token == eos %}',
+    'Loading tokenizer: gpt2',
+    'pad_token: <pad>',
+    '--max-new-tokens 128',
+    'key: value',
+    'api_key: null',
+    'password=None',
+    'hub_token: ~',
+    'step 1200 loss=1.2345 lr=3e-4 tokens/s=51234',
     '12:30:05 INFO tokens: 4096, keys: 12',
 ]
 
@@ -211,12 +402,19 @@ def test_nested_data_keys_and_values():
     redactor = build_redactor(True)
     data = {
         'tokenizer': {'name': 'EleutherAI/gpt-neox-20b', 'pad_token': '<|pad|>', 'kwargs': {'model_max_length': 2048}},
-        'max_new_tokens': 128, 'hub_token': HF, 'hub': Hub(), 'args': argparse.Namespace(api_key='k', lr=0.1),
+        'max_new_tokens': 128,
+        'hub_token': HF,
+        'hub': Hub(),
+        'args': argparse.Namespace(api_key='k', lr=0.1),
         'ns': types.SimpleNamespace(client_secret={'a': 1}),
         'index_urls': ['https://pypi.org/simple', 'https://u:pw123@pypi.internal/simple'],
-        'pair': ('postgres://a:b@h/db', 3), 'tags': {'x', AWS_ID},
+        'pair': ('postgres://a:b@h/db', 3),
+        'tags': {'x', AWS_ID},
         'credentials': {'key_id': 'AKIDX', 'nested': [1, 'two', None, True], 'empty': ''},
-        'use_auth_token': True, 'access_token': None, 'revision': GIT_SHA, 'run_id': UUID,
+        'use_auth_token': True,
+        'access_token': None,
+        'revision': GIT_SHA,
+        'run_id': UUID,
         'https://u:pw@h': 'url as a key',
     }
     before = repr(data)
@@ -267,21 +465,57 @@ def test_key_classification_is_cached():
 # --------------------------------------------------------------------------- issue 23: scanners' formats, shapes
 
 
-@pytest.mark.parametrize('key', [
-    'KAGGLE_KEY', 'B2_APPLICATION_KEY', 'MLFLOW_TRACKING_TOKEN', 'mlflow_tracking_token', 'kaggle_key',
-    'ACME_API_KEY', 'ACME_SECRET_KEY', 'ACME_ACCESS_TOKEN', 'STRIPE_KEY', 'COMET_API_KEY', 'NEPTUNE_API_TOKEN',
-    'DATABRICKS_TOKEN', 'apiToken', 'X_TOKEN', 'GITHUB_API_KEY',
-])
+@pytest.mark.parametrize(
+    'key',
+    [
+        'KAGGLE_KEY',
+        'B2_APPLICATION_KEY',
+        'MLFLOW_TRACKING_TOKEN',
+        'mlflow_tracking_token',
+        'kaggle_key',
+        'ACME_API_KEY',
+        'ACME_SECRET_KEY',
+        'ACME_ACCESS_TOKEN',
+        'STRIPE_KEY',
+        'COMET_API_KEY',
+        'NEPTUNE_API_TOKEN',
+        'DATABRICKS_TOKEN',
+        'apiToken',
+        'X_TOKEN',
+        'GITHUB_API_KEY',
+    ],
+)
 def test_service_names_before_credential_words(key):
     assert is_secret_key(key)
 
 
-@pytest.mark.parametrize('key', [
-    'key_dim', 'keyword', 'passkey_retrieval_length', 'secret_sharing_rounds', 'max_tokens', 'token_budget',
-    'signature_name', 'sig_figs', 'PAD_TOKEN', 'EOS_TOKEN', 'SORT_KEY', 'image_key', 'text_key', 'key',
-    'num_key_value_heads', 'access_token_url', 'tokenizer', 'DEFAULT_IMAGE_TOKEN', 'DEFAULT_POINT_TOKEN',
-    'DEFAULT_IM_START_TOKEN', 'S3_BUCKET_KEY', 'PARTITION_KEY',
-])
+@pytest.mark.parametrize(
+    'key',
+    [
+        'key_dim',
+        'keyword',
+        'passkey_retrieval_length',
+        'secret_sharing_rounds',
+        'max_tokens',
+        'token_budget',
+        'signature_name',
+        'sig_figs',
+        'PAD_TOKEN',
+        'EOS_TOKEN',
+        'SORT_KEY',
+        'image_key',
+        'text_key',
+        'key',
+        'num_key_value_heads',
+        'access_token_url',
+        'tokenizer',
+        'DEFAULT_IMAGE_TOKEN',
+        'DEFAULT_POINT_TOKEN',
+        'DEFAULT_IM_START_TOKEN',
+        'S3_BUCKET_KEY',
+        'PARTITION_KEY',
+    ],
+)
 def test_ml_words_stay_ordinary(key):
     assert not is_secret_key(key)
 
@@ -295,8 +529,15 @@ def test_every_scanner_format_is_replaced_in_every_context():
     from credential_samples import samples, webhook_urls
 
     for name, value in samples().items():
-        for text in (value, f'x {value} y', f'"{value}"', f'k={value}&n=1', f'f({value})', f'{value}\n',
-                     f'clé {value} ü'):  # non-ASCII text takes the whole-line keyword scan
+        for text in (
+            value,
+            f'x {value} y',
+            f'"{value}"',
+            f'k={value}&n=1',
+            f'f({value})',
+            f'{value}\n',
+            f'clé {value} ü',
+        ):  # non-ASCII text takes the whole-line keyword scan
             if name == 'azure_ad_client_secret' and '&' in text:
                 continue  # gitleaks' own right-hand delimiters for this rule; a ?k=...& query is not one
             assert value not in redact_text(text), (name, text)
@@ -330,15 +571,28 @@ def test_pairs_written_the_way_code_writes_them(template, expected):
 
 
 KEPT_23 = [
-    'GITHUB_API_KEY=\nDYNATRACE_API_KEY=', 'snowflake.password=\njdbc.snowflake.url=',
-    'xoxb-12345-abcd234', 'xoxb-xxxxxxxxx-xxxxxxxxxx-xxxxxxxxxxxx', 'sk-ant-api03-abc123xyz', 'sk-ant-...abc123xyz',
-    '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;', 'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
-    'secret_sharing_rounds: 3', 'key_dim=64 keyword=foo',
+    'GITHUB_API_KEY=\nDYNATRACE_API_KEY=',
+    'snowflake.password=\njdbc.snowflake.url=',
+    'xoxb-12345-abcd234',
+    'xoxb-xxxxxxxxx-xxxxxxxxxx-xxxxxxxxxxxx',
+    'sk-ant-api03-abc123xyz',
+    'sk-ant-...abc123xyz',
+    '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;',
+    'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+    'secret_sharing_rounds: 3',
+    'key_dim=64 keyword=foo',
     "access_token_url='https://github.com/login/oauth/access_token'",
-    'max_tokens: 4096, token_budget: 100000', 'signature_name: serving_default', 'sig_figs=3',
-    GIT_SHA, UUID, 'a == b', 'x => y', 'if (token == null)',
+    'max_tokens: 4096, token_budget: 100000',
+    'signature_name: serving_default',
+    'sig_figs=3',
+    GIT_SHA,
+    UUID,
+    'a == b',
+    'x => y',
+    'if (token == null)',
     'Saving checkpoint to /data/checkpoints/llama2_7b_sft_lora_r16/ep3-ba1200-rank0.pt',
-    'model.layers.0.self_attn.q_proj.weight', 'https://hooks.slack.com/services/T000/B000/XXXX',
+    'model.layers.0.self_attn.q_proj.weight',
+    'https://hooks.slack.com/services/T000/B000/XXXX',
 ]
 
 
@@ -354,18 +608,34 @@ def test_structural_pairs_in_lists_and_mappings():
     data = {
         'argv': ['train.py', '--wandb-api-key', keys[0], '--run-name', 'token', '--lr', '0.1', '--hf_token', keys[1]],
         'argv_eq': ['--hub-token=' + keys[2], '--max-tokens=128'],
-        'env': [{'name': 'WANDB_API_KEY', 'value': keys[3]}, {'name': 'NCCL_DEBUG', 'value': 'INFO'},
-                {'name': 'HF_TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'hf', 'key': 'token'}}}],
+        'env': [
+            {'name': 'WANDB_API_KEY', 'value': keys[3]},
+            {'name': 'NCCL_DEBUG', 'value': 'INFO'},
+            {'name': 'HF_TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'hf', 'key': 'token'}}},
+        ],
         'ecs': [{'Name': 'KAGGLE_KEY', 'Value': keys[4]}],
         'docker': ['WANDB_API_KEY=' + keys[5], 'OMP_NUM_THREADS=8'],
-        'values_are_not_names': ['token', 'password', 'abc'], 'flag_then_flag': ('--password', '--verbose'),
+        'values_are_not_names': ['token', 'password', 'abc'],
+        'flag_then_flag': ('--password', '--verbose'),
     }
     got = build_redactor(True)(data)
-    assert got['argv'] == ['train.py', '--wandb-api-key', REDACTED, '--run-name', 'token', '--lr', '0.1',
-                           '--hf_token', REDACTED]
+    assert got['argv'] == [
+        'train.py',
+        '--wandb-api-key',
+        REDACTED,
+        '--run-name',
+        'token',
+        '--lr',
+        '0.1',
+        '--hf_token',
+        REDACTED,
+    ]
     assert got['argv_eq'] == ['--hub-token=***', '--max-tokens=128']
-    assert got['env'] == [{'name': 'WANDB_API_KEY', 'value': REDACTED}, {'name': 'NCCL_DEBUG', 'value': 'INFO'},
-                          data['env'][2]]
+    assert got['env'] == [
+        {'name': 'WANDB_API_KEY', 'value': REDACTED},
+        {'name': 'NCCL_DEBUG', 'value': 'INFO'},
+        data['env'][2],
+    ]
     assert got['ecs'] == [{'Name': 'KAGGLE_KEY', 'Value': REDACTED}]
     assert got['docker'] == ['WANDB_API_KEY=***', 'OMP_NUM_THREADS=8']
     assert got['values_are_not_names'] == ['token', 'password', 'abc']
@@ -374,8 +644,13 @@ def test_structural_pairs_in_lists_and_mappings():
 
 
 def test_references_to_where_a_secret_is_are_kept():
-    refs = {'POSTGRES_PASSWORD': '${POSTGRES_PASSWORD}', 'HF_TOKEN': '${{ secrets.HF_TOKEN }}', 'api_key': '$API_KEY',
-            'token': '{{ .Values.hubToken }}', 'password': '%DB_PASSWORD%'}
+    refs = {
+        'POSTGRES_PASSWORD': '${POSTGRES_PASSWORD}',
+        'HF_TOKEN': '${{ secrets.HF_TOKEN }}',
+        'api_key': '$API_KEY',
+        'token': '{{ .Values.hubToken }}',
+        'password': '%DB_PASSWORD%',
+    }
     assert build_redactor(True)(refs) == refs
     for text in ('password=${DB_PASSWORD} user=x', 'HF_TOKEN: ${{ secrets.HF_TOKEN }}', '{"password": "${X}"}'):
         assert redact_text(text) is text
@@ -396,8 +671,14 @@ def _internals():
 #: gitleaks' own false-positive examples (cmd/generate/config/rules/*.go at b58d3f10) for the rules we
 #: take: placeholders and look-alikes that its rules do not report, so neither do we.
 GITLEAKS_FALSE_POSITIVES = [
-    'xoxb-xxxxxxxxx-xxxxxxxxxx-xxxxxxxxxxxx', 'xoxb-xxx', 'xoxb-12345-abcd234', 'xoxb-xoxb-my-bot-token',
-    'xoxe.xoxp-1-SlackAppConfigurationAccessTokenHere', 'xoxe-1-xxx', 'xoxb-Slack_BOT_TOKEN', 'xoxb-abcdef-abcdef',
+    'xoxb-xxxxxxxxx-xxxxxxxxxx-xxxxxxxxxxxx',
+    'xoxb-xxx',
+    'xoxb-12345-abcd234',
+    'xoxb-xoxb-my-bot-token',
+    'xoxe.xoxp-1-SlackAppConfigurationAccessTokenHere',
+    'xoxe-1-xxx',
+    'xoxb-Slack_BOT_TOKEN',
+    'xoxb-abcdef-abcdef',
     'https://indieweb.org/images/3/35/2018-250-xoxo-indieweb-1.jpg',
     '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;',
     '                            _kHMSymptomhf_generatedByHomeAppForDebuggingPurposesKey,',
@@ -405,13 +686,19 @@ GITLEAKS_FALSE_POSITIVES = [
     'hf_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
     "const api_org_controller = require('../../controllers/api/index').organizations;",
     'api_org_96726c78_4ae3_402f_b08b_7a78c6903d2a.xml',
-    'ghp_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', 'gho_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+    'ghp_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+    'gho_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
     'github_pat_xxxxxxxxxxxxxxxxxxxxxx_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
-    'glpat-XXXXXXXXXXX-XXXXXXXX', 'glptt-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx', 'GR1348941XXXXXXXXXXXXXXXXXXXX',
-    'key = AKIAXXXXXXXXXXXXXXXX', 'TODAYINASIAASACKOFRICEFELLOVER',
+    'glpat-XXXXXXXXXXX-XXXXXXXX',
+    'glptt-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx',
+    'GR1348941XXXXXXXXXXXXXXXXXXXX',
+    'key = AKIAXXXXXXXXXXXXXXXX',
+    'TODAYINASIAASACKOFRICEFELLOVER',
     'discord=000000000000000000',
-    '   curl -sL --user "$1:$2" "$3" > "$4"', 'curl --user neo4j:[PASSWORD] http://[IP]:7474/db/data/',
-    'curl -u "${_username}:${_password}"', 'curl -k -X POST -I -u "SRVC_JENKINS:${APPID}"',
+    '   curl -sL --user "$1:$2" "$3" > "$4"',
+    'curl --user neo4j:[PASSWORD] http://[IP]:7474/db/data/',
+    'curl -u "${_username}:${_password}"',
+    'curl -k -X POST -I -u "SRVC_JENKINS:${APPID}"',
     "curl -sw '%{http_code}' -X POST --user '$USERNAME:$PASSWORD' $GItHUB_API_URL/$GIT_COMMIT --data",
     'curl -XGET -i -u "${{ env.ELK_ID }}:${{ build.env.ELK_PASS }}"',
     'curl -X POST --user "$(cat ./login.txt):$(cat ./password.txt)"',
@@ -476,12 +763,32 @@ def test_keyword_scan_finds_what_the_plain_definition_finds():
 
     rng = random.Random(23)
     keywords = list(_redact._RULES_BY_KEYWORD)
-    pieces = keywords + ['_', '-', '.', '/', ' ', '=', '~', ':', 'é', 'Q~', 'SG.', 'x', '7', 'llama2_7b_sft_lora_r16',
-                         'AbCdEfGhIjKlMnOpQrStUv', '0123456789abcdef0123', 'hooks.slack.com/', '.com']
+    pieces = keywords + [
+        '_',
+        '-',
+        '.',
+        '/',
+        ' ',
+        '=',
+        '~',
+        ':',
+        'é',
+        'Q~',
+        'SG.',
+        'x',
+        '7',
+        'llama2_7b_sft_lora_r16',
+        'AbCdEfGhIjKlMnOpQrStUv',
+        '0123456789abcdef0123',
+        'hooks.slack.com/',
+        '.com',
+    ]
     mismatches = []
     for _ in range(800):
-        text = ''.join(rng.choice(pieces) if rng.random() < 0.6 else rng.choice(keywords).upper()
-                       for _ in range(rng.randint(1, 12)))
+        text = ''.join(
+            rng.choice(pieces) if rng.random() < 0.6 else rng.choice(keywords).upper()
+            for _ in range(rng.randint(1, 12))
+        )
         found = _redact.found_keywords(text, _redact.map_runs(text))
         expected = _reference_keywords(text)
         if found != expected:
@@ -495,7 +802,7 @@ def test_microsoft_teams_webhook_secret_is_replaced_whole():
 
     ids = [str(uuid.uuid4()) for _ in range(3)]
     secret = uuid.uuid4().hex
-    url = (f'https://contoso.webhook.office.com/webhookb2/{ids[0]}@{ids[1]}/IncomingWebhook/{secret}/{ids[2]}')
+    url = f'https://contoso.webhook.office.com/webhookb2/{ids[0]}@{ids[1]}/IncomingWebhook/{secret}/{ids[2]}'
     for text in (f'notify: {url}', f'notify {url}/V2Ab3_kQ9-zz done', f'{{"teams_url": "{url}"}}'):
         out = redact_text(text)
         assert 'https://contoso.webhook.office.com/webhookb2/***' in out, out
@@ -526,27 +833,52 @@ ISSUE_35_CREDENTIAL_NAMED = [
     ('codecov_token: gs6kmm93hnj1ffqzvr60m8lo0xfqter4', 'codecov_token: ***'),
     ('hubspotToken=cb709239-e821-504a-3738-abedb076a0b9', 'hubspotToken=***'),
     ('bittrex_token: cpi68lwqbrk4b0038jvuhr2qu2civsuc', 'bittrex_token: ***'),
-    ('{"config.ini": "ASANA_TOKEN=1234567890123456\\nBACKUP_ENABLED=true"}',
-     '{"config.ini": "ASANA_TOKEN=***\\nBACKUP_ENABLED=true"}'),
+    (
+        '{"config.ini": "ASANA_TOKEN=1234567890123456\\nBACKUP_ENABLED=true"}',
+        '{"config.ini": "ASANA_TOKEN=***\\nBACKUP_ENABLED=true"}',
+    ),
     ('string adobeToken = "f5d504bcc6834ca915206358defe8061";', 'string adobeToken = "***";'),
-    ("krakenToken = 'xbx3+=2210derv_st/pa=4j1ggzndsa7emftpqsv9y74wvl/ouk6klu7j-f1w0yt0xqufzhkq1q/x2-02jtc'",
-     "krakenToken = '***'"),
-    ('authressToken="sc_1m71mqlqp6.44i6.acc_r37f5ypiu5.6y_78wfuh5rascjfkr5tnktyga-227-jpam0eyxf"',
-     'authressToken="***"'),
+    (
+        "krakenToken = 'xbx3+=2210derv_st/pa=4j1ggzndsa7emftpqsv9y74wvl/ouk6klu7j-f1w0yt0xqufzhkq1q/x2-02jtc'",
+        "krakenToken = '***'",
+    ),
+    (
+        'authressToken="sc_1m71mqlqp6.44i6.acc_r37f5ypiu5.6y_78wfuh5rascjfkr5tnktyga-227-jpam0eyxf"',
+        'authressToken="***"',
+    ),
     ('planetScale_token: pscale_pw_k2=9.xq_0vh3-mzt8=r1a.bc4w7yde5=gfs6', 'planetScale_token: ***'),
     ('sumoToken="suUrKthWqVykTK"', 'sumoToken="***"'),  # letters alone, drawn at random
 ]
 # ML settings under token- and key-ending names, and other values the value rule must leave alone.
 ISSUE_35_KEPT = [
-    'pad_token: "<pad>"', 'eos_token: "</s>"', 'bos_token: <|begin_of_text|>', 'cls_token: [CLS]',
-    'pad_token: <|finetune_right_pad_id|>', 'bos_token_id: 1', 'max_new_tokens: 512', 'pad_token=50256',
-    'tokenizer: meta-llama/Llama-3.1-8B', 'pad_token: eos_token', 'key: encoder.layer.11.output',
-    'key = jetbrains.mps.v8_elimination', 'schemaKey = "DOC_Vector_5_32"', 'hf_token_path: /data/hf/token2024',
-    'cache_key: 5f0c3a9e8b7d4c2e9a1f3e6d2b8c7a40', 'sort_key=created_at_2024', 'run_id: ' + UUID,
-    'dataset_id=' + UUID, 'revision: ' + GIT_SHA, 'output_key: checkpoints/llama2_7b/ep3-ba1200',
-    'tokens/s=51234 loss=1.2345', 'api_token: ${API_TOKEN}', 'tokenizer_token: PreTrainedTokenizerFast',
-    'pad_token: EndOfTextToken', 'eos_token: abcdefghijklmnop', 'manifest_key: hf://datasets/c4?split=train2',
-    'ckpt_key: C:\\runs\\llama2_7b\\ep3', 'url: https://huggingface.co/meta-llama/Llama-3.1-8B',
+    'pad_token: "<pad>"',
+    'eos_token: "</s>"',
+    'bos_token: <|begin_of_text|>',
+    'cls_token: [CLS]',
+    'pad_token: <|finetune_right_pad_id|>',
+    'bos_token_id: 1',
+    'max_new_tokens: 512',
+    'pad_token=50256',
+    'tokenizer: meta-llama/Llama-3.1-8B',
+    'pad_token: eos_token',
+    'key: encoder.layer.11.output',
+    'key = jetbrains.mps.v8_elimination',
+    'schemaKey = "DOC_Vector_5_32"',
+    'hf_token_path: /data/hf/token2024',
+    'cache_key: 5f0c3a9e8b7d4c2e9a1f3e6d2b8c7a40',
+    'sort_key=created_at_2024',
+    'run_id: ' + UUID,
+    'dataset_id=' + UUID,
+    'revision: ' + GIT_SHA,
+    'output_key: checkpoints/llama2_7b/ep3-ba1200',
+    'tokens/s=51234 loss=1.2345',
+    'api_token: ${API_TOKEN}',
+    'tokenizer_token: PreTrainedTokenizerFast',
+    'pad_token: EndOfTextToken',
+    'eos_token: abcdefghijklmnop',
+    'manifest_key: hf://datasets/c4?split=train2',
+    'ckpt_key: C:\\runs\\llama2_7b\\ep3',
+    'url: https://huggingface.co/meta-llama/Llama-3.1-8B',
 ]
 
 
@@ -561,17 +893,37 @@ def test_ml_values_under_credential_ending_keys_are_kept(text):
 
 
 def test_value_decided_keys_in_mappings_and_argv():
-    config = {'asanaToken': 'z9lkxw5skvp16r80utfkh9hmh79o6gmp', 'codecov_token': 'gs6kmm93hnj1ffqzvr60m8lo0xfqter4',
-              'pad_token': '<pad>', 'eos_token': '</s>', 'bos_token_id': 1, 'max_new_tokens': 512,
-              'tokenizer': 'meta-llama/Llama-3.1-8B', 'unk_token': '<unk>', 'pad_token_str': '[PAD]',
-              'argv': ['--asana-token', 'z9lkxw5skvp16r80utfkh9hmh79o6gmp', '--pad-token', '<pad>',
-                       '--max-new-tokens', '512']}
+    config = {
+        'asanaToken': 'z9lkxw5skvp16r80utfkh9hmh79o6gmp',
+        'codecov_token': 'gs6kmm93hnj1ffqzvr60m8lo0xfqter4',
+        'pad_token': '<pad>',
+        'eos_token': '</s>',
+        'bos_token_id': 1,
+        'max_new_tokens': 512,
+        'tokenizer': 'meta-llama/Llama-3.1-8B',
+        'unk_token': '<unk>',
+        'pad_token_str': '[PAD]',
+        'argv': [
+            '--asana-token',
+            'z9lkxw5skvp16r80utfkh9hmh79o6gmp',
+            '--pad-token',
+            '<pad>',
+            '--max-new-tokens',
+            '512',
+        ],
+    }
     got = build_redactor(True)(config)
-    assert got == {**config, 'asanaToken': REDACTED, 'codecov_token': REDACTED,
-                   'argv': ['--asana-token', REDACTED, '--pad-token', '<pad>', '--max-new-tokens', '512']}
+    assert got == {
+        **config,
+        'asanaToken': REDACTED,
+        'codecov_token': REDACTED,
+        'argv': ['--asana-token', REDACTED, '--pad-token', '<pad>', '--max-new-tokens', '512'],
+    }
     rows = [['a', 'gs6kmm93hnj1ffqzvr60m8lo0xfqter4', '<pad>'], ['b', '', '</s>']]
     assert build_redactor(True).table(['name', 'codecov_token', 'pad_token'], rows) == [
-        ['a', REDACTED, '<pad>'], ['b', '', '</s>']]
+        ['a', REDACTED, '<pad>'],
+        ['b', '', '</s>'],
+    ]
 
 
 ISSUE_35_PAIR_SYNTAXES = [
@@ -584,12 +936,16 @@ ISSUE_35_PAIR_SYNTAXES = [
     ('adafruit_TOKEN ?= "a78xq9fb5hdvxdewymrpgb54j0imu71_"', 'adafruit_TOKEN ?= "***"'),
     ('adafruit_TOKEN ::= "a78xq9fb5hdvxdewymrpgb54j0imu71_"', 'adafruit_TOKEN ::= "***"'),
     ('adafruit_TOKEN :::= "a78xq9fb5hdvxdewymrpgb54j0imu71_"', 'adafruit_TOKEN :::= "***"'),
-    ('System.setProperty("ADAFRUIT_TOKEN", "a78xq9fb5hdvxdewymrpgb54j0imu71_")',
-     'System.setProperty("ADAFRUIT_TOKEN", "***")'),
+    (
+        'System.setProperty("ADAFRUIT_TOKEN", "a78xq9fb5hdvxdewymrpgb54j0imu71_")',
+        'System.setProperty("ADAFRUIT_TOKEN", "***")',
+    ),
     ('<add key="Password" value="CleartextPassword1" />', '<add key="Password" value="***" />'),
     ('<entry name="asanaToken" value="z9lkxw5skvp16r80utfkh9hmh79o6gmp" />', '<entry name="asanaToken" value="***" />'),
-    ('curl -H "X-Octopus-ApiKey: 3a16750d-d363-41a4-8ebd-035408f7730f" https://h',
-     'curl -H "X-Octopus-ApiKey: ***" https://h'),
+    (
+        'curl -H "X-Octopus-ApiKey: 3a16750d-d363-41a4-8ebd-035408f7730f" https://h',
+        'curl -H "X-Octopus-ApiKey: ***" https://h',
+    ),
     ("curl --header 'Token: 3fea6af1349166ea' -d x=1", "curl --header 'Token: ***' -d x=1"),
 ]
 
@@ -600,12 +956,22 @@ def test_pair_syntaxes_of_issue_35(text, expected):
 
 
 def test_pair_syntaxes_keep_special_tokens_and_go_code():
-    for text in ('<pad_token>\n  <pad>\n</pad_token>', '<eos_token></s></eos_token>', 'padToken := "<pad>"',
-                 'maxTokens := 512', 'x := `multi word string`', '"eosToken" => "</s>"',
-                 '<add key="pad_token" value="&lt;pad&gt;" />', '<add key="Environment" value="prod" />',
-                 '<param name="max_tokens" value="512"/>', 'curl -H "Accept: application/json" -H "X-Request-Id: 42" u',
-                 'curl -H "X-Api-Key: $API_KEY" u', 'curl -H "Authorization: Bearer <Openverse API token>" u',
-                 'curl -H "Authorization: Bearer $(gcloud auth print-access-token)" u', 'curl -H "Token: <token>" u'):
+    for text in (
+        '<pad_token>\n  <pad>\n</pad_token>',
+        '<eos_token></s></eos_token>',
+        'padToken := "<pad>"',
+        'maxTokens := 512',
+        'x := `multi word string`',
+        '"eosToken" => "</s>"',
+        '<add key="pad_token" value="&lt;pad&gt;" />',
+        '<add key="Environment" value="prod" />',
+        '<param name="max_tokens" value="512"/>',
+        'curl -H "Accept: application/json" -H "X-Request-Id: 42" u',
+        'curl -H "X-Api-Key: $API_KEY" u',
+        'curl -H "Authorization: Bearer <Openverse API token>" u',
+        'curl -H "Authorization: Bearer $(gcloud auth print-access-token)" u',
+        'curl -H "Token: <token>" u',
+    ):
         assert redact_text(text) is text, text
 
 
@@ -700,22 +1066,54 @@ def test_gitleaks_example_reader_evaluates_rule_sources():
 def test_which_keys_are_decided_by_their_value():
     from dist_logging.redaction._keys import names_credential_by_value
 
-    for key in ('asanaToken', 'confluent_TOKEN', 'codecov_token', 'ACCESSTOKEN', 'secretkey', 'bittrex_key',
-                'hubspot_api_key_2', 'mySecretString', 'db_pass', 'KEY', 'pad_token'):
+    for key in (
+        'asanaToken',
+        'confluent_TOKEN',
+        'codecov_token',
+        'ACCESSTOKEN',
+        'secretkey',
+        'bittrex_key',
+        'hubspot_api_key_2',
+        'mySecretString',
+        'db_pass',
+        'KEY',
+        'pad_token',
+    ):
         assert names_credential_by_value(key), key
-    for key in ('passkey', 'monkey', 'bypass', 'torch_compat', 'sort_key', 'cache_key', 'max_new_tokens',
-                'bos_token_id', 'tokenizer', 'token_path', 'hf_token_file', 'key_dim', 'tokens'):
+    for key in (
+        'passkey',
+        'monkey',
+        'bypass',
+        'torch_compat',
+        'sort_key',
+        'cache_key',
+        'max_new_tokens',
+        'bos_token_id',
+        'tokenizer',
+        'token_path',
+        'hf_token_file',
+        'key_dim',
+        'tokens',
+    ):
         assert not names_credential_by_value(key), key
 
 
 def test_kubernetes_secret_manifests_are_concealed():
     """``kind: Secret``: every value under ``data``/``stringData`` is a secret, whatever its key."""
-    manifest = {'apiVersion': 'v1', 'kind': 'Secret', 'metadata': {'name': 'hf-credentials'},
-                'type': 'Opaque', 'data': {'extra': 'YWRtaW46cGFzc3dvcmQ=', '.dockercfg': 'eyJhdXRocyI6e30K'},
-                'stringData': {'config.yaml': 'user: admin'}}
+    manifest = {
+        'apiVersion': 'v1',
+        'kind': 'Secret',
+        'metadata': {'name': 'hf-credentials'},
+        'type': 'Opaque',
+        'data': {'extra': 'YWRtaW46cGFzc3dvcmQ=', '.dockercfg': 'eyJhdXRocyI6e30K'},
+        'stringData': {'config.yaml': 'user: admin'},
+    }
     got = build_redactor(True)({'manifests': [manifest]})['manifests'][0]
-    assert got == {**manifest, 'data': {'extra': REDACTED, '.dockercfg': REDACTED},
-                   'stringData': {'config.yaml': REDACTED}}
+    assert got == {
+        **manifest,
+        'data': {'extra': REDACTED, '.dockercfg': REDACTED},
+        'stringData': {'config.yaml': REDACTED},
+    }
     config_map = {'apiVersion': 'v1', 'kind': 'ConfigMap', 'data': {'extra': 'lr=3e-4'}}
     assert build_redactor(True)(config_map) == config_map
 

@@ -24,8 +24,16 @@ import struct
 import zlib
 from typing import Any, Iterator, Optional
 
-__all__ = ['FILE_HEADER', 'BLOCK_SIZE', 'WandbLogError', 'iter_chunks_payloads', 'read_records', 'find_run_file',
-           'RunLog', 'write_log']
+__all__ = [
+    'FILE_HEADER',
+    'BLOCK_SIZE',
+    'WandbLogError',
+    'iter_chunks_payloads',
+    'read_records',
+    'find_run_file',
+    'RunLog',
+    'write_log',
+]
 
 MAGIC = 0xBEE1
 FILE_HEADER = b':W&B' + struct.pack('<H', MAGIC)  # followed by one version byte
@@ -56,7 +64,7 @@ def iter_chunks_payloads(data: bytes) -> Iterator[bytes]:
     pending: Optional[list[bytes]] = None
     block_start = 0
     while block_start < len(body):
-        block = body[block_start:block_start + BLOCK_SIZE]
+        block = body[block_start : block_start + BLOCK_SIZE]
         offset = 0
         while len(block) - offset >= CHUNK_HEADER_SIZE:
             crc, length, kind = struct.unpack_from('<IHB', block, offset)
@@ -80,8 +88,9 @@ def iter_chunks_payloads(data: bytes) -> Iterator[bytes]:
                 pending = [payload]
             elif kind in (MIDDLE, LAST):
                 if pending is None:
-                    raise WandbLogError(f'chunk at byte {where}: {"middle" if kind == MIDDLE else "last"} '
-                                        'chunk without a first one')
+                    raise WandbLogError(
+                        f'chunk at byte {where}: {"middle" if kind == MIDDLE else "last"} chunk without a first one'
+                    )
                 pending.append(payload)
                 if kind == LAST:
                     yield b''.join(pending)

@@ -56,9 +56,23 @@ FILES = [
 
 # Names that stand for Composer's training loop: a test using any of them is not portable.
 TRAINER_NAMES = {
-    'Trainer', 'Engine', 'Evaluator', 'SimpleModel', 'SimpleConvModel', 'RandomClassificationDataset',
-    'RandomImageDataset', 'DataLoader', 'device', 'OptimizerMonitor', 'SpeedMonitor', 'DecoupledAdamW',
-    'MetricCollection', 'disable_env_report', 'callback_class', 'get_cb_kwargs', 'callback_settings',
+    'Trainer',
+    'Engine',
+    'Evaluator',
+    'SimpleModel',
+    'SimpleConvModel',
+    'RandomClassificationDataset',
+    'RandomImageDataset',
+    'DataLoader',
+    'device',
+    'OptimizerMonitor',
+    'SpeedMonitor',
+    'DecoupledAdamW',
+    'MetricCollection',
+    'disable_env_report',
+    'callback_class',
+    'get_cb_kwargs',
+    'callback_settings',
 }
 
 # Where a Composer module's names are looked for in dist_logging, in order.
@@ -274,8 +288,9 @@ def get_object_store_ctx(object_store_cls, object_store_kwargs, monkeypatch, tmp
         yield
 '''
 
-_IMPORT = re.compile(r'^(?P<indent>[ \t]*)from (?P<module>(?:composer|tests)[\w.]*) import (?P<names>\([^)]*\)|[^\n]*)',
-                     re.MULTILINE)
+_IMPORT = re.compile(
+    r'^(?P<indent>[ \t]*)from (?P<module>(?:composer|tests)[\w.]*) import (?P<names>\([^)]*\)|[^\n]*)', re.MULTILINE
+)
 _PLAIN_IMPORT = re.compile(r'^(?P<indent>[ \t]*)import (?P<module>composer[\w.]*)[ \t]*$', re.MULTILINE)
 
 
@@ -336,8 +351,12 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     portable: dict[str, bool] = {}
     for path in FILES:
-        source = subprocess.run(['git', '--git-dir', args.composer, 'show', f'{args.tag}:{path}'], check=True,
-                                capture_output=True, text=True).stdout
+        source = subprocess.run(
+            ['git', '--git-dir', args.composer, 'show', f'{args.tag}:{path}'],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         name = os.path.basename(path)
         for test, ok in portable_tests(source).items():
             portable[f'{name}::{test}'] = ok
@@ -353,10 +372,23 @@ def main() -> int:
         handle.write('[pytest]\naddopts = -p no:cacheprovider\ntimeout = 120\n')
 
     report = os.path.join(args.out, 'report.jsonl')
-    command = [sys.executable, '-m', 'pytest', '-q', '-n', '0', '-rN', '--rootdir', args.out,
-               '--continue-on-collection-errors',
-               '-p', 'no:randomly', f'--junitxml={os.path.join(args.out, "junit.xml")}', args.out,
-               *args.pytest_args.split()]
+    command = [
+        sys.executable,
+        '-m',
+        'pytest',
+        '-q',
+        '-n',
+        '0',
+        '-rN',
+        '--rootdir',
+        args.out,
+        '--continue-on-collection-errors',
+        '-p',
+        'no:randomly',
+        f'--junitxml={os.path.join(args.out, "junit.xml")}',
+        args.out,
+        *args.pytest_args.split(),
+    ]
     subprocess.run(command, cwd=args.out)
     cases = _read_junit(os.path.join(args.out, 'junit.xml'))
     with open(report, 'w') as handle:
@@ -380,10 +412,12 @@ def main() -> int:
     print('\n'.join(lines))
     cases_passed = sum(c['outcome'] == 'passed' for c in cases if portable.get(c['test']))
     cases_total = sum(1 for c in cases if portable.get(c['test']) and c['outcome'] != 'skipped')
-    print(textwrap.dedent(f'''
+    print(
+        textwrap.dedent(f'''
         portable tests (functions): {passed} of {passed + failed} pass
         their cases: {cases_passed} of {cases_total} pass (skipped cases not counted)
-        not portable (Trainer machinery): {sum(not ok for ok in portable.values())} test functions'''))
+        not portable (Trainer machinery): {sum(not ok for ok in portable.values())} test functions''')
+    )
     return 0
 
 
@@ -400,8 +434,14 @@ def _read_junit(path: str) -> list[dict[str, str]]:
                 outcome = 'failed'
             elif child.tag == 'skipped':
                 outcome = 'skipped'
-        cases.append({'test': f"{file}::{name.split('[')[0]}", 'case': name, 'outcome': outcome,
-                      'message': next((c.get('message', '')[:300] for c in case if c.tag != 'system-out'), '')})
+        cases.append(
+            {
+                'test': f"{file}::{name.split('[')[0]}",
+                'case': name,
+                'outcome': outcome,
+                'message': next((c.get('message', '')[:300] for c in case if c.tag != 'system-out'), ''),
+            }
+        )
     return cases
 
 

@@ -40,10 +40,24 @@ import redaction_at  # noqa: E402
 from import_gitleaks_rules import to_python  # noqa: E402
 
 PINNED_COMMIT = 'b58d3f102cf3a2c84cb7f923d05c25c9b1aed84b'  # the commit _gitleaks_formats.py was generated from
-PAIR_TEMPLATES = {'ini - quoted1', 'ini - quoted2', 'ini - unquoted1', 'ini - unquoted2', 'json - string',
-                  'json - escaped newline in string', 'yaml - singleline - unquoted',
-                  'yaml - singleline - single quote', 'yaml - singleline - double quote', 'C#', 'go - normal', 'java',
-                  'kotlin - notype', 'python - single quote', 'python - double quote', 'make - recursive assignment'}
+PAIR_TEMPLATES = {
+    'ini - quoted1',
+    'ini - quoted2',
+    'ini - unquoted1',
+    'ini - unquoted2',
+    'json - string',
+    'json - escaped newline in string',
+    'yaml - singleline - unquoted',
+    'yaml - singleline - single quote',
+    'yaml - singleline - double quote',
+    'C#',
+    'go - normal',
+    'java',
+    'kotlin - notype',
+    'python - single quote',
+    'python - double quote',
+    'make - recursive assignment',
+}
 
 
 def cause_of(example: gitleaks_examples.Example) -> str:
@@ -112,18 +126,34 @@ def measure(git_dir: str, commit: str, code_at: Optional[str] = None, seed: int 
                 caught = (secret not in out) if secret else out != example.text
             else:
                 secret, source, caught = '', '', out != example.text
-            rows.append({'rule': example.rule, 'positive': example.positive, 'syntax': example.syntax,
-                         'text': example.text, 'out': out, 'secret': secret, 'secret_from': source, 'caught': caught})
+            rows.append(
+                {
+                    'rule': example.rule,
+                    'positive': example.positive,
+                    'syntax': example.syntax,
+                    'text': example.text,
+                    'out': out,
+                    'secret': secret,
+                    'secret_from': source,
+                    'caught': caught,
+                }
+            )
     positives = [r for r in rows if r['positive']]
     misses = [r for r in positives if not r['caught']]
-    by_cause = collections.Counter(cause_of(gitleaks_examples.Example(r['rule'], r['text'], True, r['syntax'], None))
-                                   for r in misses)
-    totals = collections.Counter(cause_of(gitleaks_examples.Example(r['rule'], r['text'], True, r['syntax'], None))
-                                 for r in positives)
+    by_cause = collections.Counter(
+        cause_of(gitleaks_examples.Example(r['rule'], r['text'], True, r['syntax'], None)) for r in misses
+    )
+    totals = collections.Counter(
+        cause_of(gitleaks_examples.Example(r['rule'], r['text'], True, r['syntax'], None)) for r in positives
+    )
     return {
-        'commit': commit, 'seed': seed, 'code_at': code_at or 'this tree', 'rules': len(rules),
+        'commit': commit,
+        'seed': seed,
+        'code_at': code_at or 'this tree',
+        'rules': len(rules),
         'skipped': {r.rule: r.skipped for r in rules if r.skipped},
-        'positives': len(positives), 'redacted': len(positives) - len(misses),
+        'positives': len(positives),
+        'redacted': len(positives) - len(misses),
         'percent': round(100 * (len(positives) - len(misses)) / len(positives), 2),
         'by_cause': {cause: {'examples': totals[cause], 'missed': by_cause[cause]} for cause in sorted(totals)},
         'missed_by_rule': collections.Counter(r['rule'] for r in misses).most_common(),
@@ -142,8 +172,13 @@ def freeze(result: dict, path: str) -> None:
         for row in result['rows']:
             if row['positive'] and row['secret']:
                 cause = cause_of(gitleaks_examples.Example(row['rule'], row['text'], True, row['syntax'], None))
-                handle.write(json.dumps({'rule': row['rule'], 'cause': cause, 'text': row['text'],
-                                         'secret': row['secret']}, sort_keys=True) + '\n')
+                handle.write(
+                    json.dumps(
+                        {'rule': row['rule'], 'cause': cause, 'text': row['text'], 'secret': row['secret']},
+                        sort_keys=True,
+                    )
+                    + '\n'
+                )
 
 
 def main() -> None:
@@ -154,16 +189,21 @@ def main() -> None:
     parser.add_argument('--seed', type=int, default=35)
     parser.add_argument('--json')
     parser.add_argument('--misses', type=int, default=0, help='print this many missed examples per cause')
-    parser.add_argument('--freeze', metavar='PATH',
-                        help='also write the true positives (rule, syntax, cause, text, secret) as gzipped JSON lines: '
-                             'the corpus tests/test_redact.py scores without a gitleaks checkout')
+    parser.add_argument(
+        '--freeze',
+        metavar='PATH',
+        help='also write the true positives (rule, syntax, cause, text, secret) as gzipped JSON lines: '
+        'the corpus tests/test_redact.py scores without a gitleaks checkout',
+    )
     args = parser.parse_args()
     result = measure(args.git_dir, args.commit, args.code_at, args.seed)
     if args.freeze:
         freeze(result, args.freeze)
-    print(f"{result['redacted']} of {result['positives']} true positives redacted ({result['percent']} %), "
-          f"{result['rules']} rules; false positives changed: {result['false_positives_changed']} of "
-          f"{result['false_positives']}")
+    print(
+        f"{result['redacted']} of {result['positives']} true positives redacted ({result['percent']} %), "
+        f"{result['rules']} rules; false positives changed: {result['false_positives_changed']} of "
+        f"{result['false_positives']}"
+    )
     for cause, counts in result['by_cause'].items():
         print(f"  {cause}: {counts['missed']} missed of {counts['examples']}")
     print('  skipped statements:', result['skipped'] or 'none')

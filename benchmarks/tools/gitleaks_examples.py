@@ -165,8 +165,11 @@ class _Generator:
                 out.append(self.rng.choice(self._PRINTABLE))
             elif op is sre_constants.IN:
                 out.append(self.rng.choice(self._class(arg)))
-            elif op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT, getattr(sre_constants, 'POSSESSIVE_REPEAT',
-                                                                                     None)):
+            elif op in (
+                sre_constants.MAX_REPEAT,
+                sre_constants.MIN_REPEAT,
+                getattr(sre_constants, 'POSSESSIVE_REPEAT', None),
+            ):
                 low, high, body = arg
                 high = low + 1 if high == sre_constants.MAXREPEAT else high
                 out.extend(self._emit(body, groups) for _ in range(self.rng.randint(low, high)))
@@ -204,7 +207,8 @@ def plausible_secret(draw: Callable[[str], str], regex: str) -> str:
 
 # --------------------------------------------------------------------------- a Go expression subset
 
-_TOKEN = re.compile(r'''
+_TOKEN = re.compile(
+    r'''
     (?P<space>[ \t\r]+|//[^\n]*|/\*.*?\*/)
   | (?P<newline>\n)
   | (?P<raw>`[^`]*`)
@@ -213,7 +217,9 @@ _TOKEN = re.compile(r'''
   | (?P<number>\d+(?:\.\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op>\.\.\.|:=|\+=|==|!=|<=|>=|&&|\|\||[-+*/%(){}\[\],.:;=<>!&|^])
-''', re.S | re.X)
+''',
+    re.S | re.X,
+)
 
 
 def _go_string(literal: str) -> str:
@@ -225,8 +231,18 @@ def _go_string(literal: str) -> str:
 
 def _unescape(match: re.Match) -> str:
     code = match.group(1)
-    simple = {'n': '\n', 't': '\t', 'r': '\r', '\\': '\\', '"': '"', "'": "'", 'a': '\a', 'b': '\b', 'f': '\f',
-              'v': '\v'}
+    simple = {
+        'n': '\n',
+        't': '\t',
+        'r': '\r',
+        '\\': '\\',
+        '"': '"',
+        "'": "'",
+        'a': '\a',
+        'b': '\b',
+        'f': '\f',
+        'v': '\v',
+    }
     if code in simple:
         return simple[code]
     if code[0] in 'xu':
@@ -377,9 +393,14 @@ class _Parser:
 
     def call(self, name: str, args: list[Any]) -> Any:
         short = name.rsplit('.', 1)[-1]
-        sizes = {'Numeric': '[0-9]{%s}', 'Hex': '[a-f0-9]{%s}', 'AlphaNumeric': '[a-z0-9]{%s}',
-                 'AlphaNumericExtendedShort': '[a-z0-9_-]{%s}', 'AlphaNumericExtended': '[a-z0-9=_\\-]{%s}',
-                 'AlphaNumericExtendedLong': '[a-z0-9\\/=_\\+\\-]{%s}'}
+        sizes = {
+            'Numeric': '[0-9]{%s}',
+            'Hex': '[a-f0-9]{%s}',
+            'AlphaNumeric': '[a-z0-9]{%s}',
+            'AlphaNumericExtendedShort': '[a-z0-9_-]{%s}',
+            'AlphaNumericExtended': '[a-z0-9=_\\-]{%s}',
+            'AlphaNumericExtendedLong': '[a-z0-9\\/=_\\+\\-]{%s}',
+        }
         if name.startswith('utils.') and short in sizes:
             return sizes[short] % args[0]
         if name == 'utils.Hex8_4_4_4_12':
@@ -445,7 +466,7 @@ def _functions(tokens: list[tuple[str, str]]) -> list[tuple[str, list[tuple[str,
                     if depth == 0:
                         break
                 k += 1
-            out.append((name, tokens[j + 1:k]))
+            out.append((name, tokens[j + 1 : k]))
             i = k + 1
         else:
             i += 1
@@ -513,7 +534,7 @@ def _assignments(statements: list[list[tuple[str, str]]]) -> list[tuple[str, lis
                 continue
             equals = next((i for i, t in enumerate(statement) if t[1] == '='), None)
             if equals is not None:
-                out.append((statement[1][1], statement[equals + 1:]))
+                out.append((statement[1][1], statement[equals + 1 :]))
                 continue
         if len(statement) >= 3 and statement[0][0] == 'name' and statement[1][1] in (':=', '='):
             out.append((statement[0][1], statement[2:]))
@@ -522,8 +543,9 @@ def _assignments(statements: list[list[tuple[str, str]]]) -> list[tuple[str, lis
     return out
 
 
-def _evaluate(statements: list[list[tuple[str, str]]], env: dict[str, Any], draw: Callable[[str], str],
-              skipped: list[str]) -> None:
+def _evaluate(
+    statements: list[list[tuple[str, str]]], env: dict[str, Any], draw: Callable[[str], str], skipped: list[str]
+) -> None:
     """Run the assignments of ``statements`` into ``env``; what cannot be evaluated goes to ``skipped``."""
     for target, expression in _assignments(statements):
         if not target:
@@ -555,8 +577,12 @@ def _jwt_base64_examples(body: list[tuple[str, str]], draw: Callable[[str], str]
         for value in values:
             header = '{"%s":%s}' % (key, value)
             jwt = (base64.urlsafe_b64encode(header.encode()).decode().rstrip('=') + jwt_suffix).encode()
-            examples += [base64.b64encode(jwt).decode(), base64.b64encode(jwt).decode().rstrip('='),
-                         base64.urlsafe_b64encode(jwt).decode(), base64.urlsafe_b64encode(jwt).decode().rstrip('=')]
+            examples += [
+                base64.b64encode(jwt).decode(),
+                base64.b64encode(jwt).decode().rstrip('='),
+                base64.urlsafe_b64encode(jwt).decode(),
+                base64.urlsafe_b64encode(jwt).decode().rstrip('='),
+            ]
     return examples
 
 
@@ -567,14 +593,21 @@ def rule_examples(source: str, draw: Callable[[str], str]) -> list[RuleExamples]
     functions = _functions(tokens)
     # Package-level ``var x = ...`` declarations (cloudflare.go's example lists): the statements outside functions.
     top: dict[str, Any] = {}
-    _evaluate([statement for statement in _statements(_outside_functions(tokens)) if statement[0] == ('name', 'var')],
-              top, draw, [])
+    _evaluate(
+        [statement for statement in _statements(_outside_functions(tokens)) if statement[0] == ('name', 'var')],
+        top,
+        draw,
+        [],
+    )
     for function, body in functions:
         if function == 'generateTestValues':
             top['generateTestValues'] = _jwt_base64_examples(body, draw)
     for function, body in functions:
-        rule_ids = [_go_string(body[i + 2][1]) for i in range(len(body) - 2)
-                    if body[i][1] == 'RuleID' and body[i + 1][1] == ':' and body[i + 2][0] in ('string', 'raw')]
+        rule_ids = [
+            _go_string(body[i + 2][1])
+            for i in range(len(body) - 2)
+            if body[i][1] == 'RuleID' and body[i + 1][1] == ':' and body[i + 2][0] in ('string', 'raw')
+        ]
         if not rule_ids:
             continue
         env: dict[str, Any] = dict(top)
@@ -585,23 +618,35 @@ def rule_examples(source: str, draw: Callable[[str], str]) -> list[RuleExamples]
             for text in env.get(name) or []:
                 if not isinstance(text, str):
                     continue
-                examples.append(Example(rule_ids[0], str(text), positive, getattr(text, 'syntax', 'literal'),
-                                        getattr(text, 'secret', None)))
+                examples.append(
+                    Example(
+                        rule_ids[0],
+                        str(text),
+                        positive,
+                        getattr(text, 'syntax', 'literal'),
+                        getattr(text, 'secret', None),
+                    )
+                )
         out.append(RuleExamples(rule_ids[0], function, examples, skipped))
     return out
 
 
 def git_show(git_dir: str, commit: str, path: str) -> str:
     """A file of the gitleaks git directory at ``commit``."""
-    return subprocess.run(['git', '--git-dir', git_dir, 'show', f'{commit}:{path}'], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ['git', '--git-dir', git_dir, 'show', f'{commit}:{path}'], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def load(git_dir: str, commit: str, seed: int = 35) -> list[RuleExamples]:
     """Every rule's examples at ``commit`` of a gitleaks git directory (secrets drawn with ``seed``)."""
     _check_templates(git_show(git_dir, commit, 'cmd/generate/config/utils/generate.go'))
-    listing = subprocess.run(['git', '--git-dir', git_dir, 'ls-tree', '--name-only', f'{commit}:{RULES_DIR}'],
-                             check=True, capture_output=True, text=True).stdout.split()
+    listing = subprocess.run(
+        ['git', '--git-dir', git_dir, 'ls-tree', '--name-only', f'{commit}:{RULES_DIR}'],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     draw = _Generator(random.Random(seed))
     out = []
     for name in sorted(listing):

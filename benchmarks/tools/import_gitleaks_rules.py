@@ -25,8 +25,11 @@ import tomllib
 
 # Rules that need context we handle elsewhere, or that would redact ordinary values:
 SKIP = {
-    'curl-auth-header', 'curl-auth-user',  # handled by the pair rule (``-H "Authorization: ..."``, ``--user u:p``)
-    'kubernetes-secret-yaml', 'nuget-config-password', 'freemius-secret-key',  # document-shaped, key-named
+    'curl-auth-header',
+    'curl-auth-user',  # handled by the pair rule (``-H "Authorization: ..."``, ``--user u:p``)
+    'kubernetes-secret-yaml',
+    'nuget-config-password',
+    'freemius-secret-key',  # document-shaped, key-named
     'facebook-access-token',  # keyword-gated on the word "facebook" anywhere in the file
     'sourcegraph-access-token',  # its bare alternative is any 40-hex string: a git commit
     'pkcs12-file',  # a file-path rule, no regex
@@ -50,7 +53,7 @@ def _group_end(pattern: str, start: int) -> int:
             in_class = c != ']'
         elif c == '[':
             in_class = True
-            if pattern[i + 1:i + 2] == ']':
+            if pattern[i + 1 : i + 2] == ']':
                 i += 1
         elif c == '(':
             depth += 1
@@ -73,13 +76,13 @@ def to_python(pattern: str) -> str:
     pattern = pattern.replace('\\z', '\\Z').replace('[[:alnum:]]', '[A-Za-z0-9]')
     if pattern.startswith('(?:^|['):  # a consumed left delimiter -> a look-behind
         end = pattern.index('])', 6)
-        pattern = '(?<![^' + pattern[6:end] + '])' + pattern[end + 2:]
+        pattern = '(?<![^' + pattern[6:end] + '])' + pattern[end + 2 :]
     if pattern.startswith('(?i)'):
         pattern = '(?i:' + pattern[4:] + ')'
     while '(?i)' in pattern:
         at = pattern.index('(?i)')
         end = _group_end(pattern, at + 4)
-        pattern = pattern[:at] + '(?i:' + pattern[at + 4:end] + ')' + pattern[end:]
+        pattern = pattern[:at] + '(?i:' + pattern[at + 4 : end] + ')' + pattern[end:]
     pattern = pattern.replace('(?-i:', '(?-i:')
     return pattern
 
@@ -99,9 +102,11 @@ def main(path: str, version: str, commit: str) -> None:
         '',
         f'SOURCE = {{\'name\': \'gitleaks\', \'version\': {version!r}, \'commit\': {commit!r},',
         "          'url': 'https://github.com/gitleaks/gitleaks/blob/' + "
-        + repr(commit) + " + '/config/gitleaks.toml'}",
+        + repr(commit)
+        + " + '/config/gitleaks.toml'}",
         '',
-        'RULES = (']
+        'RULES = (',
+    ]
     for rule in config['rules']:
         regex = rule.get('regex')
         if not regex or rule['id'] in SKIP or _CONTEXT in regex:

@@ -20,8 +20,9 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def _show(commit: str, path: str) -> str:
     try:
-        return subprocess.run(['git', '-C', str(REPO_ROOT), 'show', f'{commit}:{path}'], check=True,
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            ['git', '-C', str(REPO_ROOT), 'show', f'{commit}:{path}'], check=True, capture_output=True, text=True
+        ).stdout
     except subprocess.CalledProcessError as exc:
         raise ValueError(f'{path} is not in commit {commit!r} of {REPO_ROOT}: {exc.stderr.strip()}') from None
 

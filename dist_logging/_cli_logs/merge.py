@@ -10,8 +10,15 @@ import os
 import time
 from typing import IO, Callable, Iterator, Optional, Sequence
 
-from dist_logging._cli_logs.sources import (LogSource, Record, LineParser, ensure_open_file_limit, find_log_files,
-                                            format_ranks, read_records)
+from dist_logging._cli_logs.sources import (
+    LogSource,
+    Record,
+    LineParser,
+    ensure_open_file_limit,
+    find_log_files,
+    format_ranks,
+    read_records,
+)
 from dist_logging._log_line import CONTINUATION, level_number, utc_iso
 
 __all__ = ['Group', 'merge_records', 'Collapser', 'format_group', 'merge_logs', 'follow_logs', 'DEFAULT_WINDOW']
@@ -156,9 +163,16 @@ def _selector(ranks: Optional[frozenset[int]], min_level: Optional[int]) -> Call
     return keep
 
 
-def merge_logs(paths: Sequence[str], out: IO[str], *, ranks: Optional[frozenset[int]] = None,
-               min_level: Optional[int] = None, collapse: bool = True, window: float = DEFAULT_WINDOW,
-               all_attempts: bool = False) -> int:
+def merge_logs(
+    paths: Sequence[str],
+    out: IO[str],
+    *,
+    ranks: Optional[frozenset[int]] = None,
+    min_level: Optional[int] = None,
+    collapse: bool = True,
+    window: float = DEFAULT_WINDOW,
+    all_attempts: bool = False,
+) -> int:
     """Write the merged stream of ``paths`` to ``out``; return the number of lines (groups) written.
 
     Lines of FileLogger logs at steps a later resume marker supersedes (the resumed run logged those
@@ -228,10 +242,18 @@ class _Tail:
             self.handle = None
 
 
-def follow_logs(paths: Sequence[str], out: IO[str], *, ranks: Optional[frozenset[int]] = None,
-                min_level: Optional[int] = None, collapse: bool = True, window: float = DEFAULT_WINDOW,
-                poll_interval: float = 0.25, rescan_interval: float = 2.0,
-                should_stop: Callable[[], bool] = lambda: False) -> int:
+def follow_logs(
+    paths: Sequence[str],
+    out: IO[str],
+    *,
+    ranks: Optional[frozenset[int]] = None,
+    min_level: Optional[int] = None,
+    collapse: bool = True,
+    window: float = DEFAULT_WINDOW,
+    poll_interval: float = 0.25,
+    rescan_interval: float = 2.0,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> int:
     """Like :func:`merge_logs`, then keep reading as the files grow (and as new files appear in folders).
 
     Polls every ``poll_interval`` seconds until ``should_stop()`` is true (the CLI sets it on

@@ -11,8 +11,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from dist_logging._log_line import CONTINUATION, HEADER_RE, parse_utc_iso
 
-__all__ = ['Record', 'LogSource', 'parse_ranks', 'format_ranks', 'find_log_files', 'read_records',
-           'resume_markers']
+__all__ = ['Record', 'LogSource', 'parse_ranks', 'format_ranks', 'find_log_files', 'read_records', 'resume_markers']
 
 _SNIFF_BYTES = 1 << 16
 _RANK_IN_NAME = re.compile(r'(?:^|[^a-z0-9])rank[-_]?(\d+)(?![0-9])', re.IGNORECASE)
@@ -20,8 +19,29 @@ _TEXT_LINE = re.compile(r'\[([A-Za-z_][A-Za-z0-9_]*)\]')
 _TEXT_STEP = re.compile(r'\[metric\]\[batch=(\d+)\]')
 # FileLogger's resume marker (text), and the first superseded step it names.
 _TEXT_RESUME = re.compile(r'\[resume\]: .*: steps >= (\d+) written above are superseded')
-_SKIP_EXTENSIONS = frozenset({'.png', '.jpg', '.jpeg', '.csv', '.pt', '.pth', '.bin', '.safetensors', '.npy',
-                              '.npz', '.gz', '.zip', '.tar', '.pkl', '.db', '.json', '.yaml', '.yml', '.lock'})
+_SKIP_EXTENSIONS = frozenset(
+    {
+        '.png',
+        '.jpg',
+        '.jpeg',
+        '.csv',
+        '.pt',
+        '.pth',
+        '.bin',
+        '.safetensors',
+        '.npy',
+        '.npz',
+        '.gz',
+        '.zip',
+        '.tar',
+        '.pkl',
+        '.db',
+        '.json',
+        '.yaml',
+        '.yml',
+        '.lock',
+    }
+)
 
 
 def parse_ranks(text: str) -> frozenset[int]:
@@ -83,8 +103,16 @@ class Record:
 
     __slots__ = ('time', 'rank', 'level', 'logger', 'message', 'step', 'line')
 
-    def __init__(self, time: Optional[float], rank: int, level: str, logger: Optional[str], message: str,
-                 step: Optional[int] = None, line: int = 0):
+    def __init__(
+        self,
+        time: Optional[float],
+        rank: int,
+        level: str,
+        logger: Optional[str],
+        message: str,
+        step: Optional[int] = None,
+        line: int = 0,
+    ):
         self.time = time
         self.rank = rank
         self.level = level
@@ -181,8 +209,16 @@ class LineParser:
         if match is not None:
             rank = self.source.rank if self.source.rank is not None else 0
             step = _TEXT_STEP.match(line)
-            return self._start(Record(None, rank, match.group(1).upper(), None, line[match.end():].lstrip(': '),
-                                      int(step.group(1)) if step else None))
+            return self._start(
+                Record(
+                    None,
+                    rank,
+                    match.group(1).upper(),
+                    None,
+                    line[match.end() :].lstrip(': '),
+                    int(step.group(1)) if step else None,
+                )
+            )
         if self.pending is None:
             return self._orphan(line)
         self.lines.append(line)
@@ -218,8 +254,7 @@ class LineParser:
 
 
 # ---------------------------------------------------------------------------- finding files
-def find_log_files(paths: Sequence[str], *, allow_empty: bool = False,
-                   known: Iterable[str] = ()) -> list[LogSource]:
+def find_log_files(paths: Sequence[str], *, allow_empty: bool = False, known: Iterable[str] = ()) -> list[LogSource]:
     """The per-rank log files named by ``paths`` (files, or folders searched recursively).
 
     In a folder, a file is taken when its first line is a record of a known format (tables,
@@ -250,8 +285,10 @@ def find_log_files(paths: Sequence[str], *, allow_empty: bool = False,
         else:
             first = _first_line(path)
             if first is not None and sniff_line(first) is None:
-                raise ValueError(f'{path!r} is not a log written by setup_logging or FileLogger (its first line '
-                                 f'is {first[:80].rstrip()!r})')
+                raise ValueError(
+                    f'{path!r} is not a log written by setup_logging or FileLogger (its first line '
+                    f'is {first[:80].rstrip()!r})'
+                )
             if os.path.realpath(path) not in seen:
                 seen.add(os.path.realpath(path))
                 found.append(path)
@@ -268,8 +305,10 @@ def find_log_files(paths: Sequence[str], *, allow_empty: bool = False,
             nameless.append(path)
         sources.append(source)
     if len(nameless) > 1:
-        raise ValueError(f'cannot tell which rank wrote {nameless[0]!r} and {nameless[1]!r}: name per-rank logs '
-                         'with {rank} (e.g. logs-rank{rank}.txt)')
+        raise ValueError(
+            f'cannot tell which rank wrote {nameless[0]!r} and {nameless[1]!r}: name per-rank logs '
+            'with {rank} (e.g. logs-rank{rank}.txt)'
+        )
     return sources
 
 
@@ -306,8 +345,10 @@ def ensure_open_file_limit(count: int) -> None:
     if allowed > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (allowed, hard))
     if allowed < needed:
-        raise ValueError(f'{count} log files must be open at once but this process may open at most {hard} files '
-                         '(ulimit -Hn); raise that limit, or merge fewer ranks at a time with --ranks')
+        raise ValueError(
+            f'{count} log files must be open at once but this process may open at most {hard} files '
+            '(ulimit -Hn); raise that limit, or merge fewer ranks at a time with --ranks'
+        )
 
 
 # ---------------------------------------------------------------------------- reading and merging

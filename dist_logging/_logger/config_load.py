@@ -24,7 +24,7 @@ ConfigSource = Union[str, os.PathLike, Mapping[str, Any]]
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-    target: str                    # 'module:Class'
+    target: str  # 'module:Class'
     packages: tuple[tuple[str, str], ...] = ()  # (importable module, pip extra)
     side_effect_free: bool = True  # may be constructed by `dist-logging validate`
 
@@ -46,8 +46,9 @@ DESTINATION_TYPES: dict[str, _Entry] = {
 _SPECIAL_TOP_LEVEL = ('destinations', 'upload')
 
 
-def register_destination(name: str, target: Union[str, type], *, packages: tuple[tuple[str, str], ...] = (),
-                         side_effect_free: bool = False) -> None:
+def register_destination(
+    name: str, target: Union[str, type], *, packages: tuple[tuple[str, str], ...] = (), side_effect_free: bool = False
+) -> None:
     """Make ``type: name`` in configs build ``target``.
 
     Args:
@@ -106,8 +107,10 @@ def interpolate_env(value: Any, path: str = '', environ: Optional[Mapping[str, s
         if op == '-' and current is None:
             return default
         if current is None:
-            raise ValueError(f'{path or "<root>"}: environment variable {name} is not set '
-                             f'(write ${{{name}:-default}} to give a default)')
+            raise ValueError(
+                f'{path or "<root>"}: environment variable {name} is not set '
+                f'(write ${{{name}:-default}} to give a default)'
+            )
         return current
 
     whole = _ENV_REF.fullmatch(value)
@@ -202,15 +205,18 @@ def _resolve_class(path: str, type_name: Any) -> tuple[str, type, _Entry]:
         if ':' not in type_name:
             close = difflib.get_close_matches(type_name, list(DESTINATION_TYPES), n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}? " if close else ''
-            raise ValueError(f'{path}.type: unknown destination type {type_name!r}; {hint}known types: '
-                             f'{", ".join(sorted(DESTINATION_TYPES))} (or a class as \'package.module:Class\')')
+            raise ValueError(
+                f'{path}.type: unknown destination type {type_name!r}; {hint}known types: '
+                f'{", ".join(sorted(DESTINATION_TYPES))} (or a class as \'package.module:Class\')'
+            )
         entry = _Entry(type_name, side_effect_free=False)
     module_name, _, class_name = entry.target.partition(':')
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ImportError(f'{path}.type: {type_name!r} needs module {module_name!r}, which cannot be imported: '
-                          f'{exc}') from exc
+        raise ImportError(
+            f'{path}.type: {type_name!r} needs module {module_name!r}, which cannot be imported: {exc}'
+        ) from exc
     cls: Any = module
     for part in class_name.split('.'):
         cls = getattr(cls, part, None)
@@ -252,8 +258,10 @@ def _remote_packages(path: str, kwargs: Mapping[str, Any]) -> tuple[tuple[str, s
     uri = kwargs.get('bucket_uri')
     if uri is None:
         if kwargs.get('object_store') is None:
-            raise ValueError(f'{path}: needs bucket_uri (file:///abs/path, a local path, s3://bucket/prefix, or a '
-                             'scheme fsspec implements)')
+            raise ValueError(
+                f'{path}: needs bucket_uri (file:///abs/path, a local path, s3://bucket/prefix, or a '
+                'scheme fsspec implements)'
+            )
         return ()
     from dist_logging.object_store import split_bucket_uri
 
@@ -387,8 +395,10 @@ def build_logger(logger_cls: type, source: Union[ConfigSource, LoggerConfig], ov
     params, _ = _init_parameters(logger_cls)
     for key in overrides:
         if key not in params or key == 'destinations':
-            raise TypeError(f'logger_from_config: unknown override {key!r}; Logger takes '
-                            f'{", ".join(k for k in params if k != "destinations")}')
+            raise TypeError(
+                f'logger_from_config: unknown override {key!r}; Logger takes '
+                f'{", ".join(k for k in params if k != "destinations")}'
+            )
     kwargs = {**config.logger_kwargs, **overrides}
     destinations = build_destinations(config)
     return logger_cls(destinations, **kwargs)
@@ -396,5 +406,7 @@ def build_logger(logger_cls: type, source: Union[ConfigSource, LoggerConfig], ov
 
 def package_status(config: LoggerConfig) -> dict[str, tuple[bool, str]]:
     """Module -> (importable, pip extra) for the optional packages the config needs (no import is done)."""
-    return {module: (importlib.util.find_spec(module) is not None, extra)
-            for module, extra in required_packages(config).items()}
+    return {
+        module: (importlib.util.find_spec(module) is not None, extra)
+        for module, extra in required_packages(config).items()
+    }

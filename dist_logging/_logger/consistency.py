@@ -29,6 +29,7 @@ def canonical_json(value: Any) -> str:
     Object reprs lose their memory address (``<Foo object at 0x7f..>``) so that equal
     objects on different ranks compare equal.
     """
+
     def fallback(obj: Any) -> str:
         return _ADDRESS.sub('', format_log_data_value(obj))
 
@@ -39,8 +40,9 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), 'big')  # < 2**63
 
 
-def check_hyperparameters(hparams: Mapping[str, Any],
-                          group: dist.LoggingGroup) -> Optional[dict[str, list[dict[str, Any]]]]:
+def check_hyperparameters(
+    hparams: Mapping[str, Any], group: dist.LoggingGroup
+) -> Optional[dict[str, list[dict[str, Any]]]]:
     """Compare ``hparams`` across ranks (a collective: every rank must call it).
 
     Args:

@@ -67,9 +67,25 @@ import torch
 import torch.distributed as torch_dist
 
 from dist_logging import dist
-from dist_logging._logger.gather_layout import (ACC, COUNT, HEADER, REDUCTIONS, SPEC, STEP, TENSORS, Layout, Results,
-                                                as_table, combine, group_results, local_results, pack_flush,
-                                                scatter_device_values, to_vector, unpack_values)
+from dist_logging._logger.gather_layout import (
+    ACC,
+    COUNT,
+    HEADER,
+    REDUCTIONS,
+    SPEC,
+    STEP,
+    TENSORS,
+    Layout,
+    Results,
+    as_table,
+    combine,
+    group_results,
+    local_results,
+    pack_flush,
+    scatter_device_values,
+    to_vector,
+    unpack_values,
+)
 from dist_logging._logger.summaries import summarize_gathered
 from dist_logging._values import check_metric_key, metric_scalar
 from dist_logging.errors import DistributedLoggingError
@@ -83,7 +99,6 @@ IDLE_FLUSHES_BEFORE_DROP = 100
 
 #: The longest gap, in batches, between automatic flushes that found nothing to reduce.
 MAX_FLUSH_GAP = 1024
-
 
 
 class FlushSchedule:
@@ -138,8 +153,23 @@ class FlushSchedule:
 class _Flight:
     """One flush whose collectives were issued: what completing it needs."""
 
-    __slots__ = ('seq', 'position', 'what', 'layout', 'header', 'held', 'payload', 'works', 'tensors',
-                 'gather_out', 'host', 'event', 'deadline', 'group', 'device')
+    __slots__ = (
+        'seq',
+        'position',
+        'what',
+        'layout',
+        'header',
+        'held',
+        'payload',
+        'works',
+        'tensors',
+        'gather_out',
+        'host',
+        'event',
+        'deadline',
+        'group',
+        'device',
+    )
 
 
 class MetricGatherer:
@@ -189,7 +219,8 @@ class MetricGatherer:
             raise RuntimeError(
                 f'log_metrics(reduce={reduce!r}) combines values across ranks, but WORLD_SIZE is '
                 f'{dist.get_world_size()} and torch.distributed is not initialized: call '
-                'torch.distributed.init_process_group() first, or log with reduce=None')
+                'torch.distributed.init_process_group() first, or log with reduce=None'
+            )
         if step is not None:
             if isinstance(step, bool) or not isinstance(step, numbers.Integral):
                 raise TypeError(f'step must be an int or None, got {type(step).__name__} {step!r}')
@@ -201,8 +232,10 @@ class MetricGatherer:
                 check_metric_key(key)
             entry = buffer.get(key)
             if entry is not None and entry[SPEC][0] != reduce:
-                raise ValueError(f'metric {key!r} was logged with reduce={entry[SPEC][0]!r} since the last flush; '
-                                 f'it cannot also be reduced with {reduce!r} before the next flush')
+                raise ValueError(
+                    f'metric {key!r} was logged with reduce={entry[SPEC][0]!r} since the last flush; '
+                    f'it cannot also be reduced with {reduce!r} before the next flush'
+                )
             kind = type(value)
             if kind is float or kind is int:
                 value = float(value)
@@ -320,8 +353,9 @@ class MetricGatherer:
             self._device, self._keep_tensors = device, device.type != 'cpu'
         return group, device
 
-    def _issue(self, buffered: dict[str, list[Any]], position: int, layout: Layout,
-               seq: Optional[int] = None) -> _Flight:
+    def _issue(
+        self, buffered: dict[str, list[Any]], position: int, layout: Layout, seq: Optional[int] = None
+    ) -> _Flight:
         """Pack ``buffered`` along ``layout`` and issue the flush's collectives (async)."""
         group, device = self._reduction_target()
         if not self._keep_tensors:
@@ -338,8 +372,9 @@ class MetricGatherer:
         body, sums_counts, gathered, device_values = pack_flush(layout, buffered, flight.held)
         payload = b''
         if flight.held:
-            payload = json.dumps([[key, entry[SPEC][0]] for key, entry in flight.held.items()],
-                                 separators=(',', ':')).encode()
+            payload = json.dumps(
+                [[key, entry[SPEC][0]] for key, entry in flight.held.items()], separators=(',', ':')
+            ).encode()
         flight.payload = payload
         header = [float(flight.seq), float(position), layout.digest, float(len(payload)), 1.0 if buffered else 0.0]
         flight.header = header
@@ -401,9 +436,9 @@ class MetricGatherer:
         if top[:3] != [-x for x in top[5:8]]:
             self._identify(flight)  # raises
         self.last_had_data = top[4] > 0
-        steps, levels = top[HEADER:HEADER + K], top[HEADER + K:HEADER + 2 * K]
-        extrema = top[HEADER + 2 * K:HEADER + 2 * K + E]
-        nans = top[HEADER + 2 * K + E:]
+        steps, levels = top[HEADER : HEADER + K], top[HEADER + K : HEADER + 2 * K]
+        extrema = top[HEADER + 2 * K : HEADER + 2 * K + E]
+        nans = top[HEADER + 2 * K + E :]
         sums = host['sum'].tolist() if S else []
         table = None
         if layout.n_gather and self._group.rank == 0:
@@ -421,8 +456,13 @@ class MetricGatherer:
             values.update(new_values)
             used_by_key = dict(zip(layout.keys, used))
             used_by_key.update(new_used)
-        if emit_rank and self.summarize_above is not None and values and self._group.active \
-                and torch_dist.get_world_size() > self.summarize_above:
+        if (
+            emit_rank
+            and self.summarize_above is not None
+            and values
+            and self._group.active
+            and torch_dist.get_world_size() > self.summarize_above
+        ):
             gather_keys = [k for k, op in (layout_dict or layout.as_dict()).items() if op == 'gather']
             self.per_rank.update(summarize_gathered(values, gather_keys, torch_dist.get_world_size()))
         if layout_dict is not None:
@@ -439,8 +479,14 @@ class MetricGatherer:
             conflicting keys under '__conflicts__'), {key: used})``.
         """
         layout = flight.layout
-        blobs = self._group.all_gather_bytes(flight.payload, length, None, f'{flight.what}: agreeing on new keys',
-                                             group=flight.group, device=flight.device)
+        blobs = self._group.all_gather_bytes(
+            flight.payload,
+            length,
+            None,
+            f'{flight.what}: agreeing on new keys',
+            group=flight.group,
+            device=flight.device,
+        )
         # Ranks usually propose the same new keys: decode each distinct list once, in the order
         # of the first rank that sent it (a repeat adds nothing to the merge below).
         proposals = [json.loads(blob) for blob in dict.fromkeys(blobs) if blob]
@@ -459,11 +505,16 @@ class MetricGatherer:
                     conflicts.add(key)
                 new_layout[key] = op
         if conflicts and self._group.rank == 0:
-            warnings.warn(f'metrics {sorted(conflicts)} were logged with different reduce= on different ranks '
-                          'in the same flush; they are dropped from this flush', RuntimeWarning, stacklevel=5)
+            warnings.warn(
+                f'metrics {sorted(conflicts)} were logged with different reduce= on different ranks '
+                'in the same flush; they are dropped from this flush',
+                RuntimeWarning,
+                stacklevel=5,
+            )
         sub_layout = Layout({key: op for key, op in first.items() if key not in conflicts})
-        held = {key: entry for key, entry in flight.held.items()
-                if key in sub_layout.index and entry[SPEC][0] == first[key]}
+        held = {
+            key: entry for key, entry in flight.held.items() if key in sub_layout.index and entry[SPEC][0] == first[key]
+        }
         sub = self._issue(held, flight.position, sub_layout, seq=flight.seq)
         sub.what = f'{flight.what}: reducing new keys'
         values = self._finish_sub(sub)
@@ -481,16 +532,24 @@ class MetricGatherer:
         table = None
         if layout.n_gather:
             table = as_table(host['gather_out']).numpy()
-        return unpack_values(layout, top[HEADER:HEADER + K], top[HEADER + K:HEADER + 2 * K],
-                       host['sum'].tolist() if S else [], top[HEADER + 2 * K:HEADER + 2 * K + E],
-                       top[HEADER + 2 * K + E:], table)
+        return unpack_values(
+            layout,
+            top[HEADER : HEADER + K],
+            top[HEADER + K : HEADER + 2 * K],
+            host['sum'].tolist() if S else [],
+            top[HEADER + 2 * K : HEADER + 2 * K + E],
+            top[HEADER + 2 * K + E :],
+            table,
+        )
 
     def _identify(self, flight: _Flight) -> None:
         """Ranks are at different flushes or hold different layouts: name them (every rank raises)."""
         mine = to_vector(flight.header[:3], flight.device)
         try:
-            rows = [row.tolist() for row in self._group.all_gather(mine, f'{flight.what}: naming the ranks that differ',
-                                                                    flight.group)]
+            rows = [
+                row.tolist()
+                for row in self._group.all_gather(mine, f'{flight.what}: naming the ranks that differ', flight.group)
+            ]
         finally:
             self._reset()
         positions = [(int(position), int(seq)) for seq, position, _ in rows]
@@ -501,7 +560,9 @@ class MetricGatherer:
             odd = [rank for rank, d in enumerate(digests) if d != reference]
             raise DistributedLoggingError(
                 f'{flight.what}: ranks {odd} hold another metric layout than the others; was a Logger '
-                're-created on some ranks only? The gather state was reset', odd)
+                're-created on some ranks only? The gather state was reset',
+                odd,
+            )
         counts = collections.Counter(positions)
         # The most common position is the flush in question (ties: the earliest); the other
         # ranks skipped it, or called an extra one.
@@ -511,7 +572,9 @@ class MetricGatherer:
         detail = ', '.join(f'rank {r}: step {p} flush #{s}' for r, (p, s) in enumerate(positions))
         raise DistributedLoggingError(
             f'flush at step {reference[0]} (flush #{reference[1]}): ranks {odd} did not reach this flush '
-            f'(they are at another one: {detail}); every rank must flush at the same points', odd)
+            f'(they are at another one: {detail}); every rank must flush at the same points',
+            odd,
+        )
 
     def _reset(self) -> None:
         self._layout = Layout({})
@@ -540,5 +603,3 @@ def _wait_event(event: Any, deadline: float, what: str, group: dist.LoggingGroup
         if time.monotonic() > deadline:
             raise group._failure(what, RuntimeError('timed out waiting for the device-to-host copy'))
         time.sleep(0.0002)
-
-

@@ -47,8 +47,20 @@ def combine(op: str, acc: Any, value: float) -> float:
 class Layout:
     """An ordered ``key -> reduce`` with each key's position in its section, built only when it changes."""
 
-    __slots__ = ('keys', 'ops', 'codes', 'index', 'digest', 'pos', 'n_sum', 'n_ext', 'n_gather', 'code_array',
-                 'pos_array', 'key_array')
+    __slots__ = (
+        'keys',
+        'ops',
+        'codes',
+        'index',
+        'digest',
+        'pos',
+        'n_sum',
+        'n_ext',
+        'n_gather',
+        'code_array',
+        'pos_array',
+        'key_array',
+    )
 
     def __init__(self, layout: Mapping[str, str]):
         self.keys = list(layout)
@@ -151,8 +163,14 @@ def to_vector(values: Any, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
-def scatter_device_values(vectors: dict[str, torch.Tensor], device_values: list[tuple[str, int, float, torch.Tensor]],
-             device: torch.device, K: int, S: int, E: int) -> None:
+def scatter_device_values(
+    vectors: dict[str, torch.Tensor],
+    device_values: list[tuple[str, int, float, torch.Tensor]],
+    device: torch.device,
+    K: int,
+    S: int,
+    E: int,
+) -> None:
     """Fold tensors that stayed on their device into the packed vectors, on ``device``.
 
     One stack per dtype and a few index kernels: no per-key kernel, no host synchronization.
@@ -173,8 +191,9 @@ def scatter_device_values(vectors: dict[str, torch.Tensor], device_values: list[
             nan = torch.isnan(signed)
             base = HEADER + 2 * K
             index = to_vector([float(base + s) for s, _, _ in items], device).long()
-            vectors['max'].scatter_reduce_(0, index, torch.where(nan, torch.full_like(signed, _NEG_INF), signed),
-                                           reduce='amax')
+            vectors['max'].scatter_reduce_(
+                0, index, torch.where(nan, torch.full_like(signed, _NEG_INF), signed), reduce='amax'
+            )
             vectors['max'].scatter_reduce_(0, index + E, nan.to(torch.float64), reduce='amax')
         else:
             index = to_vector([float(3 * s) for s, _, _ in items], device).long()
@@ -202,8 +221,15 @@ def as_table(rows: Any) -> torch.Tensor:
     return rows[0]._base if rows[0]._base is not None and rows[0]._base.shape[0] == len(rows) else torch.stack(rows)
 
 
-def unpack_values(layout: Layout, steps: list[float], levels: list[float], sums: list[float], extrema: list[float],
-            nans: list[float], table: Optional[np.ndarray]) -> dict[str, tuple[float, float, float]]:
+def unpack_values(
+    layout: Layout,
+    steps: list[float],
+    levels: list[float],
+    sums: list[float],
+    extrema: list[float],
+    nans: list[float],
+    table: Optional[np.ndarray],
+) -> dict[str, tuple[float, float, float]]:
     """Reduced values of the keys somebody logged: ``{name: (value, step, level)}`` (rank zero only).
 
     NaN and inf pass through: a NaN on any rank makes mean/sum/min/max NaN.
@@ -229,12 +255,15 @@ def unpack_values(layout: Layout, steps: list[float], levels: list[float], sums:
             else:
                 values[mask] = np.where(nan_array[p] > 0, math.nan, ext_array[p] if code == _MAX else -ext_array[p])
     plain = logged & (codes != _GATHER)
-    out: dict[str, tuple[float, float, float]] = dict(zip(
-        layout.key_array[plain].tolist(),
-        zip(values[plain].tolist(), step_array[plain].tolist(), level_array[plain].tolist())))
+    out: dict[str, tuple[float, float, float]] = dict(
+        zip(
+            layout.key_array[plain].tolist(),
+            zip(values[plain].tolist(), step_array[plain].tolist(), level_array[plain].tolist()),
+        )
+    )
     if table is not None:
         for i in np.flatnonzero(logged & (codes == _GATHER)).tolist():
-            column, key, step, level = table[:, 3 * pos[i]:3 * pos[i] + 3], layout.keys[i], steps[i], levels[i]
+            column, key, step, level = table[:, 3 * pos[i] : 3 * pos[i] + 3], layout.keys[i], steps[i], levels[i]
             for rank in np.flatnonzero(column[:, 1] > 0).tolist():
                 out[f'{key}/rank{rank}'] = (float(column[rank, 0]), step, level)
     return out

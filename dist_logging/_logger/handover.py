@@ -52,7 +52,8 @@ def folder_names(remote_prefix: str, local_dir: Union[str, pathlib.Path], state:
         ValueError: a bad template or an escaping name.
     """
     remote = validate_object_name(
-        format_name_with_dist_and_time(remote_prefix, state.run_name, state.timestamp).strip('/'))
+        format_name_with_dist_and_time(remote_prefix, state.run_name, state.timestamp).strip('/')
+    )
     local = format_name_with_dist_and_time(os.fspath(local_dir), state.run_name, state.timestamp)
     if not os.path.isdir(local):
         raise NotADirectoryError(f'upload_folder: {local!r} is not a folder')
@@ -92,8 +93,12 @@ def hand_folder(router: Router, state: State, remote: str, local: str, commit: b
             if callable(getattr(destination, 'upload_folder', None)):
                 destination.upload_folder(state, remote, local, commit=commit, copy=copy)  # type: ignore[attr-defined]
                 continue
-            warnings.warn(f'upload_folder({remote!r}): {destination!r} has no upload_folder; its files are '
-                          'uploaded one by one, without a commit', RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f'upload_folder({remote!r}): {destination!r} has no upload_folder; its files are '
+                'uploaded one by one, without a commit',
+                RuntimeWarning,
+                stacklevel=3,
+            )
             for path in _files_under(local):
                 rel = os.path.relpath(path, local).replace(os.sep, '/')
                 _hand_one(router, destination, state, f'{remote}/{rel}', path, True, copy)
@@ -115,8 +120,9 @@ def _files_under(local: str) -> Sequence[str]:
     return found
 
 
-def _hand_one(router: Router, destination: LoggerDestination, state: State, remote: str, local: str,
-              overwrite: bool, copy: bool) -> Any:
+def _hand_one(
+    router: Router, destination: LoggerDestination, state: State, remote: str, local: str, overwrite: bool, copy: bool
+) -> Any:
     if router.takes_copy(destination):
         # Destinations that take copy= also take the path as a str (building a pathlib.Path
         # costs more than the whole hand-over).

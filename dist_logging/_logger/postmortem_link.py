@@ -24,8 +24,12 @@ def check_reason(reason: Any) -> str:
     Raises:
         ValueError: anything else (named).
     """
-    if not isinstance(reason, str) or not reason or len(reason) > 64 or not reason.replace('-', '').replace(
-            '_', '').isalnum():
+    if (
+        not isinstance(reason, str)
+        or not reason
+        or len(reason) > 64
+        or not reason.replace('-', '').replace('_', '').isalnum()
+    ):
         raise ValueError(f'capture_postmortem: reason must be a short word (letters, digits, - and _), got {reason!r}')
     return reason
 
@@ -40,8 +44,9 @@ def check_hang_timeout(value: Any) -> None:
         raise ValueError(f'hang_timeout must be a positive number of seconds or None, got {value!r}')
 
 
-def make_recorder(router: Router, state: State, group: Any, gatherer: Any, hang_timeout: Optional[float],
-                  enabled: bool) -> Optional[Recorder]:
+def make_recorder(
+    router: Router, state: State, group: Any, gatherer: Any, hang_timeout: Optional[float], enabled: bool
+) -> Optional[Recorder]:
     """The Logger's recorder (None when this rank has no destination that takes files), started when ``enabled``.
 
     Raises:
@@ -71,33 +76,50 @@ def make_recorder(router: Router, state: State, group: Any, gatherer: Any, hang_
                 'failed': sorted(getattr(destination, 'failed_uploads', dict)())[:20],
             }
         return {
-            'timestamp': dataclasses.asdict(state.timestamp) if dataclasses.is_dataclass(state.timestamp) else
-            str(state.timestamp),
+            'timestamp': dataclasses.asdict(state.timestamp)
+            if dataclasses.is_dataclass(state.timestamp)
+            else str(state.timestamp),
             'logger_age_seconds': round(time.time() - started, 3),
             'logging_collectives': getattr(group, 'collective_count', None),
             'flush_in_flight': getattr(gatherer, 'in_flight', None),
             'uploads': uploads,
-            'destination_failures': [f'{type(d).__name__}: {type(e).__name__}: {e}'
-                                     for d, e in router.failures.values()],
+            'destination_failures': [
+                f'{type(d).__name__}: {type(e).__name__}: {e}' for d, e in router.failures.values()
+            ],
         }
 
     check_hang_timeout(hang_timeout)
     if not router.uploaders:
         if enabled:
-            warnings.warn('Logger(hang_timeout=/postmortem=): no destination on this rank takes files, so there is '
-                          'nowhere to deliver a postmortem; add a RemoteUploaderDownloader', RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                'Logger(hang_timeout=/postmortem=): no destination on this rank takes files, so there is '
+                'nowhere to deliver a postmortem; add a RemoteUploaderDownloader',
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return None
-    recorder = Recorder(run_name=state.run_name, rank=dist.get_global_rank(), world_size=dist.get_world_size(),
-                        attempt=dist.get_attempt(), deliver=deliver, wait_delivered=wait_delivered, events=events,
-                        progress=lambda: (state.timestamp.batch, state.timestamp.epoch), hang_timeout=hang_timeout,
-                        roster=group.roster)
+    recorder = Recorder(
+        run_name=state.run_name,
+        rank=dist.get_global_rank(),
+        world_size=dist.get_world_size(),
+        attempt=dist.get_attempt(),
+        deliver=deliver,
+        wait_delivered=wait_delivered,
+        events=events,
+        progress=lambda: (state.timestamp.batch, state.timestamp.epoch),
+        hang_timeout=hang_timeout,
+        roster=group.roster,
+    )
     if enabled:
         recorder.start()
         group.add_failure_listener(recorder.on_logging_error)
         if hang_timeout is not None and not group.watch(recorder.tick, hang_timeout):
-            warnings.warn('Logger(hang_timeout=...): no process group (and so no watch thread): the hang watchdog '
-                          'is off; the other postmortem triggers stay on', RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                'Logger(hang_timeout=...): no process group (and so no watch thread): the hang watchdog '
+                'is off; the other postmortem triggers stay on',
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return recorder
 
 

@@ -46,13 +46,17 @@ def parse_state(saved: Any) -> tuple[Timestamp, str, str, int]:
         ValueError: a missing or unknown key, or a bad value (each named).
     """
     if not isinstance(saved, Mapping):
-        raise TypeError(f'Logger.load_state_dict: expected a mapping (what Logger.state_dict() returned), '
-                        f'got {type(saved).__name__}')
+        raise TypeError(
+            f'Logger.load_state_dict: expected a mapping (what Logger.state_dict() returned), '
+            f'got {type(saved).__name__}'
+        )
     unknown = sorted(str(key) for key in saved if key not in STATE_KEYS)
     missing = [key for key in STATE_KEYS if key not in saved]
     if unknown or missing:
-        raise ValueError(f'Logger.load_state_dict: unknown key(s) {unknown}, missing key(s) {missing}; '
-                         f'the Logger saves {list(STATE_KEYS)}')
+        raise ValueError(
+            f'Logger.load_state_dict: unknown key(s) {unknown}, missing key(s) {missing}; '
+            f'the Logger saves {list(STATE_KEYS)}'
+        )
     if _number(saved['format'], 'format') != FORMAT:
         raise ValueError(f'Logger.load_state_dict: state format {saved["format"]!r} is not {FORMAT}')
     counters = saved['timestamp']
@@ -94,8 +98,15 @@ class PendingResume:
         and is superseded; otherwise the steps after the restored count are.
         """
         superseded_from = self.step if first_step == self.step else self.step + 1
-        return ResumeInfo(step=self.step, superseded_from=superseded_from, resume=self.resume, attempt=self.attempt,
-                          saved_attempt=self.saved_attempt, run_name=self.run_name, time=time.time())
+        return ResumeInfo(
+            step=self.step,
+            superseded_from=superseded_from,
+            resume=self.resume,
+            attempt=self.attempt,
+            saved_attempt=self.saved_attempt,
+            run_name=self.run_name,
+            time=time.time(),
+        )
 
 
 class PendingRoutes:

@@ -69,10 +69,13 @@ class ResumeMethods:
         self._check_open()
         timestamp, run_name, saved_attempt, resumes = parse_state(state_dict)
         if run_name != self.run_name:
-            warnings.warn(f'Logger.load_state_dict: the checkpoint was saved by run {run_name!r}, this Logger is '
-                          f'run {self.run_name!r}: its destinations continue under {self.run_name!r} (pass '
-                          f'run_name={run_name!r} to the Logger to continue the saved run\'s logs)',
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f'Logger.load_state_dict: the checkpoint was saved by run {run_name!r}, this Logger is '
+                f'run {self.run_name!r}: its destinations continue under {self.run_name!r} (pass '
+                f'run_name={run_name!r} to the Logger to continue the saved run\'s logs)',
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._begin_resume(timestamp, resumes + 1, saved_attempt)
 
     def resume_at(self, step: int, *, epoch: int = 0, sample: int = 0, token: int = 0) -> None:
@@ -97,16 +100,21 @@ class ResumeMethods:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f'Logger.resume_at: {name} must be an int >= 0, got {value!r}')
         first_epoch = epoch == 0
-        timestamp = Timestamp(epoch=epoch, batch=step, batch_in_epoch=step if first_epoch else 0, sample=sample,
-                              sample_in_epoch=sample if first_epoch else 0, token=token,
-                              token_in_epoch=token if first_epoch else 0)
+        timestamp = Timestamp(
+            epoch=epoch,
+            batch=step,
+            batch_in_epoch=step if first_epoch else 0,
+            sample=sample,
+            sample_in_epoch=sample if first_epoch else 0,
+            token=token,
+            token_in_epoch=token if first_epoch else 0,
+        )
         self._begin_resume(timestamp, self._resumes + 1, None)
 
     def _begin_resume(self, timestamp: Timestamp, resumes: int, saved_attempt: Optional[str]) -> None:
         self.state.timestamp = timestamp
         self._resumes = resumes
-        self._pending_resume = PendingResume(timestamp.batch, resumes, dist.get_attempt(), saved_attempt,
-                                             self.run_name)
+        self._pending_resume = PendingResume(timestamp.batch, resumes, dist.get_attempt(), saved_attempt, self.run_name)
         # Until the first step is logged the hot path takes the slow branch (no route), which settles the resume.
         self._batch_routes = None
         self._routes = PendingRoutes()  # type: ignore[assignment]

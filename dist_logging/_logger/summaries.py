@@ -15,8 +15,13 @@ from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
-__all__ = ['DEFAULT_GATHER_SUMMARY_ABOVE', 'SUMMARY_SUFFIXES', 'check_summary_above', 'summarize_gathered',
-           'per_rank_groups']
+__all__ = [
+    'DEFAULT_GATHER_SUMMARY_ABOVE',
+    'SUMMARY_SUFFIXES',
+    'check_summary_above',
+    'summarize_gathered',
+    'per_rank_groups',
+]
 
 #: Above this many ranks, gathered keys are summarized for trackers.
 DEFAULT_GATHER_SUMMARY_ABOVE = 64
@@ -36,8 +41,9 @@ def check_summary_above(value: Any) -> Optional[int]:
     return value
 
 
-def summarize_gathered(values: dict[str, tuple[float, float, float]], gather_keys: Iterable[str],
-                       world_size: int) -> dict[str, dict[int, tuple[float, float, float]]]:
+def summarize_gathered(
+    values: dict[str, tuple[float, float, float]], gather_keys: Iterable[str], world_size: int
+) -> dict[str, dict[int, tuple[float, float, float]]]:
     """Replace, in ``values`` (``{name: (value, step, level)}``), each gathered key's ``key/rank{r}`` by its summary.
 
     Args:
@@ -64,8 +70,14 @@ def summarize_gathered(values: dict[str, tuple[float, float, float]], gather_key
         keep = ~np.isnan(numbers)
         if keep.any():
             ranks, numbers = ranks[keep], numbers[keep]
-            summary = (float(numbers.min()), float(np.median(numbers)), float(np.percentile(numbers, 90)),
-                       float(numbers.max()), float(ranks[int(numbers.argmin())]), float(ranks[int(numbers.argmax())]))
+            summary = (
+                float(numbers.min()),
+                float(np.median(numbers)),
+                float(np.percentile(numbers, 90)),
+                float(numbers.max()),
+                float(ranks[int(numbers.argmin())]),
+                float(ranks[int(numbers.argmax())]),
+            )
         else:
             summary = (math.nan,) * 6
         for suffix, value in zip(SUMMARY_SUFFIXES, summary):

@@ -57,24 +57,37 @@ class Diagnosis:
         if self.unknown:
             parts.append(self.unknown)
         if not parts and not self.notes:
-            parts.append('every rank answers and reached this collective: it failed between the ranks '
-                         '(the network between hosts?)')
+            parts.append(
+                'every rank answers and reached this collective: it failed between the ranks '
+                '(the network between hosts?)'
+            )
         return '; '.join(parts + self.notes)
 
     def error(self, what: str, cause: str) -> DistributedLoggingError:
         """The exception for a collective ``what`` that failed with ``cause``."""
         named = set(self.left) | set(self.unreachable) | set(self.late)
-        return DistributedLoggingError(f'{what}: {self.describe()} ({cause})', left_ranks=self.left,
-                                       unreachable_ranks=self.unreachable, late_ranks=self.late,
-                                       hosts={r: h for r, h in self.hosts.items() if r in named})
+        return DistributedLoggingError(
+            f'{what}: {self.describe()} ({cause})',
+            left_ranks=self.left,
+            unreachable_ranks=self.unreachable,
+            late_ranks=self.late,
+            hosts={r: h for r, h in self.hosts.items() if r in named},
+        )
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
     return f'rank {ranks[0]}' if len(ranks) == 1 else f'ranks {list(ranks)}'
 
 
-def diagnose(rank: int, world_size: int, roster: dict[int, tuple[str, int]], group_id: int, sequence: int,
-             reads: Optional[tuple[Read, Read]], store_problem: Optional[str] = None) -> Diagnosis:
+def diagnose(
+    rank: int,
+    world_size: int,
+    roster: dict[int, tuple[str, int]],
+    group_id: int,
+    sequence: int,
+    reads: Optional[tuple[Read, Read]],
+    store_problem: Optional[str] = None,
+) -> Diagnosis:
     """Classify every other rank from ``/proc``, the roster and two beat reads (``None``: no store).
 
     Args:
@@ -103,9 +116,11 @@ def diagnose(rank: int, world_size: int, roster: dict[int, tuple[str, int]], gro
             if other not in found.left and other not in frozen:
                 remote.setdefault(roster.get(other, ('an unknown host', 0))[0], []).append(other)
         where = '; '.join(f'{host}: {_ranks_text(ranks)}' for host, ranks in sorted(remote.items()))
-        found.unknown = (f'cannot tell which other ranks are missing: the rendezvous store did not answer '
-                         f'({store_problem or "no store"}), so this host ({HOST}) may be the one cut off'
-                         + (f'; the other ranks are {where}' if where else ''))
+        found.unknown = (
+            f'cannot tell which other ranks are missing: the rendezvous store did not answer '
+            f'({store_problem or "no store"}), so this host ({HOST}) may be the one cut off'
+            + (f'; the other ranks are {where}' if where else '')
+        )
         return found
     (_, first, _), (_, last, byes) = reads
     one_read = reads[0] is reads[1]  # who left and who is behind; silence needs two reads
@@ -133,11 +148,15 @@ def diagnose(rank: int, world_size: int, roster: dict[int, tuple[str, int]], gro
             idle = after.idle + max(now - after.wall, 0.0)
             host = found.hosts.get(other, '?')
             if after.waiting:
-                found.late[other] = (f'rank {other} on {host} is alive but waits in an earlier logging collective '
-                                     f'(#{reached}; this is #{sequence})')
+                found.late[other] = (
+                    f'rank {other} on {host} is alive but waits in an earlier logging collective '
+                    f'(#{reached}; this is #{sequence})'
+                )
             else:
-                found.late[other] = (f'rank {other} on {host} is alive but has not entered a logging collective '
-                                     f'for {idle:.0f} s (it reached #{reached}; this is #{sequence})')
+                found.late[other] = (
+                    f'rank {other} on {host} is alive but has not entered a logging collective '
+                    f'for {idle:.0f} s (it reached #{reached}; this is #{sequence})'
+                )
     if since:
         found.notes.append(f'{_ranks_text(since)} reached this collective and ended since')
     if one_read:
@@ -153,9 +172,11 @@ def diagnose(rank: int, world_size: int, roster: dict[int, tuple[str, int]], gro
             found.unreachable[other] = frozen[other]
         elif host != '?' and host != HOST and all(r in silent or r in found.left for r in by_host[host]):
             ranks = [r for r in by_host[host] if r in silent]
-            found.unreachable[other] = (f'host {host} ({_ranks_text(ranks)}) silent {quiet}: cut off, frozen, '
-                                        'or every process on it ended')
+            found.unreachable[other] = (
+                f'host {host} ({_ranks_text(ranks)}) silent {quiet}: cut off, frozen, or every process on it ended'
+            )
         else:
-            found.unreachable[other] = (f'rank {other} on {host} silent {quiet} while other ranks answer: its '
-                                        'process froze or ended')
+            found.unreachable[other] = (
+                f'rank {other} on {host} silent {quiet} while other ranks answer: its process froze or ended'
+            )
     return found

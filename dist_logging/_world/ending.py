@@ -117,7 +117,8 @@ def _end_after_fatal_error() -> None:
             f'dist_logging: ending this process (exit status {EXIT_STATUS}) after a fatal error: '
             f'{_first_line(error)}. Skipping the teardown of torch.distributed, which waits for collectives '
             'that cannot complete; uploads that did not land stay in their staging folders: run '
-            '`dist-logging drain <staging folder>` (see docs/gather.md).\n')
+            '`dist-logging drain <staging folder>` (see docs/gather.md).\n'
+        )
     except Exception:  # noqa: BLE001 - stderr may be closed
         pass
     for stream in (sys.stdout, sys.stderr):

@@ -65,8 +65,11 @@ def launch_facts() -> LaunchFacts:
     cached_values, facts = _facts_cache
     if values == cached_values and facts is not None:
         return facts
-    env = {name: (os.fsdecode(value) if isinstance(value, bytes) else value)
-           for name, value in zip(ENVIRONMENT_VARIABLES, values) if value is not None}
+    env = {
+        name: (os.fsdecode(value) if isinstance(value, bytes) else value)
+        for name, value in zip(ENVIRONMENT_VARIABLES, values)
+        if value is not None
+    }
     facts = _launch_facts(env)
     _facts_cache = (values, facts)
     return facts
@@ -178,15 +181,19 @@ def rendezvous_address(facts: LaunchFacts, env: Any) -> tuple[str, str]:
         if facts.launcher == 'slurm':
             nodelist = env.get('SLURM_STEP_NODELIST') or env.get('SLURM_JOB_NODELIST') or env.get('SLURM_NODELIST')
             if not nodelist:
-                raise ValueError('init_process_group_from_env: SLURM sets neither SLURM_STEP_NODELIST nor '
-                                 'SLURM_JOB_NODELIST; export MASTER_ADDR (the host of rank 0)')
+                raise ValueError(
+                    'init_process_group_from_env: SLURM sets neither SLURM_STEP_NODELIST nor '
+                    'SLURM_JOB_NODELIST; export MASTER_ADDR (the host of rank 0)'
+                )
             addr = expand_hostlist(nodelist)[0]  # srun places task 0 on the step's first node
         elif facts.num_nodes == 1 or facts.world_size == 1:
             addr = '127.0.0.1'
         else:
-            raise ValueError(f'init_process_group_from_env: {facts.launcher} runs {facts.world_size} ranks on '
-                             f'{facts.num_nodes} nodes and exports no address for rank 0: export MASTER_ADDR (the '
-                             'host name of rank 0, e.g. mpirun -x MASTER_ADDR=$(hostname))')
+            raise ValueError(
+                f'init_process_group_from_env: {facts.launcher} runs {facts.world_size} ranks on '
+                f'{facts.num_nodes} nodes and exports no address for rank 0: export MASTER_ADDR (the '
+                'host name of rank 0, e.g. mpirun -x MASTER_ADDR=$(hostname))'
+            )
     if port is None:
         seed = facts.run_id or env.get('PMI_PORT')
         if facts.world_size == 1 and seed is None:
@@ -196,15 +203,18 @@ def rendezvous_address(facts: LaunchFacts, env: Any) -> tuple[str, str]:
                 sock.bind(('127.0.0.1', 0))
                 port = str(sock.getsockname()[1])
         elif seed is None:
-            raise ValueError(f'init_process_group_from_env: {facts.launcher} exports no id shared by every rank to '
-                             'derive a port from: export MASTER_PORT (e.g. mpirun -x MASTER_PORT=29500)')
+            raise ValueError(
+                f'init_process_group_from_env: {facts.launcher} exports no id shared by every rank to '
+                'derive a port from: export MASTER_PORT (e.g. mpirun -x MASTER_PORT=29500)'
+            )
         else:
             port = str(_derived_port(seed))
     return addr, port
 
 
-def init_process_group_from_env(backend: Optional[str] = None,
-                                timeout: Union[float, datetime.timedelta] = _DEFAULT_INIT_TIMEOUT) -> LaunchFacts:
+def init_process_group_from_env(
+    backend: Optional[str] = None, timeout: Union[float, datetime.timedelta] = _DEFAULT_INIT_TIMEOUT
+) -> LaunchFacts:
     """Initialize ``torch.distributed`` from whichever launcher started this process (no torchrun needed).
 
     For ``srun python train.py`` (SLURM), ``mpirun python train.py`` (Open MPI, MPICH, Intel MPI)
@@ -245,13 +255,20 @@ def init_process_group_from_env(backend: Optional[str] = None,
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         timeout = datetime.timedelta(seconds=timeout)
     if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
-        raise ValueError(f'init_process_group_from_env: timeout must be a positive number of seconds or a '
-                         f'timedelta, got {timeout!r}')
+        raise ValueError(
+            f'init_process_group_from_env: timeout must be a positive number of seconds or a timedelta, got {timeout!r}'
+        )
     facts = launch_facts()
     addr, port = rendezvous_address(facts, os.environ)
-    exported = {'MASTER_ADDR': addr, 'MASTER_PORT': port, 'RANK': str(facts.rank),
-                'WORLD_SIZE': str(facts.world_size), 'LOCAL_RANK': str(facts.local_rank),
-                'LOCAL_WORLD_SIZE': str(facts.local_world_size), 'GROUP_RANK': str(facts.node_rank)}
+    exported = {
+        'MASTER_ADDR': addr,
+        'MASTER_PORT': port,
+        'RANK': str(facts.rank),
+        'WORLD_SIZE': str(facts.world_size),
+        'LOCAL_RANK': str(facts.local_rank),
+        'LOCAL_WORLD_SIZE': str(facts.local_world_size),
+        'GROUP_RANK': str(facts.node_rank),
+    }
     for name, value in exported.items():
         os.environ.setdefault(name, value)
     # The flight recorder (torch's ring of the last collectives, read by postmortems: docs/postmortem.md).
@@ -266,14 +283,21 @@ def init_process_group_from_env(backend: Optional[str] = None,
         # torchrun's agent keeps one store across restarts, and the previous attempt's keys are
         # still in it: gloo would connect to the dead ranks' old addresses (torch 2.13). A prefix
         # per attempt gives every attempt clean keys.
-        base = torch_dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), facts.world_size,
-                                   is_master=False, timeout=timeout)
+        base = torch_dist.TCPStore(
+            os.environ['MASTER_ADDR'],
+            int(os.environ['MASTER_PORT']),
+            facts.world_size,
+            is_master=False,
+            timeout=timeout,
+        )
         store = torch_dist.PrefixStore(f'dist_logging/attempt{facts.restarts}', base)
-        torch_dist.init_process_group(backend=backend, store=store, rank=facts.rank, world_size=facts.world_size,
-                                      timeout=timeout)
+        torch_dist.init_process_group(
+            backend=backend, store=store, rank=facts.rank, world_size=facts.world_size, timeout=timeout
+        )
     else:
-        torch_dist.init_process_group(backend=backend, init_method='env://', rank=facts.rank,
-                                      world_size=facts.world_size, timeout=timeout)
+        torch_dist.init_process_group(
+            backend=backend, init_method='env://', rank=facts.rank, world_size=facts.world_size, timeout=timeout
+        )
     return facts
 
 

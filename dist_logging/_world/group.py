@@ -27,7 +27,8 @@ __all__ = ['LoggingGroup', 'WATCH_AFTER_SECONDS']
 
 # How gloo and TCP report a peer that went away.
 _CONNECTION_LOST = re.compile(
-    r'Connection (reset|closed) by peer|Broken pipe|remote process exited|Socket closed|connection closed', re.I)
+    r'Connection (reset|closed) by peer|Broken pipe|remote process exited|Socket closed|connection closed', re.I
+)
 
 #: A wait this long (or half of ``sync_timeout``, if shorter) looks at the other ranks' beats and
 #: warns, naming the ranks it waits for (alive but not calling, or silent), before the timeout.
@@ -227,7 +228,8 @@ class LoggingGroup:
             if time.monotonic() >= deadline:
                 raise DistributedLoggingError(
                     f'{what}: the logging group was lent to another thread (the rank report) and not given back '
-                    f'within {self.timeout:g} s')
+                    f'within {self.timeout:g} s'
+                )
 
     def _arrive(self) -> None:
         self._sequence += 1
@@ -241,8 +243,9 @@ class LoggingGroup:
                 from torch.distributed import distributed_c10d
 
                 store = distributed_c10d._get_default_store()
-                self._line = line_for(store, get_global_rank(), torch_dist.get_world_size(), get_attempt(),
-                                      beat_period(self.timeout))
+                self._line = line_for(
+                    store, get_global_rank(), torch_dist.get_world_size(), get_attempt(), beat_period(self.timeout)
+                )
             except Exception:  # noqa: BLE001 - no store (no process group): nothing to name ranks with
                 self._line = False
         return self._line
@@ -269,8 +272,11 @@ class LoggingGroup:
             _, beats, _ = self._read(line)
         except Exception:  # noqa: BLE001 - the store may be gone with the failed rank's host
             return None
-        return [r for r in range(line.world_size)
-                if r != line.rank and (r not in beats or beats[r].sequences.get(self._id, 0) < self._sequence)]
+        return [
+            r
+            for r in range(line.world_size)
+            if r != line.rank and (r not in beats or beats[r].sequences.get(self._id, 0) < self._sequence)
+        ]
 
     # ------------------------------------------------------------------ watching (the postmortem's hooks)
     def watch(self, tick: Callable[[], None], period: float) -> bool:
@@ -316,8 +322,12 @@ class LoggingGroup:
             first = self._failed
             raise DistributedLoggingError(
                 f'{what}: the logging group was abandoned after an earlier failure ({first}); end this process '
-                '(see docs/gather.md)', left_ranks=first.left_ranks, unreachable_ranks=first.unreachable_ranks,
-                late_ranks=first.late_ranks, hosts=first.hosts)
+                '(see docs/gather.md)',
+                left_ranks=first.left_ranks,
+                unreachable_ranks=first.unreachable_ranks,
+                late_ranks=first.late_ranks,
+                hosts=first.hosts,
+            )
 
     def _failure(self, what: str, exc: Optional[BaseException]) -> DistributedLoggingError:
         """Name who is missing after ``what`` failed (``exc``; None: it timed out), and abandon the group.
@@ -328,12 +338,17 @@ class LoggingGroup:
         about to stop this process too).
         """
         text = str(exc) if exc is not None else ''
-        cause = text.splitlines()[0] if text else (type(exc).__name__ if exc is not None
-                                                  else f'timed out after {self.timeout:g} s')
+        cause = (
+            text.splitlines()[0]
+            if text
+            else (type(exc).__name__ if exc is not None else f'timed out after {self.timeout:g} s')
+        )
         line = self._get_line()
         if not line:
-            error = DistributedLoggingError(f'{what}: not every rank arrived within {self.timeout:g} s, or one '
-                                            f'failed; without a store this rank cannot tell which ({cause})')
+            error = DistributedLoggingError(
+                f'{what}: not every rank arrived within {self.timeout:g} s, or one '
+                f'failed; without a store this rank cannot tell which ({cause})'
+            )
         else:
             if len(line.roster) < line.world_size:  # a failure in the first beat period: who runs where
                 try:
@@ -342,8 +357,9 @@ class LoggingGroup:
                     pass
             quick = bool(_CONNECTION_LOST.search(text)) and self._local_rank_ended(line)
             reads, problem = self._two_reads(line, quick)
-            error = diagnose(line.rank, line.world_size, dict(line.roster), self._id, self._sequence, reads,
-                             problem).error(what, cause)
+            error = diagnose(
+                line.rank, line.world_size, dict(line.roster), self._id, self._sequence, reads, problem
+            ).error(what, cause)
         self._abandon(error)
         return error
 
@@ -441,11 +457,21 @@ class LoggingGroup:
             self._reads.append(pending.result)
             pending = None
         if self._reads and self._reads[-1][0] - self._reads[0][0] >= 1.5 * line.period:
-            found = diagnose(line.rank, line.world_size, dict(line.roster), self._id, self._sequence,
-                             (self._reads[0], self._reads[-1]))
+            found = diagnose(
+                line.rank,
+                line.world_size,
+                dict(line.roster),
+                self._id,
+                self._sequence,
+                (self._reads[0], self._reads[-1]),
+            )
             if found.names_someone:
-                warnings.warn(f'{what}: still waiting after {waited:.0f} s: {found.describe()}; raising at '
-                              f'{self.timeout:g} s (sync_timeout)', RuntimeWarning, stacklevel=5)
+                warnings.warn(
+                    f'{what}: still waiting after {waited:.0f} s: {found.describe()}; raising at '
+                    f'{self.timeout:g} s (sync_timeout)',
+                    RuntimeWarning,
+                    stacklevel=5,
+                )
             return None, True
         if not self._reads or time.monotonic() - self._reads[-1][0] >= 1.5 * line.period:
             pending = line.submit(line.read_beats)
@@ -558,8 +584,9 @@ class LoggingGroup:
             DistributedLoggingError: issuing failed, or the group was abandoned.
         """
         outputs = _rows(tensor, torch_dist.get_world_size()) if get_global_rank() == dst else []
-        work = self._collective(what, lambda: torch_dist.gather(tensor, gather_list=outputs or None, dst=dst,
-                                                                group=group, async_op=True))
+        work = self._collective(
+            what, lambda: torch_dist.gather(tensor, gather_list=outputs or None, dst=dst, group=group, async_op=True)
+        )
         return work, outputs
 
     def wait_all(self, works: Sequence[Any], what: str, deadline: Optional[float] = None) -> None:
@@ -579,8 +606,15 @@ class LoggingGroup:
             except RuntimeError as exc:
                 raise self._failure(what, exc) from exc
 
-    def all_gather_bytes(self, payload: bytes, length: int, lengths: Optional[Sequence[int]], what: str,
-                         group: Any = None, device: Any = None) -> list[bytes]:
+    def all_gather_bytes(
+        self,
+        payload: bytes,
+        length: int,
+        lengths: Optional[Sequence[int]],
+        what: str,
+        group: Any = None,
+        device: Any = None,
+    ) -> list[bytes]:
         """All-gather byte strings padded to a length every rank already knows (one collective).
 
         Args:

@@ -24,20 +24,56 @@ import hashlib
 import re
 from typing import Mapping, Optional
 
-__all__ = ['LaunchFacts', 'launch_facts', 'expand_hostlist', 'parse_tasks_per_node', 'LAUNCHERS',
-           'ENVIRONMENT_VARIABLES']
+__all__ = [
+    'LaunchFacts',
+    'launch_facts',
+    'expand_hostlist',
+    'parse_tasks_per_node',
+    'LAUNCHERS',
+    'ENVIRONMENT_VARIABLES',
+]
 
 #: Every variable :func:`launch_facts` reads (dist.py caches its result on their values).
 ENVIRONMENT_VARIABLES = (
-    'RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'NODE_RANK',
-    'TORCHELASTIC_RUN_ID', 'TORCHELASTIC_RESTART_COUNT',
-    'SLURM_JOB_ID', 'SLURM_JOBID', 'SLURM_STEP_ID', 'SLURM_STEPID', 'SLURM_PROCID', 'SLURM_LOCALID',
-    'SLURM_NODEID', 'SLURM_STEP_NUM_TASKS', 'SLURM_NTASKS', 'SLURM_NPROCS', 'SLURM_STEP_NUM_NODES',
-    'SLURM_NNODES', 'SLURM_JOB_NUM_NODES', 'SLURM_STEP_TASKS_PER_NODE', 'SLURM_NTASKS_PER_NODE',
-    'SLURM_TASKS_PER_NODE', 'SLURM_RESTART_COUNT',
-    'OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE', 'OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_SIZE',
-    'PMIX_NAMESPACE', 'OMPI_MCA_ess_base_jobid', 'OMPI_MCA_orte_ess_jobid',
-    'PMI_RANK', 'PMIX_RANK', 'PMI_SIZE', 'MPI_LOCALRANKID', 'PMI_LOCAL_RANK', 'MPI_LOCALNRANKS', 'PMI_LOCAL_SIZE',
+    'RANK',
+    'WORLD_SIZE',
+    'LOCAL_RANK',
+    'LOCAL_WORLD_SIZE',
+    'GROUP_RANK',
+    'NODE_RANK',
+    'TORCHELASTIC_RUN_ID',
+    'TORCHELASTIC_RESTART_COUNT',
+    'SLURM_JOB_ID',
+    'SLURM_JOBID',
+    'SLURM_STEP_ID',
+    'SLURM_STEPID',
+    'SLURM_PROCID',
+    'SLURM_LOCALID',
+    'SLURM_NODEID',
+    'SLURM_STEP_NUM_TASKS',
+    'SLURM_NTASKS',
+    'SLURM_NPROCS',
+    'SLURM_STEP_NUM_NODES',
+    'SLURM_NNODES',
+    'SLURM_JOB_NUM_NODES',
+    'SLURM_STEP_TASKS_PER_NODE',
+    'SLURM_NTASKS_PER_NODE',
+    'SLURM_TASKS_PER_NODE',
+    'SLURM_RESTART_COUNT',
+    'OMPI_COMM_WORLD_RANK',
+    'OMPI_COMM_WORLD_SIZE',
+    'OMPI_COMM_WORLD_LOCAL_RANK',
+    'OMPI_COMM_WORLD_LOCAL_SIZE',
+    'PMIX_NAMESPACE',
+    'OMPI_MCA_ess_base_jobid',
+    'OMPI_MCA_orte_ess_jobid',
+    'PMI_RANK',
+    'PMIX_RANK',
+    'PMI_SIZE',
+    'MPI_LOCALRANKID',
+    'PMI_LOCAL_RANK',
+    'MPI_LOCALNRANKS',
+    'PMI_LOCAL_SIZE',
 )
 
 #: Every value :func:`launch_facts` may report as ``launcher``.
@@ -87,8 +123,10 @@ class LaunchFacts:
     @property
     def attempt_cause(self) -> str:
         """What made this attempt: ``'torchrun restart 1'``, ``'SLURM requeue 2'``, both, or ``'first attempt'``."""
-        parts = [f'torchrun restart {self.restarts}' if self.restarts else '',
-                 f'SLURM requeue {self.requeues}' if self.requeues else '']
+        parts = [
+            f'torchrun restart {self.restarts}' if self.restarts else '',
+            f'SLURM requeue {self.requeues}' if self.requeues else '',
+        ]
         return ', '.join(part for part in parts if part) or 'first attempt'
 
     @property
@@ -164,7 +202,7 @@ def _expand_name(item: str, hostlist: str) -> list[str]:
     match = re.search(r'\[([^\]]*)\]', item)
     if match is None:
         return [item]
-    prefix, suffix = item[:match.start()], item[match.end():]
+    prefix, suffix = item[: match.start()], item[match.end() :]
     out = []
     for part in match.group(1).split(','):
         part = part.strip()
@@ -224,10 +262,18 @@ def _torchrun(env: Mapping[str, str]) -> LaunchFacts:
     run_id = env.get('TORCHELASTIC_RUN_ID')
     launcher = 'torchrun' if run_id is not None or 'TORCHELASTIC_RESTART_COUNT' in env else 'env'
     run_id = None if run_id in (None, 'none') else f'torchrun:{run_id}'
-    return LaunchFacts(launcher, rank, world_size, local_rank, local_world_size, node_rank,
-                       max(world_size // max(local_world_size, 1), 1), run_id,
-                       restarts=_int(env, 'TORCHELASTIC_RESTART_COUNT', default=0),
-                       requeues=_int(env, 'SLURM_RESTART_COUNT', default=0))
+    return LaunchFacts(
+        launcher,
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+        node_rank,
+        max(world_size // max(local_world_size, 1), 1),
+        run_id,
+        restarts=_int(env, 'TORCHELASTIC_RESTART_COUNT', default=0),
+        requeues=_int(env, 'SLURM_RESTART_COUNT', default=0),
+    )
 
 
 def _slurm(env: Mapping[str, str]) -> LaunchFacts:
@@ -252,20 +298,44 @@ def _slurm(env: Mapping[str, str]) -> LaunchFacts:
     if local_world_size is None:
         local_world_size = max(world_size // max(num_nodes, 1), 1)
     _check('SLURM', rank, world_size, local_rank, local_world_size)
-    return LaunchFacts('slurm', rank, world_size, local_rank, local_world_size, node_rank, num_nodes,
-                       _slurm_run_id(env), requeues=requeues)
+    return LaunchFacts(
+        'slurm',
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+        node_rank,
+        num_nodes,
+        _slurm_run_id(env),
+        requeues=requeues,
+    )
 
 
 _LABELS = {'openmpi': 'Open MPI', 'mpich': 'MPI (Hydra)', 'pmix': 'PMIx'}
 
 
-def _per_node(launcher: str, rank: int, world_size: int, local_rank: int, local_world_size: int,
-              run_id: Optional[str], env: Mapping[str, str]) -> LaunchFacts:
+def _per_node(
+    launcher: str,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int,
+    run_id: Optional[str],
+    env: Mapping[str, str],
+) -> LaunchFacts:
     _check(_LABELS[launcher], rank, world_size, local_rank, local_world_size)
     # MPI exports no node index: derived assuming every node runs the same number of ranks.
-    return LaunchFacts(launcher, rank, world_size, local_rank, local_world_size, rank // local_world_size,
-                       max(world_size // local_world_size, 1), run_id,
-                       requeues=_int(env, 'SLURM_RESTART_COUNT', default=0))
+    return LaunchFacts(
+        launcher,
+        rank,
+        world_size,
+        local_rank,
+        local_world_size,
+        rank // local_world_size,
+        max(world_size // local_world_size, 1),
+        run_id,
+        requeues=_int(env, 'SLURM_RESTART_COUNT', default=0),
+    )
 
 
 def _openmpi(env: Mapping[str, str]) -> LaunchFacts:
@@ -273,8 +343,15 @@ def _openmpi(env: Mapping[str, str]) -> LaunchFacts:
     world_size = _int(env, 'OMPI_COMM_WORLD_SIZE')
     if world_size is None:
         raise ValueError(f'Open MPI: OMPI_COMM_WORLD_RANK={rank} is set but OMPI_COMM_WORLD_SIZE is not')
-    return _per_node('openmpi', rank, world_size, _int(env, 'OMPI_COMM_WORLD_LOCAL_RANK', default=0),
-                     _int(env, 'OMPI_COMM_WORLD_LOCAL_SIZE', default=1), _mpi_run_id(env), env)
+    return _per_node(
+        'openmpi',
+        rank,
+        world_size,
+        _int(env, 'OMPI_COMM_WORLD_LOCAL_RANK', default=0),
+        _int(env, 'OMPI_COMM_WORLD_LOCAL_SIZE', default=1),
+        _mpi_run_id(env),
+        env,
+    )
 
 
 def _mpich(env: Mapping[str, str]) -> LaunchFacts:
@@ -282,11 +359,20 @@ def _mpich(env: Mapping[str, str]) -> LaunchFacts:
     world_size = _int(env, 'PMI_SIZE')
     if world_size is None:
         which = 'PMI_RANK' if env.get('PMI_RANK') else 'PMIX_RANK'
-        raise ValueError(f'MPI: {which}={rank} is set but no world size (PMI_SIZE); launch with torchrun, srun or '
-                         'an MPI that exports it, or set RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE')
+        raise ValueError(
+            f'MPI: {which}={rank} is set but no world size (PMI_SIZE); launch with torchrun, srun or '
+            'an MPI that exports it, or set RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE'
+        )
     launcher = 'mpich' if env.get('PMI_RANK') else 'pmix'
-    return _per_node(launcher, rank, world_size, _int(env, 'MPI_LOCALRANKID', 'PMI_LOCAL_RANK', default=0),
-                     _int(env, 'MPI_LOCALNRANKS', 'PMI_LOCAL_SIZE', default=1), _mpi_run_id(env), env)
+    return _per_node(
+        launcher,
+        rank,
+        world_size,
+        _int(env, 'MPI_LOCALRANKID', 'PMI_LOCAL_RANK', default=0),
+        _int(env, 'MPI_LOCALNRANKS', 'PMI_LOCAL_SIZE', default=1),
+        _mpi_run_id(env),
+        env,
+    )
 
 
 _TORCH_VARIABLES = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'NODE_RANK')
@@ -326,8 +412,11 @@ def launch_facts(env: Mapping[str, str]) -> LaunchFacts:
     if facts.run_id is None:
         # The job's id, whatever started the ranks: srun torchrun --standalone still runs in one SLURM step.
         torchrun_id = env.get('TORCHELASTIC_RUN_ID')
-        run_id = ((f'torchrun:{torchrun_id}' if torchrun_id and torchrun_id != 'none' else None)
-                  or _slurm_run_id(env) or _mpi_run_id(env))
+        run_id = (
+            (f'torchrun:{torchrun_id}' if torchrun_id and torchrun_id != 'none' else None)
+            or _slurm_run_id(env)
+            or _mpi_run_id(env)
+        )
         if run_id is not None:
             facts = dataclasses.replace(facts, run_id=run_id)
     return facts

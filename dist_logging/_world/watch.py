@@ -123,8 +123,7 @@ class StoreLine:
         period: seconds between beats.
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, prefix: str, clone: bool = True,
-                 period: float = 5.0):
+    def __init__(self, store: Any, rank: int, world_size: int, prefix: str, clone: bool = True, period: float = 5.0):
         self.rank, self.world_size, self.prefix = rank, world_size, prefix
         self.period = period
         self.identity: Any = None
@@ -192,8 +191,11 @@ class StoreLine:
         ranks = [r for r in range(self.world_size) if r != self.rank]
         beats = dict(zip(ranks, self._read(store, [f'{self.prefix}beat/{r}' for r in ranks])))
         byes = self._read(store, [f'{self.prefix}bye/{r}' for r in ranks])
-        return (time.monotonic(), {r: Beat(v.decode()) for r, v in beats.items() if v is not None},
-                {r for r, v in zip(ranks, byes) if v is not None})
+        return (
+            time.monotonic(),
+            {r: Beat(v.decode()) for r, v in beats.items() if v is not None},
+            {r for r, v in zip(ranks, byes) if v is not None},
+        )
 
     # ------------------------------------------------------------------ the line's thread
     def stop(self) -> None:
@@ -237,8 +239,10 @@ class StoreLine:
         self._count += 1
         idle = 0.0 if self.waiting else time.monotonic() - self.last_entered
         sequences = ','.join(f'{g}:{s}' for g, s in sorted(self.sequences.items()))
-        self._store.set(f'{self.prefix}beat/{self.rank}',
-                        f'{self._count} {time.time():.3f} {idle:.3f} {int(bool(self.waiting))} {sequences}')
+        self._store.set(
+            f'{self.prefix}beat/{self.rank}',
+            f'{self._count} {time.time():.3f} {idle:.3f} {int(bool(self.waiting))} {sequences}',
+        )
         for name, fn in self._publishers.items():
             try:
                 value = fn()

@@ -13,8 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ['CheckpointWriter', 'CheckpointReader', 'SaveTiming', 'latest_checkpoint', 'list_checkpoints',
-           'format_checkpoint_id', 'finish_commits', 'apply_retention']
+__all__ = [
+    'CheckpointWriter',
+    'CheckpointReader',
+    'SaveTiming',
+    'latest_checkpoint',
+    'list_checkpoints',
+    'format_checkpoint_id',
+    'finish_commits',
+    'apply_retention',
+]
 
 _LAZY = {
     'CheckpointWriter': 'dist_logging.checkpoint.writer',
@@ -46,9 +54,14 @@ def _check_dcp() -> None:
     import torch
     from torch.distributed.checkpoint import filesystem, metadata
 
-    missing = [name for module, name in ((filesystem, 'CURRENT_DCP_VERSION'), (metadata, 'StorageMeta'))
-               if not hasattr(module, name)]
+    missing = [
+        name
+        for module, name in ((filesystem, 'CURRENT_DCP_VERSION'), (metadata, 'StorageMeta'))
+        if not hasattr(module, name)
+    ]
     if missing:
-        raise ImportError('dist_logging.checkpoint.{CheckpointWriter,CheckpointReader} need a newer torch '
-                          f'(2.9 or later; tested with 2.13): torch.distributed.checkpoint lacks {", ".join(missing)}; '
-                          f'this is torch {torch.__version__}')
+        raise ImportError(
+            'dist_logging.checkpoint.{CheckpointWriter,CheckpointReader} need a newer torch '
+            f'(2.9 or later; tested with 2.13): torch.distributed.checkpoint lacks {", ".join(missing)}; '
+            f'this is torch {torch.__version__}'
+        )

@@ -30,8 +30,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from dist_logging.checkpoint._chunk_sums import CHUNK_BYTES, CHUNKS_KEY, encode_chunks, fast_combine, times, zeros
 from dist_logging.object_store.checksums import crc32c, encode
 
-__all__ = ['CheckedInfo', 'SummingWriter', 'ChecksummedResults', 'summing_streams', 'file_checksums',
-           'plain_results']
+__all__ = ['CheckedInfo', 'SummingWriter', 'ChecksummedResults', 'summing_streams', 'file_checksums', 'plain_results']
+
 
 @dataclasses.dataclass
 class CheckedInfo(_StorageInfo):
@@ -43,8 +43,9 @@ class CheckedInfo(_StorageInfo):
 
     def plain(self) -> _StorageInfo:
         """The same location as torch's own ``_StorageInfo`` (what goes into the ``.metadata``)."""
-        return _StorageInfo(self.relative_path, self.offset, self.length,
-                            transform_descriptors=self.transform_descriptors)
+        return _StorageInfo(
+            self.relative_path, self.offset, self.length, transform_descriptors=self.transform_descriptors
+        )
 
 
 class SummingWriter(io.RawIOBase):
@@ -77,7 +78,7 @@ class SummingWriter(io.RawIOBase):
         position = 0
         while position < written:
             take = min(CHUNK_BYTES - self._chunk_fill, written - position)
-            self._chunk_value = crc32c(view[position:position + take], self._chunk_value)
+            self._chunk_value = crc32c(view[position : position + take], self._chunk_value)
             self._chunk_fill += take
             position += take
             if self._chunk_fill == CHUNK_BYTES:
@@ -120,8 +121,7 @@ def _chunk_shift() -> tuple[int, ...]:
     return zeros(CHUNK_BYTES.bit_length() - 1)
 
 
-def summing_streams(create_stream: Callable, sums: dict[str, str],
-                    lock: threading.Lock) -> Callable[[Any, str], Any]:
+def summing_streams(create_stream: Callable, sums: dict[str, str], lock: threading.Lock) -> Callable[[Any, str], Any]:
     """Wrap ``create_stream(path, mode)`` (a context manager, torch's contract) so each file is written through a
     :class:`SummingWriter`; the checksum lands in ``sums[basename]`` when the file is closed."""
 
@@ -155,11 +155,23 @@ class ChecksummedResults(queue.Queue):
                 checksum = self.sums.get(info.relative_path)
                 chunks = self.sums.get(CHUNKS_KEY + info.relative_path)
             if checksum is None:
-                raise RuntimeError(f'CheckpointWriter: no checksum was taken of {info.relative_path} (was it '
-                                   'written through another stream?)')
-            checked.append(dataclasses.replace(result, storage_data=CheckedInfo(
-                info.relative_path, info.offset, info.length, transform_descriptors=info.transform_descriptors,
-                checksum=checksum, chunks=chunks)))
+                raise RuntimeError(
+                    f'CheckpointWriter: no checksum was taken of {info.relative_path} (was it '
+                    'written through another stream?)'
+                )
+            checked.append(
+                dataclasses.replace(
+                    result,
+                    storage_data=CheckedInfo(
+                        info.relative_path,
+                        info.offset,
+                        info.length,
+                        transform_descriptors=info.transform_descriptors,
+                        checksum=checksum,
+                        chunks=chunks,
+                    ),
+                )
+            )
         self.target.put(checked)
 
 
@@ -179,5 +191,7 @@ def file_checksums(results: list[WriteResult]) -> dict[str, str]:
 
 def plain_results(results: list[WriteResult]) -> list[WriteResult]:
     """The results with torch's own ``_StorageInfo`` (for the ``.metadata``)."""
-    return [dataclasses.replace(r, storage_data=r.storage_data.plain()) if isinstance(r.storage_data, CheckedInfo)
-            else r for r in results]
+    return [
+        dataclasses.replace(r, storage_data=r.storage_data.plain()) if isinstance(r.storage_data, CheckedInfo) else r
+        for r in results
+    ]

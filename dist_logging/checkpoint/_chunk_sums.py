@@ -18,8 +18,20 @@ from typing import Mapping
 # it becomes public (object_store/checksums.py).
 from dist_logging.object_store.checksums import ALGORITHM, combine, crc32c, decode, encode, file_crc32c
 
-__all__ = ['CHUNK_BYTES', 'CHUNKS_KEY', 'times', 'zeros', 'fast_combine', 'encode_chunks', 'decode_chunks',
-           'chunk_entries', 'crc32c', 'encode', 'decode', 'file_crc32c']
+__all__ = [
+    'CHUNK_BYTES',
+    'CHUNKS_KEY',
+    'times',
+    'zeros',
+    'fast_combine',
+    'encode_chunks',
+    'decode_chunks',
+    'chunk_entries',
+    'crc32c',
+    'encode',
+    'decode',
+    'file_crc32c',
+]
 
 CHUNK_BYTES = 1024 * 1024  # one CRC32C per MiB of each shard file: 5.3 bytes of marker per MiB of checkpoint
 CHUNKS_KEY = 'chunks:'  # prefix of a file's chunk checksums in the checksums dict (never a file name: no '/')
@@ -77,7 +89,7 @@ def decode_chunks(text: str) -> tuple[int, list[int]]:
         raw, size = b'', 0
     if algorithm != ALGORITHM or size <= 0 or len(raw) % 4:
         raise ValueError(f'malformed chunk checksums {text[:60]!r}')
-    return size, [int.from_bytes(raw[i:i + 4], 'big') for i in range(0, len(raw), 4)]
+    return size, [int.from_bytes(raw[i : i + 4], 'big') for i in range(0, len(raw), 4)]
 
 
 def chunk_entries(checksums: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -85,7 +97,7 @@ def chunk_entries(checksums: Mapping[str, str]) -> tuple[dict[str, str], dict[st
     whole, chunks = {}, {}
     for key, value in checksums.items():
         if key.startswith(CHUNKS_KEY):
-            chunks[key[len(CHUNKS_KEY):]] = value
+            chunks[key[len(CHUNKS_KEY) :]] = value
         else:
             whole[key] = value
     return whole, chunks

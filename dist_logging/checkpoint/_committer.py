@@ -32,8 +32,16 @@ _RESUMED_TRIES = 5  # an earlier process's intent whose files never land is left
 def commit_intent(store: Any, intent: CommitIntent, scratch: str) -> list[str]:
     """Commit ``intent`` now (raises :class:`NotLanded` if a file is missing), apply its retention,
     remove it and every older intent of the same checkpoint in its folder; returns the ids retention deleted."""
-    commit_checkpoint(store, intent.checkpoint_id, intent.files, scratch, metadata_file=intent.metadata_file,
-                      kind=intent.kind, extra=intent.extra, time_ns=intent.time_ns)
+    commit_checkpoint(
+        store,
+        intent.checkpoint_id,
+        intent.files,
+        scratch,
+        metadata_file=intent.metadata_file,
+        kind=intent.kind,
+        extra=intent.extra,
+        time_ns=intent.time_ns,
+    )
     folder = os.path.dirname(intent.path)
     for other in read_intents(folder):
         if other.checkpoint_id == intent.checkpoint_id and other.time_ns <= intent.time_ns:
@@ -65,8 +73,14 @@ class Committer:
     :meth:`retry_resumed`; if its files never land it stays on disk for ``dist-logging drain``.
     """
 
-    def __init__(self, store: Any, scratch: str, timeout: float, failed_uploads: Callable[[], dict],
-                 on_result: Callable[..., None]):
+    def __init__(
+        self,
+        store: Any,
+        scratch: str,
+        timeout: float,
+        failed_uploads: Callable[[], dict],
+        on_result: Callable[..., None],
+    ):
         self.store, self.scratch, self.timeout = store, scratch, timeout
         self._failed_uploads, self._on_result = failed_uploads, on_result
         self._queue: collections.deque[tuple[CommitIntent, bool, Any, Optional[float]]] = collections.deque()
@@ -79,8 +93,9 @@ class Committer:
         self._thread = threading.Thread(target=self._loop, name='checkpoint-committer', daemon=True)
         self._thread.start()
 
-    def submit(self, intent: CommitIntent, *, resumed: bool = False, timing: Any = None,
-               t0: Optional[float] = None) -> None:
+    def submit(
+        self, intent: CommitIntent, *, resumed: bool = False, timing: Any = None, t0: Optional[float] = None
+    ) -> None:
         """Queue ``intent`` (``timing``/``t0`` are handed back to ``on_result``).
 
         Before a new intent, the earlier processes' intents not committed yet are tried again
@@ -184,8 +199,10 @@ class Committer:
                     return _not_landed_error(intent, exc, {}, f'after {self.timeout:g} s')
             nudged = self._wake.wait(min(delay, max(0.0, deadline - now)))
             if self._stop.is_set():
-                return RuntimeError(f'checkpoint {intent.checkpoint_id!r}: commit interrupted (stays uncommitted; '
-                                    f'its intent {intent.path} lets `dist-logging drain` finish it)')
+                return RuntimeError(
+                    f'checkpoint {intent.checkpoint_id!r}: commit interrupted (stays uncommitted; '
+                    f'its intent {intent.path} lets `dist-logging drain` finish it)'
+                )
             cap = _POLL_EARLY_MAX if time.monotonic() - started < _POLL_EARLY_S else _POLL_MAX
             delay = _POLL_MIN if nudged else min(cap, delay * 2)
 
@@ -198,8 +215,10 @@ def _not_landed_error(intent: CommitIntent, exc: NotLanded, dead: dict, when: st
         failures[name] = dead.get(name) or FileNotFoundError(f'{name}: {why}')
     error = UploadError(failures)
     cause = 'its upload failed' if dead else f'not landed {when}'.strip()
-    error.add_note(f'checkpoint {intent.checkpoint_id!r} stays uncommitted (invisible): {len(exc.missing)} file(s) '
-                   f'{cause}; once they land, `dist-logging drain <staging folder>` commits it from {intent.path}')
+    error.add_note(
+        f'checkpoint {intent.checkpoint_id!r} stays uncommitted (invisible): {len(exc.missing)} file(s) '
+        f'{cause}; once they land, `dist-logging drain <staging folder>` commits it from {intent.path}'
+    )
     return error
 
 
@@ -210,6 +229,8 @@ def _corrupt_error(intent: CommitIntent, exc: CorruptCheckpoint) -> BaseExceptio
 
     remove_intent(intent)
     error = UploadError(dict(exc.mismatches))
-    error.add_note(f'checkpoint {intent.checkpoint_id!r} is not committed (invisible): {len(exc.mismatches)} '
-                   "object(s) landed with other bytes than their writer wrote (CRC32C mismatch); it was dropped")
+    error.add_note(
+        f'checkpoint {intent.checkpoint_id!r} is not committed (invisible): {len(exc.mismatches)} '
+        "object(s) landed with other bytes than their writer wrote (CRC32C mismatch); it was dropped"
+    )
     return error

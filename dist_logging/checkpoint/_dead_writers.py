@@ -28,8 +28,17 @@ from dist_logging.checkpoint._paths import WRITES_FOLDER
 from dist_logging._world.watch import process_state
 from dist_logging.upload.staging import rank_folder_name
 
-__all__ = ['STARTED', 'MANIFEST', 'COMMIT', 'COMMIT_METADATA', 'WRITER_INFO', 'read_json',
-           'remove_dead_writes', 'LeftSave', 'take_left_saves']
+__all__ = [
+    'STARTED',
+    'MANIFEST',
+    'COMMIT',
+    'COMMIT_METADATA',
+    'WRITER_INFO',
+    'read_json',
+    'remove_dead_writes',
+    'LeftSave',
+    'take_left_saves',
+]
 
 log = logging.getLogger(__name__)
 STARTED, MANIFEST, COMMIT, COMMIT_METADATA = 'started.json', 'manifest.json', 'commit.json', 'commit.metadata'
@@ -89,8 +98,9 @@ class LeftSave:
     manifest: dict
     commit: Optional[dict]
 
-    def write_intent(self, intents_dir: str, bucket_uri: Optional[str], backend_kwargs: dict,
-                     keep_last: Optional[int], fsync: bool) -> None:
+    def write_intent(
+        self, intents_dir: str, bucket_uri: Optional[str], backend_kwargs: dict, keep_last: Optional[int], fsync: bool
+    ) -> None:
         """Record the commit intent of the save (coordinator, with its commit record).
 
         With the time the dead writer would have used: an intent it wrote already is rewritten in place,
@@ -99,9 +109,18 @@ class LeftSave:
         with open(os.path.join(self.folder, COMMIT_METADATA), 'rb') as handle:
             metadata = handle.read()
         checksums = self.commit.get('checksums')
-        write_intent(intents_dir, self.checkpoint_id, self.commit['files'], int(self.commit['time_ns']),
-                     metadata=metadata, bucket_uri=bucket_uri, backend_kwargs=backend_kwargs, keep_last=keep_last,
-                     fsync=fsync, extra={'checksums': checksums} if checksums else None)
+        write_intent(
+            intents_dir,
+            self.checkpoint_id,
+            self.commit['files'],
+            int(self.commit['time_ns']),
+            metadata=metadata,
+            bucket_uri=bucket_uri,
+            backend_kwargs=backend_kwargs,
+            keep_last=keep_last,
+            fsync=fsync,
+            extra={'checksums': checksums} if checksums else None,
+        )
 
 
 def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]]) -> None:
@@ -134,22 +153,41 @@ def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]
             cid = (manifest or started).get('checkpoint_id')
             if manifest is not None and manifest.get('ok'):
                 commit = read_json(os.path.join(path, COMMIT)) if manifest.get('coordinator') else None
-                left = LeftSave(path, info.get('bucket_uri'), dict(info.get('backend_kwargs') or {}),
-                                info.get('keep_last'), cid, manifest, commit)
+                left = LeftSave(
+                    path,
+                    info.get('bucket_uri'),
+                    dict(info.get('backend_kwargs') or {}),
+                    info.get('keep_last'),
+                    cid,
+                    manifest,
+                    commit,
+                )
                 taken = adopt(left)
                 if taken is None:
                     kept = True
                     continue
                 if taken:
-                    log.warning('CheckpointWriter: handed over the shards of checkpoint %r that a killed process left '
-                                'in %s%s', cid, path, ' (and its commit intent)' if commit is not None else '')
+                    log.warning(
+                        'CheckpointWriter: handed over the shards of checkpoint %r that a killed process left in %s%s',
+                        cid,
+                        path,
+                        ' (and its commit intent)' if commit is not None else '',
+                    )
                 else:
-                    log.warning('CheckpointWriter: removing the process save of checkpoint %r that a killed process '
-                                'left in %s: it was for another bucket (%r); it was never committed', cid, path,
-                                left.bucket_uri)
+                    log.warning(
+                        'CheckpointWriter: removing the process save of checkpoint %r that a killed process '
+                        'left in %s: it was for another bucket (%r); it was never committed',
+                        cid,
+                        path,
+                        left.bucket_uri,
+                    )
             else:
-                log.warning('CheckpointWriter: removing the unfinished process save of checkpoint %r that a killed '
-                            'process left in %s (it was never committed)', cid, path)
+                log.warning(
+                    'CheckpointWriter: removing the unfinished process save of checkpoint %r that a killed '
+                    'process left in %s (it was never committed)',
+                    cid,
+                    path,
+                )
             shutil.rmtree(path, ignore_errors=True)
         if not kept:
             shutil.rmtree(folder, ignore_errors=True)

@@ -26,8 +26,16 @@ import time
 import uuid
 from typing import Any, Optional, Protocol
 
-from dist_logging.checkpoint._dead_writers import (COMMIT, COMMIT_METADATA, MANIFEST, STARTED, WRITER_INFO, LeftSave,
-                                                   read_json, take_left_saves)
+from dist_logging.checkpoint._dead_writers import (
+    COMMIT,
+    COMMIT_METADATA,
+    MANIFEST,
+    STARTED,
+    WRITER_INFO,
+    LeftSave,
+    read_json,
+    take_left_saves,
+)
 from dist_logging.checkpoint._intents import publish
 from dist_logging.checkpoint._process_side import ProcessSideWriter
 
@@ -76,8 +84,16 @@ class HandOffTarget(Protocol):
     def saved(self, checkpoint_id: str, started_at: float, t0: float, total: int) -> Any:
         """A process save's files are queued: record its timing (returned, for :meth:`commit`)."""
 
-    def commit(self, checkpoint_id: str, files: dict[str, int], time_ns: int, metadata: bytes, timing: Any,
-               t0: float, checksums: dict[str, str]) -> None:
+    def commit(
+        self,
+        checkpoint_id: str,
+        files: dict[str, int],
+        time_ns: int,
+        metadata: bytes,
+        timing: Any,
+        t0: float,
+        checksums: dict[str, str],
+    ) -> None:
         """The coordinator's commit record of a process save (with each file's checksum, taken as it was written):
         record the intent and hand it to the committer."""
 
@@ -125,8 +141,12 @@ class HandOff:
         with self._lock:
             if self._seq == 0:
                 os.makedirs(self.folder, mode=0o700, exist_ok=True)
-                record = {'bucket_uri': info.bucket_uri, 'backend_kwargs': info.backend_kwargs,
-                          'keep_last': info.keep_last, 'pid': os.getpid()}
+                record = {
+                    'bucket_uri': info.bucket_uri,
+                    'backend_kwargs': info.backend_kwargs,
+                    'keep_last': info.keep_last,
+                    'pid': os.getpid(),
+                }
                 publish(os.path.join(self.folder, WRITER_INFO), json.dumps(record).encode(), info.sync_files)
             self._seq += 1
             seq = self._seq
@@ -172,11 +192,16 @@ class HandOff:
             manifest = read_json(os.path.join(sent.folder, MANIFEST))
             if manifest is None:
                 if over:
-                    self._fail(sent, 'it ended before its files were written (in the checkpoint process, or before '
-                               'reaching it; the async_save future holds the error)', remove=True)
+                    self._fail(
+                        sent,
+                        'it ended before its files were written (in the checkpoint process, or before '
+                        'reaching it; the async_save future holds the error)',
+                        remove=True,
+                    )
                 elif timed_out:
-                    self._fail(sent, 'the checkpoint process did not finish writing it within commit_timeout',
-                               remove=False)
+                    self._fail(
+                        sent, 'the checkpoint process did not finish writing it within commit_timeout', remove=False
+                    )
                 return over or timed_out
             sent.cid = manifest.get('checkpoint_id')
             if not manifest.get('ok'):
@@ -190,16 +215,26 @@ class HandOff:
             commit = read_json(os.path.join(sent.folder, COMMIT))
             if commit is None:
                 if over or timed_out:
-                    why = ('the save did not finish (DCP\'s finish never ran: it failed on this or another rank, '
-                           'or the checkpoint process died; the async_save future holds the error)' if over else
-                           'its commit record did not come within commit_timeout')
+                    why = (
+                        'the save did not finish (DCP\'s finish never ran: it failed on this or another rank, '
+                        'or the checkpoint process died; the async_save future holds the error)'
+                        if over
+                        else 'its commit record did not come within commit_timeout'
+                    )
                     self._fail(sent, f'this rank\'s shards were queued, but {why}', remove=over)
                     return True
                 return False
             with open(os.path.join(sent.folder, COMMIT_METADATA), 'rb') as handle:
                 metadata = handle.read()
-            target.commit(commit['checkpoint_id'], commit['files'], int(commit['time_ns']), metadata, sent.timing,
-                          sent.t0, dict(commit.get('checksums') or {}))
+            target.commit(
+                commit['checkpoint_id'],
+                commit['files'],
+                int(commit['time_ns']),
+                metadata,
+                sent.timing,
+                sent.t0,
+                dict(commit.get('checksums') or {}),
+            )
         shutil.rmtree(sent.folder, ignore_errors=True)
         return True
 
@@ -207,8 +242,10 @@ class HandOff:
         cid = sent.cid or (read_json(os.path.join(sent.folder, STARTED)) or {}).get('checkpoint_id')
         name = cid if cid else f'<process save #{sent.seq}, no checkpoint id recorded>'
         what = f'checkpoint {cid!r}' if cid else 'a save'
-        error = RuntimeError(f"{what} (async_save in the checkpoint process: this writer's process save "
-                             f'#{sent.seq}): {why}; it stays uncommitted (invisible to latest_checkpoint)')
+        error = RuntimeError(
+            f"{what} (async_save in the checkpoint process: this writer's process save "
+            f'#{sent.seq}): {why}; it stays uncommitted (invisible to latest_checkpoint)'
+        )
         log.error('%s', error)
         self.errors[name] = error
         if remove:
@@ -254,6 +291,5 @@ class HandOff:
         self.target.queue_files(left.folder, left.checkpoint_id, left.manifest['files'], skip_missing=True)
         if left.commit is not None:
             # The committer resumes it as any intent a killed coordinator left.
-            left.write_intent(info.intents_dir, info.bucket_uri, info.backend_kwargs, info.keep_last,
-                              info.sync_files)
+            left.write_intent(info.intents_dir, info.bucket_uri, info.backend_kwargs, info.keep_last, info.sync_files)
         return True

@@ -56,9 +56,20 @@ def _base(folder: str, checkpoint_id: str, time_ns: int) -> str:
     return os.path.join(folder, f'{time_ns:020d}-{hashlib.sha1(checkpoint_id.encode()).hexdigest()[:12]}')
 
 
-def write_intent(folder: str, checkpoint_id: str, files: dict, time_ns: int, *, metadata: Optional[bytes],
-                 bucket_uri: Optional[str], backend_kwargs: Optional[dict] = None, keep_last: Optional[int] = None,
-                 kind: str = 'dcp', extra: Optional[dict] = None, fsync: bool = False) -> CommitIntent:
+def write_intent(
+    folder: str,
+    checkpoint_id: str,
+    files: dict,
+    time_ns: int,
+    *,
+    metadata: Optional[bytes],
+    bucket_uri: Optional[str],
+    backend_kwargs: Optional[dict] = None,
+    keep_last: Optional[int] = None,
+    kind: str = 'dcp',
+    extra: Optional[dict] = None,
+    fsync: bool = False,
+) -> CommitIntent:
     """Write an intent (its ``.metadata`` first, then the JSON, each by temp file + ``os.replace``)."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     base = _base(folder, checkpoint_id, time_ns)
@@ -66,9 +77,17 @@ def write_intent(folder: str, checkpoint_id: str, files: dict, time_ns: int, *, 
     if metadata is not None:
         metadata_file = base + '.metadata'
         publish(metadata_file, metadata, fsync)
-    record = {'checkpoint_id': checkpoint_id, 'files': files, 'metadata_file': metadata_file, 'time_ns': time_ns,
-              'bucket_uri': bucket_uri, 'backend_kwargs': dict(backend_kwargs or {}), 'keep_last': keep_last,
-              'kind': kind, 'extra': dict(extra or {})}
+    record = {
+        'checkpoint_id': checkpoint_id,
+        'files': files,
+        'metadata_file': metadata_file,
+        'time_ns': time_ns,
+        'bucket_uri': bucket_uri,
+        'backend_kwargs': dict(backend_kwargs or {}),
+        'keep_last': keep_last,
+        'kind': kind,
+        'extra': dict(extra or {}),
+    }
     publish(base + '.json', json.dumps(record, sort_keys=True).encode(), fsync)
     return _from_record(base + '.json', record)
 
@@ -91,10 +110,18 @@ def publish(path: str, data: bytes, fsync: bool) -> None:
 
 
 def _from_record(path: str, record: dict[str, Any]) -> CommitIntent:
-    return CommitIntent(path, str(record['checkpoint_id']), {str(k): int(v) for k, v in record['files'].items()},
-                        record.get('metadata_file'), int(record['time_ns']), record.get('bucket_uri'),
-                        dict(record.get('backend_kwargs') or {}), record.get('keep_last'),
-                        str(record.get('kind', 'dcp')), dict(record.get('extra') or {}))
+    return CommitIntent(
+        path,
+        str(record['checkpoint_id']),
+        {str(k): int(v) for k, v in record['files'].items()},
+        record.get('metadata_file'),
+        int(record['time_ns']),
+        record.get('bucket_uri'),
+        dict(record.get('backend_kwargs') or {}),
+        record.get('keep_last'),
+        str(record.get('kind', 'dcp')),
+        dict(record.get('extra') or {}),
+    )
 
 
 def read_intents(folder: str) -> list[CommitIntent]:

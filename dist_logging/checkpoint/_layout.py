@@ -16,8 +16,19 @@ from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from dist_logging.object_store import ObjectInfo, check_object_name
 
-__all__ = ['METADATA_NAME', 'MARKER_RE', 'Marker', 'CheckpointIdMixin', 'check_checkpoint_id', 'marker_name',
-           'parse_marker', 'markers_by_checkpoint', 'encode_record', 'decode_record', 'missing_files']
+__all__ = [
+    'METADATA_NAME',
+    'MARKER_RE',
+    'Marker',
+    'CheckpointIdMixin',
+    'check_checkpoint_id',
+    'marker_name',
+    'parse_marker',
+    'markers_by_checkpoint',
+    'encode_record',
+    'decode_record',
+    'missing_files',
+]
 
 METADATA_NAME = '.metadata'
 MARKER_RE = re.compile(r'^(?P<cid>.+)/\.committed-(?P<ns>\d{20})\.json$')
@@ -46,8 +57,9 @@ def check_checkpoint_id(checkpoint_id: Any) -> str:
         raise TypeError(f'checkpoint_id must be a str, got {type(checkpoint_id).__name__}')
     text = os.fspath(checkpoint_id)
     if text.startswith('/'):
-        raise ValueError(f'checkpoint_id {text!r} is absolute; it is a prefix inside the bucket '
-                         "(e.g. 'run/checkpoints/step100')")
+        raise ValueError(
+            f'checkpoint_id {text!r} is absolute; it is a prefix inside the bucket (e.g. \'run/checkpoints/step100\')'
+        )
     cid = text.strip('/')
     try:
         check_object_name(cid)
@@ -105,8 +117,14 @@ def markers_by_checkpoint(listing: Iterable[ObjectInfo]) -> dict[str, list[Marke
 
 def encode_record(checkpoint_id: str, files: Mapping[str, int], kind: str, **extra: Any) -> bytes:
     """The marker's JSON: every object of the checkpoint (relative name -> size), and what wrote it."""
-    record = {'format': FORMAT, 'checkpoint_id': checkpoint_id, 'kind': kind, 'files': dict(sorted(files.items())),
-              'committed_at': time.time(), **extra}
+    record = {
+        'format': FORMAT,
+        'checkpoint_id': checkpoint_id,
+        'kind': kind,
+        'files': dict(sorted(files.items())),
+        'committed_at': time.time(),
+        **extra,
+    }
     return json.dumps(record, sort_keys=True).encode()
 
 
@@ -126,8 +144,10 @@ def decode_record(data: bytes, checkpoint_id: str) -> dict[str, Any]:
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in files.items()):
         raise ValueError(f'commit marker of {checkpoint_id!r}: bad file list')
     if record.get('checkpoint_id') != checkpoint_id:
-        raise ValueError(f'commit marker in {checkpoint_id!r} names another checkpoint: '
-                         f'{record.get("checkpoint_id")!r} (copied folder?)')
+        raise ValueError(
+            f'commit marker in {checkpoint_id!r} names another checkpoint: '
+            f'{record.get("checkpoint_id")!r} (copied folder?)'
+        )
     return record
 
 

@@ -19,8 +19,15 @@ log = logging.getLogger(__name__)
 PROBE_NAME = '.dist_logging-write-probe'  # the one object the construction-time probe writes (and rewrites)
 
 
-def check_torch_options(*, single_file_per_rank: Any, per_thread_copy_ahead: Any, overwrite: Any,
-                        extensions: Optional[Sequence[Any]], serialization_format: Any, thread_count: Any) -> None:
+def check_torch_options(
+    *,
+    single_file_per_rank: Any,
+    per_thread_copy_ahead: Any,
+    overwrite: Any,
+    extensions: Optional[Sequence[Any]],
+    serialization_format: Any,
+    thread_count: Any,
+) -> None:
     """Refuse, naming the argument and why, what torch's ``FileSystemWriter`` arguments cannot mean here.
 
     Raises:
@@ -37,19 +44,27 @@ def check_torch_options(*, single_file_per_rank: Any, per_thread_copy_ahead: Any
             raise ValueError(f'CheckpointWriter: {label} must be True or False, got {value!r}')
     if isinstance(thread_count, bool) or not isinstance(thread_count, int) or thread_count < 1:
         raise ValueError(f'CheckpointWriter: thread_count must be a positive int, got {thread_count!r}')
-    if (isinstance(per_thread_copy_ahead, bool) or not isinstance(per_thread_copy_ahead, int)
-            or per_thread_copy_ahead < 0):
-        raise ValueError(f'CheckpointWriter: per_thread_copy_ahead must be an int >= 0 (bytes), got '
-                         f'{per_thread_copy_ahead!r}')
+    if (
+        isinstance(per_thread_copy_ahead, bool)
+        or not isinstance(per_thread_copy_ahead, int)
+        or per_thread_copy_ahead < 0
+    ):
+        raise ValueError(
+            f'CheckpointWriter: per_thread_copy_ahead must be an int >= 0 (bytes), got {per_thread_copy_ahead!r}'
+        )
     if serialization_format != SerializationFormat.TORCH_SAVE:
-        raise ValueError(f'CheckpointWriter: serialization_format={serialization_format!r} is not supported: only '
-                         "SerializationFormat.TORCH_SAVE shards can be read back by torch's FileSystemReader and by "
-                         "CheckpointReader (for safetensors, torch's HuggingFaceStorageWriter writes them for Hugging "
-                         'Face readers)')
+        raise ValueError(
+            f'CheckpointWriter: serialization_format={serialization_format!r} is not supported: only '
+            "SerializationFormat.TORCH_SAVE shards can be read back by torch's FileSystemReader and by "
+            "CheckpointReader (for safetensors, torch's HuggingFaceStorageWriter writes them for Hugging "
+            'Face readers)'
+        )
     for extension in extensions or ():
         if not isinstance(extension, StreamTransformExtension):
-            raise ValueError(f'CheckpointWriter: _extensions must be torch StreamTransformExtension instances '
-                             f'(e.g. torch.distributed.checkpoint._extension.ZStandard()), got {extension!r}')
+            raise ValueError(
+                f'CheckpointWriter: _extensions must be torch StreamTransformExtension instances '
+                f'(e.g. torch.distributed.checkpoint._extension.ZStandard()), got {extension!r}'
+            )
 
 
 def probe_bucket(store: Any, where: str) -> None:
@@ -73,9 +88,11 @@ def probe_bucket(store: Any, where: str) -> None:
     try:
         retry(store, lambda: store.upload_object(PROBE_NAME, path, overwrite=True))
     except Exception as exc:  # noqa: BLE001 - re-raised with the bucket's name
-        raise RuntimeError(f'CheckpointWriter: the bucket {where} cannot be written ({type(exc).__name__}: {exc}); '
-                           'no checkpoint could ever commit there. Check the URI, that the bucket exists, and the '
-                           'credentials (validate_bucket=False skips this check, e.g. for an offline start)') from exc
+        raise RuntimeError(
+            f'CheckpointWriter: the bucket {where} cannot be written ({type(exc).__name__}: {exc}); '
+            'no checkpoint could ever commit there. Check the URI, that the bucket exists, and the '
+            'credentials (validate_bucket=False skips this check, e.g. for an offline start)'
+        ) from exc
     finally:
         if fd is not None:
             os.close(fd)
@@ -93,9 +110,12 @@ def refuse_existing(store: Any, checkpoint_id: str, pending: Iterable[str], wher
     from dist_logging.checkpoint.commit import retry
 
     if checkpoint_id in set(pending):
-        raise RuntimeError(f'Checkpoint already exists and self.overwrite=False: {checkpoint_id!r} was saved by this '
-                           f'job and is waiting for its commit in {where}')
+        raise RuntimeError(
+            f'Checkpoint already exists and self.overwrite=False: {checkpoint_id!r} was saved by this '
+            f'job and is waiting for its commit in {where}'
+        )
     listing = retry(store, lambda: store.list(f'{checkpoint_id}/'))
     if markers_by_checkpoint(listing).get(checkpoint_id):
-        raise RuntimeError(f'Checkpoint already exists and self.overwrite=False: {checkpoint_id!r} is committed in '
-                           f'{where}')
+        raise RuntimeError(
+            f'Checkpoint already exists and self.overwrite=False: {checkpoint_id!r} is committed in {where}'
+        )

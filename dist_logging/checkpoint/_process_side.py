@@ -34,11 +34,17 @@ from torch.futures import Future
 from dist_logging.checkpoint._dead_writers import COMMIT, COMMIT_METADATA, MANIFEST, STARTED
 from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_id
 from dist_logging.checkpoint._intents import publish
-from dist_logging.checkpoint._shards import (check_file_size, check_role, file_sizes, name_rank_files,
-                                             no_checkpoint_id, seal_metadata, write_rank_files)
+from dist_logging.checkpoint._shards import (
+    check_file_size,
+    check_role,
+    file_sizes,
+    name_rank_files,
+    no_checkpoint_id,
+    seal_metadata,
+    write_rank_files,
+)
 
 __all__ = ['ProcessSideWriter']
-
 
 
 class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
@@ -54,19 +60,47 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
         bucket_uri, backend_kwargs: the bucket (``overwrite=False`` lists the checkpoint's folder).
     """
 
-    def __init__(self, folder: str, *, files_per_rank: int, thread_count: int, sync_files: bool,
-                 per_thread_copy_ahead: int, serialization_format: Any, single_file_per_rank: bool = True,
-                 extensions: Optional[list] = None, overwrite: bool = True, intents_dir: Optional[str] = None,
-                 bucket_uri: Optional[str] = None, backend_kwargs: Optional[dict] = None):
-        super().__init__(folder, single_file_per_rank=single_file_per_rank, sync_files=sync_files,
-                         thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead, overwrite=overwrite,
-                         _extensions=extensions, serialization_format=serialization_format)
+    def __init__(
+        self,
+        folder: str,
+        *,
+        files_per_rank: int,
+        thread_count: int,
+        sync_files: bool,
+        per_thread_copy_ahead: int,
+        serialization_format: Any,
+        single_file_per_rank: bool = True,
+        extensions: Optional[list] = None,
+        overwrite: bool = True,
+        intents_dir: Optional[str] = None,
+        bucket_uri: Optional[str] = None,
+        backend_kwargs: Optional[dict] = None,
+    ):
+        super().__init__(
+            folder,
+            single_file_per_rank=single_file_per_rank,
+            sync_files=sync_files,
+            thread_count=thread_count,
+            per_thread_copy_ahead=per_thread_copy_ahead,
+            overwrite=overwrite,
+            _extensions=extensions,
+            serialization_format=serialization_format,
+        )
         self.folder = folder
         self.files_per_rank = files_per_rank
-        self._config = dict(files_per_rank=files_per_rank, thread_count=thread_count, sync_files=sync_files,
-                            per_thread_copy_ahead=per_thread_copy_ahead, serialization_format=serialization_format,
-                            single_file_per_rank=single_file_per_rank, extensions=extensions, overwrite=overwrite,
-                            intents_dir=intents_dir, bucket_uri=bucket_uri, backend_kwargs=backend_kwargs)
+        self._config = dict(
+            files_per_rank=files_per_rank,
+            thread_count=thread_count,
+            sync_files=sync_files,
+            per_thread_copy_ahead=per_thread_copy_ahead,
+            serialization_format=serialization_format,
+            single_file_per_rank=single_file_per_rank,
+            extensions=extensions,
+            overwrite=overwrite,
+            intents_dir=intents_dir,
+            bucket_uri=bucket_uri,
+            backend_kwargs=backend_kwargs,
+        )
         self._is_coordinator = False
 
     def __reduce__(self) -> Any:
@@ -84,8 +118,11 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
         super().reset(None)
         self._cid = cid
         self.path = Path(self.folder)
-        publish(os.path.join(self.folder, STARTED), json.dumps({'checkpoint_id': cid, 'pid': os.getpid()}).encode(),
-                self.sync_files)
+        publish(
+            os.path.join(self.folder, STARTED),
+            json.dumps({'checkpoint_id': cid, 'pid': os.getpid()}).encode(),
+            self.sync_files,
+        )
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Record the role. Raises ValueError without a ``checkpoint_id`` or for ``use_collectives=False``."""
@@ -131,8 +168,13 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
             except OSError as also:
                 exc.add_note(f'and its failure manifest could not be written: {also}')
             raise
-        record = {'checkpoint_id': self._cid, 'ok': True, 'coordinator': self._is_coordinator, 'files': files,
-                  'total_bytes': sum(files.values())}
+        record = {
+            'checkpoint_id': self._cid,
+            'ok': True,
+            'coordinator': self._is_coordinator,
+            'files': files,
+            'total_bytes': sum(files.values()),
+        }
         publish(os.path.join(self.folder, MANIFEST), json.dumps(record, sort_keys=True).encode(), self.sync_files)
         future: Future = Future()
         future.set_result(collected)

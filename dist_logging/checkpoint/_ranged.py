@@ -102,7 +102,7 @@ class MemoryReader(io.RawIOBase):
         """Copy the next bytes into ``buffer``; how many (0 at the end)."""
         target = memoryview(buffer).cast('B')
         count = max(0, min(len(target), len(self._view) - self._pos))
-        target[:count] = self._view[self._pos:self._pos + count]
+        target[:count] = self._view[self._pos : self._pos + count]
         self._pos += count
         return count
 
@@ -166,8 +166,17 @@ class RangedLoad:
         on_bytes: called with the size of every part read (from the pool's threads).
     """
 
-    def __init__(self, store: Any, checkpoint_id: str, sums: dict[str, FileSums], pool: ThreadPoolExecutor,
-                 max_in_flight: int, part_bytes: int, timeout: float, on_bytes: Callable[[int], None]):
+    def __init__(
+        self,
+        store: Any,
+        checkpoint_id: str,
+        sums: dict[str, FileSums],
+        pool: ThreadPoolExecutor,
+        max_in_flight: int,
+        part_bytes: int,
+        timeout: float,
+        on_bytes: Callable[[int], None],
+    ):
         self.store, self.cid, self.sums, self.pool = store, checkpoint_id, sums, pool
         self.max_in_flight, self.part_bytes, self.timeout, self.on_bytes = max_in_flight, part_bytes, timeout, on_bytes
         self.planner: Any = None
@@ -190,8 +199,11 @@ class RangedLoad:
         position = 0
         try:
             while position < len(queue) or running:
-                while (position < len(queue) and len(running) < self.max_in_flight
-                       and (not running or self.held < self.budget)):
+                while (
+                    position < len(queue)
+                    and len(running) < self.max_in_flight
+                    and (not running or self.held < self.budget)
+                ):
                     entry, index = queue[position]
                     position += 1
                     target = self._target(entry, index)
@@ -203,8 +215,9 @@ class RangedLoad:
                     running[future] = (entry, index, own)
                 done, _ = wait(running, timeout=self.timeout, return_when=FIRST_COMPLETED)
                 if not done:
-                    raise TimeoutError(f'checkpoint {self.cid!r}: no range arrived in {self.timeout:.0f} s '
-                                       f'({len(running)} in flight)')
+                    raise TimeoutError(
+                        f'checkpoint {self.cid!r}: no range arrived in {self.timeout:.0f} s ({len(running)} in flight)'
+                    )
                 for future in done:
                     entry, index, own = running.pop(future)
                     self._arrived(entry, index, own, future.result())
@@ -229,8 +242,14 @@ class RangedLoad:
                 raise FileNotFoundError(f'checkpoint {self.cid!r}: {relative} is not in its commit marker')
             ordered = sorted(by_range.values(), key=lambda blob: blob.offset)
             parts = plan_parts([(blob.offset, blob.length) for blob in ordered], sums, self.part_bytes)
-            entry = _File(f'{self.cid}/{relative}', sums, parts, ordered, [blob.offset for blob in ordered],
-                          verified=sums.chunks is not None or sums.whole is None)
+            entry = _File(
+                f'{self.cid}/{relative}',
+                sums,
+                parts,
+                ordered,
+                [blob.offset for blob in ordered],
+                verified=sums.chunks is not None or sums.whole is None,
+            )
             starts = [start for start, _ in parts]
             for blob in ordered:
                 if blob.length == 0:
@@ -255,7 +274,7 @@ class RangedLoad:
                     blob.buffer = bytearray(blob.length)
                     self.held += blob.length
                 begin = start - blob.offset
-                return memoryview(blob.buffer)[begin:begin + length]
+                return memoryview(blob.buffer)[begin : begin + length]
         return None
 
     def _fetch(self, entry: _File, start: int, buffer: memoryview) -> int:
@@ -268,12 +287,15 @@ class RangedLoad:
         chunk = sums.chunk
         for offset in range(0, len(buffer), chunk):
             number = (start + offset) // chunk
-            actual = crc32c(buffer[offset:offset + chunk])
+            actual = crc32c(buffer[offset : offset + chunk])
             if actual != sums.chunks[number]:
                 end = start + min(offset + chunk, len(buffer))
-                raise ChecksumMismatch(entry.name, encode(sums.chunks[number]), encode(actual),
-                                       f'checkpoint {self.cid!r}, chunk {number}: bytes {start + offset}-{end - 1}; '
-                                       'not loaded')
+                raise ChecksumMismatch(
+                    entry.name,
+                    encode(sums.chunks[number]),
+                    encode(actual),
+                    f'checkpoint {self.cid!r}, chunk {number}: bytes {start + offset}-{end - 1}; not loaded',
+                )
         return 0
 
     def _arrived(self, entry: _File, index: int, own: Optional[memoryview], crc: int) -> None:
@@ -286,13 +308,13 @@ class RangedLoad:
             if own is not None:
                 if start <= offset and offset + size <= start + length:
                     blob.remaining = 0
-                    self._ready(entry, blob, own[offset - start:offset - start + size])
+                    self._ready(entry, blob, own[offset - start : offset - start + size])
                     continue
                 if blob.buffer is None:
                     blob.buffer = bytearray(size)
                     self.held += size
                 low, high = max(offset, start), min(offset + size, start + length)
-                memoryview(blob.buffer)[low - offset:high - offset] = own[low - start:high - start]
+                memoryview(blob.buffer)[low - offset : high - offset] = own[low - start : high - start]
             blob.remaining -= 1
             if blob.remaining == 0:
                 buffer, blob.buffer = blob.buffer, None
@@ -308,8 +330,9 @@ class RangedLoad:
         for index, (_, length) in enumerate(entry.parts):
             value = fast_combine(value, entry.crcs[index], length)
         if value != entry.sums.whole:
-            raise ChecksumMismatch(entry.name, encode(entry.sums.whole or 0), encode(value),
-                                   f'checkpoint {self.cid!r}; not loaded')
+            raise ChecksumMismatch(
+                entry.name, encode(entry.sums.whole or 0), encode(value), f'checkpoint {self.cid!r}; not loaded'
+            )
         entry.verified = True
         ready, entry.ready = entry.ready, []
         for blob, view in ready:
@@ -325,8 +348,9 @@ class RangedLoad:
         """Deserialize one saved item for each read item that uses it, as torch's ``FileSystemReader`` does."""
         tensor = None
         for request in blob.requests:
-            stream = self.transforms.transform_load_stream(request, blob.info.transform_descriptors or (),
-                                                           MemoryReader(view))
+            stream = self.transforms.transform_load_stream(
+                request, blob.info.transform_descriptors or (), MemoryReader(view)
+            )
             if request.type == LoadItemType.BYTE_IO:
                 self.planner.load_bytes(request, io.BytesIO(stream.read(-1)))
                 continue

@@ -13,16 +13,31 @@ import threading
 import uuid
 from typing import Any, Callable, Optional
 
-from torch.distributed.checkpoint.filesystem import (CURRENT_DCP_VERSION, DEFAULT_SUFFIX, _split_by_size_and_type,
-                                                     _StoragePrefix, _write_files_from_queue)
+from torch.distributed.checkpoint.filesystem import (
+    CURRENT_DCP_VERSION,
+    DEFAULT_SUFFIX,
+    _split_by_size_and_type,
+    _StoragePrefix,
+    _write_files_from_queue,
+)
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
 from dist_logging.checkpoint._checksums import ChecksummedResults, file_checksums, plain_results, summing_streams
 
-__all__ = ['SHARD_NAME', 'name_rank_files', 'write_rank_files', 'seal_metadata', 'file_sizes', 'no_checkpoint_id',
-           'check_role', 'check_file_size', 'HandOverQueue', 'async_files']
+__all__ = [
+    'SHARD_NAME',
+    'name_rank_files',
+    'write_rank_files',
+    'seal_metadata',
+    'file_sizes',
+    'no_checkpoint_id',
+    'check_role',
+    'check_file_size',
+    'HandOverQueue',
+    'async_files',
+]
 
 SHARD_NAME = re.compile(r'/__\d+_[0-9a-f]{8}_\d+\.distcp$')  # name_rank_files' names
 # files_per_rank=None for a save off the training thread (dcp.async_save): one file per ASYNC_FILE_BYTES of the
@@ -35,12 +50,17 @@ ASYNC_FILE_BYTES = 64 * 1024 * 1024
 def name_rank_files(plans: list[SavePlan]) -> list[SavePlan]:
     """Name each rank's files ``__{rank}_{nonce}_{n}.distcp`` (coordinator; the nonce is fresh per save)."""
     nonce = uuid.uuid4().hex[:8]
-    return [dataclasses.replace(plan, storage_data=_StoragePrefix(f'__{i}_{nonce}_'))
-            for i, plan in enumerate(plans)]
+    return [dataclasses.replace(plan, storage_data=_StoragePrefix(f'__{i}_{nonce}_')) for i, plan in enumerate(plans)]
 
 
-def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results: queue.Queue,
-                     files: Optional[int] = None, create_stream: Optional[Callable] = None) -> None:
+def write_rank_files(
+    writer: Any,
+    plan: SavePlan,
+    planner: SavePlanner,
+    results: queue.Queue,
+    files: Optional[int] = None,
+    create_stream: Optional[Callable] = None,
+) -> None:
     """Write this rank's shard files into ``writer.path`` as torch's ``FileSystemWriter.write_data`` does
     (its file writer, ``writer.thread_count`` threads), split in ``max(files, thread_count)`` files
     balanced by size. torch's writer puts each file's write results in ``results`` once the file is closed.
@@ -70,13 +90,24 @@ def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results:
 
     def write() -> None:
         try:
-            _write_files_from_queue(opener, queued, checked, planner, writer.transforms, writer.per_thread_copy_ahead,
-                                    writer.sync_files, writer.thread_count, writer.serialization_format)
+            _write_files_from_queue(
+                opener,
+                queued,
+                checked,
+                planner,
+                writer.transforms,
+                writer.per_thread_copy_ahead,
+                writer.sync_files,
+                writer.thread_count,
+                writer.serialization_format,
+            )
         except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=write, name=f'dist_logging-ckpt-write-{i}', daemon=True)
-               for i in range(1, min(writer.thread_count, len(buckets)))]
+    threads = [
+        threading.Thread(target=write, name=f'dist_logging-ckpt-write-{i}', daemon=True)
+        for i in range(1, min(writer.thread_count, len(buckets)))
+    ]
     for thread in threads:
         thread.start()
     write()
@@ -86,8 +117,9 @@ def write_rank_files(writer: Any, plan: SavePlan, planner: SavePlanner, results:
         raise errors[0]
 
 
-def seal_metadata(metadata: Metadata, results: list[list[WriteResult]],
-                  storage_meta: Optional[StorageMeta]) -> tuple[dict[str, int], dict[str, str]]:
+def seal_metadata(
+    metadata: Metadata, results: list[list[WriteResult]], storage_meta: Optional[StorageMeta]
+) -> tuple[dict[str, int], dict[str, str]]:
     """Fill ``metadata`` as torch's ``FileSystemWriter.finish`` does (version, storage data of every rank's
     results, ``storage_meta``), with torch's own ``_StorageInfo`` (the checksums stay out of the ``.metadata``);
     return every shard file's relative name -> size, and -> checksum."""
@@ -111,8 +143,9 @@ def file_sizes(results: list[WriteResult]) -> dict[str, int]:
 
 def no_checkpoint_id() -> ValueError:
     """The error for a save without ``checkpoint_id=`` (torch calls ``reset`` only when one is given)."""
-    return ValueError("CheckpointWriter: pass checkpoint_id= (the checkpoint's folder in the bucket) to "
-                      'dcp.save / dcp.async_save')
+    return ValueError(
+        "CheckpointWriter: pass checkpoint_id= (the checkpoint's folder in the bucket) to dcp.save / dcp.async_save"
+    )
 
 
 def check_role(writer: Any, armed: bool) -> None:
@@ -121,8 +154,10 @@ def check_role(writer: Any, armed: bool) -> None:
     if not armed:
         raise no_checkpoint_id()
     if not writer.use_collectives:
-        raise ValueError('CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
-                         "from every rank's write results")
+        raise ValueError(
+            'CheckpointWriter needs use_collectives=True: the coordinator commits the checkpoint '
+            "from every rank's write results"
+        )
 
 
 def check_file_size(path: str, size: int) -> None:
@@ -130,8 +165,10 @@ def check_file_size(path: str, size: int) -> None:
     write results end)."""
     actual = os.path.getsize(path)
     if actual != size:
-        raise RuntimeError(f'CheckpointWriter: {path} has {actual} bytes but its write results end at {size}; '
-                           'this torch writes a file layout the commit check does not understand')
+        raise RuntimeError(
+            f'CheckpointWriter: {path} has {actual} bytes but its write results end at {size}; '
+            'this torch writes a file layout the commit check does not understand'
+        )
 
 
 class HandOverQueue(queue.Queue):
@@ -158,6 +195,9 @@ class HandOverQueue(queue.Queue):
 
 def async_files(plan: SavePlan) -> int:
     """Shard files for a save off the training thread: one per ``ASYNC_FILE_BYTES`` of the plan, within bounds."""
-    planned = sum(math.prod(item.tensor_data.size) * item.tensor_data.properties.dtype.itemsize
-                  for item in plan.items if item.tensor_data is not None)  # tensors; byte items are small
+    planned = sum(
+        math.prod(item.tensor_data.size) * item.tensor_data.properties.dtype.itemsize
+        for item in plan.items
+        if item.tensor_data is not None
+    )  # tensors; byte items are small
     return min(ASYNC_MAX_FILES_PER_RANK, max(ASYNC_FILES_PER_RANK, -(-planned // ASYNC_FILE_BYTES)))

@@ -53,9 +53,13 @@ class StagingBuffers:
             busy = busy or self._pending
             if busy and not self._warned:
                 self._warned = True
-                warnings.warn('CheckpointWriter: the previous async_save of this writer may still be reading its '
-                              'staged copy; this one is staged into fresh memory. Wait for each async_save future '
-                              'before the next save', RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    'CheckpointWriter: the previous async_save of this writer may still be reading its '
+                    'staged copy; this one is staged into fresh memory. Wait for each async_save future '
+                    'before the next save',
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
             if busy or layout is None:
                 return _fresh_copy(state_dict)
             if self._buffers is None or layout != self._layout:
@@ -98,8 +102,11 @@ def _allocate(state_dict: dict) -> dict:
         try:
             return _create_cpu_state_dict(state_dict, pin_memory=True)
         except RuntimeError as exc:
-            warnings.warn(f'CheckpointWriter: could not pin the staging buffers ({exc}); using pageable memory',
-                          RuntimeWarning, stacklevel=5)
+            warnings.warn(
+                f'CheckpointWriter: could not pin the staging buffers ({exc}); using pageable memory',
+                RuntimeWarning,
+                stacklevel=5,
+            )
     return _create_cpu_state_dict(state_dict)
 
 
@@ -132,4 +139,3 @@ def _layout_of(value: Any) -> Any:
         inner_list = [_layout_of(item) for item in value]
         return None if any(x is None for x in inner_list) else (type(value).__name__, tuple(inner_list))
     return ('value',)  # copied by reference: any value fits
-

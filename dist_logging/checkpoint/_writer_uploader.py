@@ -15,8 +15,15 @@ from dist_logging.upload.uploader import Uploader
 __all__ = ['UPLOADER_OPTIONS', 'uploader_for']
 
 # The keyword arguments that build the Uploader from a URI (its constructor's), and only then apply.
-UPLOADER_OPTIONS = ('backend_kwargs', 'upload_staging_folder', 'run_name', 'num_concurrent_uploads', 'num_attempts',
-                    'use_procs', 'upload_priority')
+UPLOADER_OPTIONS = (
+    'backend_kwargs',
+    'upload_staging_folder',
+    'run_name',
+    'num_concurrent_uploads',
+    'num_attempts',
+    'use_procs',
+    'upload_priority',
+)
 
 
 def uploader_for(bucket: Any, options: dict, *, sync_files: bool) -> tuple[Uploader, bool]:
@@ -39,20 +46,29 @@ def uploader_for(bucket: Any, options: dict, *, sync_files: bool) -> tuple[Uploa
     else:
         uploader = bucket if isinstance(bucket, Uploader) else getattr(bucket, 'uploader', None)
         if not isinstance(uploader, Uploader):
-            raise TypeError(f'CheckpointWriter: bucket must be a URI, an Uploader or a RemoteUploaderDownloader, '
-                            f'got {type(bucket).__name__}')
+            raise TypeError(
+                f'CheckpointWriter: bucket must be a URI, an Uploader or a RemoteUploaderDownloader, '
+                f'got {type(bucket).__name__}'
+            )
         if options:
-            raise ValueError(f'CheckpointWriter: {sorted(options)} only apply to a bucket URI; configure the '
-                             f'{type(bucket).__name__} instead')
+            raise ValueError(
+                f'CheckpointWriter: {sorted(options)} only apply to a bucket URI; configure the '
+                f'{type(bucket).__name__} instead'
+            )
         template = getattr(bucket, 'file_path_format_string', '{remote_file_name}')
         if template != '{remote_file_name}':
-            raise ValueError(f'CheckpointWriter: the uploader names objects with {template!r}; checkpoints need the '
-                             "plain '{remote_file_name}' (put the prefix in the checkpoint id or the bucket URI)")
+            raise ValueError(
+                f'CheckpointWriter: the uploader names objects with {template!r}; checkpoints need the '
+                "plain '{remote_file_name}' (put the prefix in the checkpoint id or the bucket URI)"
+            )
         owned = False
     store = uploader.object_store
     for method in ('list', 'delete'):
         if not callable(getattr(type(store), method, None)) or getattr(type(store), method) is getattr(
-                ObjectStore, method):
-            raise TypeError(f'CheckpointWriter: {store!r} has no {method}(); checkpoints need a store with '
-                            'list and delete (every dist_logging.object_store store has them)')
+            ObjectStore, method
+        ):
+            raise TypeError(
+                f'CheckpointWriter: {store!r} has no {method}(); checkpoints need a store with '
+                'list and delete (every dist_logging.object_store store has them)'
+            )
     return uploader, owned

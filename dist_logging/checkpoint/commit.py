@@ -21,14 +21,30 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Mapping, Optional
 
 from dist_logging.checkpoint._chunk_sums import chunk_entries
-from dist_logging.checkpoint._layout import (METADATA_NAME, Marker, decode_record, encode_record, marker_name,
-                                             markers_by_checkpoint, missing_files)
+from dist_logging.checkpoint._layout import (
+    METADATA_NAME,
+    Marker,
+    decode_record,
+    encode_record,
+    marker_name,
+    markers_by_checkpoint,
+    missing_files,
+)
 from dist_logging.object_store import ObjectInfo
 from dist_logging.object_store.checksums import file_crc32c
 from dist_logging.upload.retry import RetryPolicy, call_with_retries
 
-__all__ = ['NotLanded', 'ChecksumMismatch', 'CorruptCheckpoint', 'landed_mismatches', 'commit_checkpoint', 'uncommit',
-           'delete_checkpoint', 'read_record', 'retry']
+__all__ = [
+    'NotLanded',
+    'ChecksumMismatch',
+    'CorruptCheckpoint',
+    'landed_mismatches',
+    'commit_checkpoint',
+    'uncommit',
+    'delete_checkpoint',
+    'read_record',
+    'retry',
+]
 
 log = logging.getLogger(__name__)
 _POLICY = RetryPolicy(num_attempts=3, initial_backoff=0.5)
@@ -59,8 +75,10 @@ class ChecksumMismatch(ValueError):
 
     def __init__(self, name: str, expected: str, actual: str, where: str = ''):
         self.name, self.expected, self.actual = name, expected, actual
-        super().__init__(f'{name}: checksum {actual} where {expected} was recorded when it was written'
-                         f'{" (" + where + ")" if where else ""}: its bytes changed after they were written')
+        super().__init__(
+            f'{name}: checksum {actual} where {expected} was recorded when it was written'
+            f'{" (" + where + ")" if where else ""}: its bytes changed after they were written'
+        )
 
 
 class CorruptCheckpoint(ValueError):
@@ -75,12 +93,15 @@ class CorruptCheckpoint(ValueError):
     def __init__(self, checkpoint_id: str, mismatches: Mapping[str, ChecksumMismatch]):
         self.checkpoint_id, self.mismatches = checkpoint_id, dict(mismatches)
         names = ', '.join(sorted(self.mismatches)[:10])
-        super().__init__(f'checkpoint {checkpoint_id!r} is not committed: {len(self.mismatches)} object(s) landed '
-                         f'with other bytes than their writer wrote (checksum mismatch): {names}')
+        super().__init__(
+            f'checkpoint {checkpoint_id!r} is not committed: {len(self.mismatches)} object(s) landed '
+            f'with other bytes than their writer wrote (checksum mismatch): {names}'
+        )
 
 
-def landed_mismatches(store: Any, checkpoint_id: str, checksums: Mapping[str, str],
-                      policy: Optional[RetryPolicy] = None) -> dict[str, ChecksumMismatch]:
+def landed_mismatches(
+    store: Any, checkpoint_id: str, checksums: Mapping[str, str], policy: Optional[RetryPolicy] = None
+) -> dict[str, ChecksumMismatch]:
     """Object name -> mismatch, for each file of ``checksums`` (relative name -> recorded checksum) whose
     checksum kept by the store differs. A store that keeps none (``object_checksum`` missing or None) checks
     nothing here (the reader checks at load). One request per object on S3 (``HeadObject``), a few in flight.
@@ -129,8 +150,9 @@ def read_record(store: Any, marker: Marker, scratch: str, policy: Optional[Retry
     return decode_record(data, marker.checkpoint_id)
 
 
-def uncommit(store: Any, checkpoint_id: str, listing: Iterable[ObjectInfo], policy: Optional[RetryPolicy] = None
-             ) -> list[Marker]:
+def uncommit(
+    store: Any, checkpoint_id: str, listing: Iterable[ObjectInfo], policy: Optional[RetryPolicy] = None
+) -> list[Marker]:
     """Delete every marker of ``checkpoint_id`` found in ``listing`` (the checkpoint becomes invisible)."""
     markers = markers_by_checkpoint(listing).get(checkpoint_id, [])
     for marker in reversed(markers):  # newest first: the checkpoint is invisible after the first delete
@@ -138,9 +160,18 @@ def uncommit(store: Any, checkpoint_id: str, listing: Iterable[ObjectInfo], poli
     return markers
 
 
-def commit_checkpoint(store: Any, checkpoint_id: str, files: Mapping[str, int], scratch: str, *,
-                      metadata_file: Optional[str] = None, kind: str = 'dcp', extra: Optional[Mapping[str, Any]] = None,
-                      time_ns: Optional[int] = None, policy: Optional[RetryPolicy] = None) -> str:
+def commit_checkpoint(
+    store: Any,
+    checkpoint_id: str,
+    files: Mapping[str, int],
+    scratch: str,
+    *,
+    metadata_file: Optional[str] = None,
+    kind: str = 'dcp',
+    extra: Optional[Mapping[str, Any]] = None,
+    time_ns: Optional[int] = None,
+    policy: Optional[RetryPolicy] = None,
+) -> str:
     """Make ``checkpoint_id`` visible if every file in ``files`` landed; returns the marker's name.
 
     Args:
@@ -182,8 +213,11 @@ def commit_checkpoint(store: Any, checkpoint_id: str, files: Mapping[str, int], 
     if time_ns is not None and old_markers and old_markers[-1].time_ns >= time_ns:
         # A newer save of this id is committed already (e.g. drain finishing a stale intent):
         # it stays; this older version's files are the garbage.
-        log.warning('checkpoint %r: a newer save is committed (%s); not committing the older one', checkpoint_id,
-                    old_markers[-1].name)
+        log.warning(
+            'checkpoint %r: a newer save is committed (%s); not committing the older one',
+            checkpoint_id,
+            old_markers[-1].name,
+        )
         return old_markers[-1].name
     garbage: set[str] = set()
     if old_markers:
@@ -193,19 +227,24 @@ def commit_checkpoint(store: Any, checkpoint_id: str, files: Mapping[str, int], 
             old = read_record(store, old_markers[-1], scratch, policy)
             garbage = {name for name in old['files'] if name not in all_files and name != METADATA_NAME}
         except (FileNotFoundError, ValueError) as exc:
-            log.warning('checkpoint %r: could not read the marker being replaced (%s); its files stay', checkpoint_id,
-                        exc)
+            log.warning(
+                'checkpoint %r: could not read the marker being replaced (%s); its files stay', checkpoint_id, exc
+            )
         uncommit(store, checkpoint_id, listing, policy)
     if metadata_file is not None:
         size = os.path.getsize(metadata_file)
         if checksums:
             checksums[METADATA_NAME] = file_crc32c(metadata_file)
             extra['checksums'] = checksums
-        retry(store, lambda: store.upload_object(f'{checkpoint_id}/{METADATA_NAME}', metadata_file, overwrite=True),
-              policy)
+        retry(
+            store,
+            lambda: store.upload_object(f'{checkpoint_id}/{METADATA_NAME}', metadata_file, overwrite=True),
+            policy,
+        )
         all_files[METADATA_NAME] = size
-        bad = landed_mismatches(store, checkpoint_id, {METADATA_NAME: checksums[METADATA_NAME]} if checksums else {},
-                                policy)
+        bad = landed_mismatches(
+            store, checkpoint_id, {METADATA_NAME: checksums[METADATA_NAME]} if checksums else {}, policy
+        )
         if bad:
             raise CorruptCheckpoint(checkpoint_id, bad)
     name = marker_name(checkpoint_id, time_ns)
@@ -224,13 +263,19 @@ def commit_checkpoint(store: Any, checkpoint_id: str, files: Mapping[str, int], 
         try:
             retry(store, lambda r=relative: store.delete(f'{checkpoint_id}/{r}'), policy)
         except Exception as exc:  # noqa: BLE001 - garbage of an older version; the commit stands
-            log.warning('checkpoint %r: could not delete %s of the version it replaced: %s', checkpoint_id, relative,
-                        exc)
+            log.warning(
+                'checkpoint %r: could not delete %s of the version it replaced: %s', checkpoint_id, relative, exc
+            )
     return name
 
 
-def delete_checkpoint(store: Any, checkpoint_id: str, listing: Iterable[ObjectInfo],
-                      keep_under: Iterable[str] = (), policy: Optional[RetryPolicy] = None) -> int:
+def delete_checkpoint(
+    store: Any,
+    checkpoint_id: str,
+    listing: Iterable[ObjectInfo],
+    keep_under: Iterable[str] = (),
+    policy: Optional[RetryPolicy] = None,
+) -> int:
     """Un-commit then delete ``checkpoint_id``'s objects as listed; returns how many objects were deleted.
 
     Order: markers, ``.metadata``, the rest, so an interruption at any point leaves an
@@ -241,8 +286,10 @@ def delete_checkpoint(store: Any, checkpoint_id: str, listing: Iterable[ObjectIn
     keep = tuple(f'{other}/' for other in keep_under)
     mine = [info for info in listing if info.name.startswith(prefix) and not info.name.startswith(keep)]
     count = len(uncommit(store, checkpoint_id, mine, policy))
-    rest = sorted((info.name for info in mine if markers_by_checkpoint([info]) == {}),
-                  key=lambda name: (name != f'{prefix}{METADATA_NAME}', name))
+    rest = sorted(
+        (info.name for info in mine if markers_by_checkpoint([info]) == {}),
+        key=lambda name: (name != f'{prefix}{METADATA_NAME}', name),
+    )
     for name in rest:
         retry(store, lambda n=name: store.delete(n), policy)
         count += 1

@@ -137,8 +137,13 @@ def _take_process_saves(folder: str, store_for: Any, object_store: Any, report: 
                     store.upload_object(f'{left.checkpoint_id}/{name}', path)
                     os.unlink(path)
             if left.commit is not None:
-                left.write_intent(os.path.join(folder, INTENTS_FOLDER), left.bucket_uri, left.backend_kwargs,
-                                  left.keep_last, fsync=False)
+                left.write_intent(
+                    os.path.join(folder, INTENTS_FOLDER),
+                    left.bucket_uri,
+                    left.backend_kwargs,
+                    left.keep_last,
+                    fsync=False,
+                )
         except Exception as exc:  # noqa: BLE001 - reported; the save stays for the next drain or writer
             report.not_ready[left.checkpoint_id] = exc
             return None

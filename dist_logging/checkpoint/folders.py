@@ -91,14 +91,27 @@ class FolderCommits:
         uploader = self.uploader
         with self._lock:
             if self._committer is None:
-                self._committer = Committer(uploader.object_store, scratch_folder(uploader.upload_staging_folder),
-                                            self.timeout, uploader.failed_uploads, self._on_commit)
+                self._committer = Committer(
+                    uploader.object_store,
+                    scratch_folder(uploader.upload_staging_folder),
+                    self.timeout,
+                    uploader.failed_uploads,
+                    self._on_commit,
+                )
                 uploader.add_landed_listener(self._committer.nudge)
                 uploader.add_close_hook(self._close)
         record = uploader.store_record
-        intent = write_intent(os.path.join(uploader.staging_folder, INTENTS_FOLDER), folder_id, sizes,
-                              time.time_ns(), metadata=None, bucket_uri=record.uri, backend_kwargs=record.kwargs,
-                              kind='folder', fsync=uploader.fsync)
+        intent = write_intent(
+            os.path.join(uploader.staging_folder, INTENTS_FOLDER),
+            folder_id,
+            sizes,
+            time.time_ns(),
+            metadata=None,
+            bucket_uri=record.uri,
+            backend_kwargs=record.kwargs,
+            kind='folder',
+            fsync=uploader.fsync,
+        )
         self._committer.submit(intent)
 
     def wait(self, timeout: Optional[float] = None) -> bool:

@@ -32,6 +32,8 @@ def format_checkpoint_id(template: str, *, run_name: str, step: int, epoch: int 
             raise TypeError(f'format_checkpoint_id: {label} must be an int, got {value!r}')
     per_rank = sorted(template_placeholders(template) & set(_PER_RANK))
     if per_rank:
-        raise ValueError(f'checkpoint id template {template!r} uses {per_rank}: every rank must name the same '
-                         'checkpoint (the shard files are per rank already)')
+        raise ValueError(
+            f'checkpoint id template {template!r} uses {per_rank}: every rank must name the same '
+            'checkpoint (the shard files are per rank already)'
+        )
     return check_checkpoint_id(format_name_with_dist(template, run_name, step=step, epoch=epoch, **extra))

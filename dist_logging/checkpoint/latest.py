@@ -30,8 +30,10 @@ def open_store(bucket: Any, backend_kwargs: Optional[Mapping[str, Any]] = None) 
     store = getattr(bucket, 'object_store', bucket)  # a RemoteUploaderDownloader, or a store
     for method in ('list', 'delete', 'upload_object', 'download_object'):
         if not callable(getattr(store, method, None)):
-            raise TypeError(f'{store!r} has no {method}(): checkpoints need an ObjectStore with list and delete '
-                            '(dist_logging.object_store)')
+            raise TypeError(
+                f'{store!r} has no {method}(): checkpoints need an ObjectStore with list and delete '
+                '(dist_logging.object_store)'
+            )
     return store, False
 
 
@@ -49,8 +51,9 @@ def committed_markers(listing: list[ObjectInfo]) -> list[Marker]:
     return sorted(newest, key=lambda m: (m.time_ns, m.checkpoint_id))
 
 
-def list_checkpoints(bucket: Union[str, ObjectStore, Any], prefix: str = '', *,
-                     backend_kwargs: Optional[Mapping[str, Any]] = None) -> list[str]:
+def list_checkpoints(
+    bucket: Union[str, ObjectStore, Any], prefix: str = '', *, backend_kwargs: Optional[Mapping[str, Any]] = None
+) -> list[str]:
     """Ids of the committed checkpoints under ``prefix``, oldest commit first (one listing, no reads).
 
     Raises:
@@ -66,8 +69,9 @@ def list_checkpoints(bucket: Union[str, ObjectStore, Any], prefix: str = '', *,
     return [marker.checkpoint_id for marker in committed_markers(listing)]
 
 
-def latest_checkpoint(bucket: Union[str, ObjectStore, Any], prefix: str = '', *,
-                      backend_kwargs: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+def latest_checkpoint(
+    bucket: Union[str, ObjectStore, Any], prefix: str = '', *, backend_kwargs: Optional[Mapping[str, Any]] = None
+) -> Optional[str]:
     """The id of the newest committed checkpoint under ``prefix``, or None.
 
     One listing of ``prefix`` and one read (the newest marker), whatever the number of
@@ -108,13 +112,19 @@ def latest_checkpoint(bucket: Union[str, ObjectStore, Any], prefix: str = '', *,
                 continue
             wrong = missing_files(marker.checkpoint_id, record['files'], listing)
             if wrong:
-                log.warning('latest_checkpoint: skipping %r, committed but incomplete now: %s', marker.checkpoint_id,
-                            sorted(wrong.items())[:5])
+                log.warning(
+                    'latest_checkpoint: skipping %r, committed but incomplete now: %s',
+                    marker.checkpoint_id,
+                    sorted(wrong.items())[:5],
+                )
                 continue
             corrupt = landed_mismatches(store, marker.checkpoint_id, record.get('checksums') or {})
             if corrupt:
-                log.warning('latest_checkpoint: skipping %r, its objects do not hold the bytes its marker records: %s',
-                            marker.checkpoint_id, '; '.join(str(error) for error in list(corrupt.values())[:3]))
+                log.warning(
+                    'latest_checkpoint: skipping %r, its objects do not hold the bytes its marker records: %s',
+                    marker.checkpoint_id,
+                    '; '.join(str(error) for error in list(corrupt.values())[:3]),
+                )
                 continue
             return marker.checkpoint_id
         return None

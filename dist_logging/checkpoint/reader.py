@@ -22,8 +22,13 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
 from dist_logging.checkpoint._chunk_sums import chunk_entries, file_crc32c
-from dist_logging.checkpoint._layout import (METADATA_NAME, CheckpointIdMixin, check_checkpoint_id, decode_record,
-                                            missing_files)
+from dist_logging.checkpoint._layout import (
+    METADATA_NAME,
+    CheckpointIdMixin,
+    check_checkpoint_id,
+    decode_record,
+    missing_files,
+)
 from dist_logging.checkpoint._paths import default_cache_folder
 from dist_logging.checkpoint._ranged import FileSums, RangedLoad, fetch_object
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
@@ -94,10 +99,19 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
             ``part_bytes`` or ``timeout`` (named).
     """
 
-    def __init__(self, bucket: Any, *, backend_kwargs: Optional[Mapping[str, Any]] = None,
-                 max_in_flight: int = MAX_IN_FLIGHT, part_bytes: int = PART_BYTES, timeout: float = 600.0,
-                 node_cache: bool = False, cache_folder: Optional[Union[str, 'os.PathLike[str]']] = None,
-                 run_name: Optional[str] = None, _extension_registry: Optional[ExtensionRegistry] = None):
+    def __init__(
+        self,
+        bucket: Any,
+        *,
+        backend_kwargs: Optional[Mapping[str, Any]] = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        part_bytes: int = PART_BYTES,
+        timeout: float = 600.0,
+        node_cache: bool = False,
+        cache_folder: Optional[Union[str, 'os.PathLike[str]']] = None,
+        run_name: Optional[str] = None,
+        _extension_registry: Optional[ExtensionRegistry] = None,
+    ):
         for label, value, least in (('max_in_flight', max_in_flight, 1), ('part_bytes', part_bytes, MiB)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f'CheckpointReader: {label} must be an int >= {least}, got {value!r}')
@@ -109,12 +123,17 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         ranged = getattr(type(self.store), 'read_range', None)
         self.node_cache = bool(node_cache) or ranged is None or ranged is ObjectStore.read_range
         if self.node_cache and not node_cache:
-            warnings.warn(f'CheckpointReader: {self.store!r} has no read_range(): whole files are downloaded into '
-                          'a node cache on local disk', RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f'CheckpointReader: {self.store!r} has no read_range(): whole files are downloaded into '
+                'a node cache on local disk',
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.cache_root: Optional[str] = None
         if self.node_cache:
-            self.cache_root = (os.path.abspath(os.fspath(cache_folder)) if cache_folder
-                               else default_cache_folder(run_name))
+            self.cache_root = (
+                os.path.abspath(os.fspath(cache_folder)) if cache_folder else default_cache_folder(run_name)
+            )
             os.makedirs(self.cache_root, mode=0o700, exist_ok=True)
             sweep_cache(self.cache_root)  # what killed readers of this node left
         self._cid: Optional[str] = None
@@ -152,8 +171,10 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         markers = [m for m in committed_markers(listing) if m.checkpoint_id == cid]
         where = getattr(self.store, 'bucket_uri', None) or repr(self.store)
         if not markers:
-            raise FileNotFoundError(f'checkpoint {cid!r} is not committed in {where} (no commit marker: being '
-                                    'written, failed, or deleted); latest_checkpoint() finds the newest committed one')
+            raise FileNotFoundError(
+                f'checkpoint {cid!r} is not committed in {where} (no commit marker: being '
+                'written, failed, or deleted); latest_checkpoint() finds the newest committed one'
+            )
         marker = markers[-1]
         if self.node_cache:
             key = hashlib.sha1(f'{where}\0{cid}'.encode()).hexdigest()[:16]
@@ -169,11 +190,14 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         record = decode_record(data, cid)
         wrong = missing_files(cid, record['files'], listing)
         if wrong:
-            raise FileNotFoundError(f'checkpoint {cid!r} is committed but files are missing now: '
-                                    f'{sorted(wrong.items())[:10]}')
+            raise FileNotFoundError(
+                f'checkpoint {cid!r} is committed but files are missing now: {sorted(wrong.items())[:10]}'
+            )
         if METADATA_NAME not in record['files']:
-            raise ValueError(f'checkpoint {cid!r} has no {METADATA_NAME}: it is a committed folder '
-                             '(Logger.upload_folder), not a DCP checkpoint')
+            raise ValueError(
+                f'checkpoint {cid!r} has no {METADATA_NAME}: it is a committed folder '
+                '(Logger.upload_folder), not a DCP checkpoint'
+            )
         self._files = dict(record['files'])
         # A marker committed by a version that did not split the chunk sums out keeps them among the checksums.
         whole, chunks = chunk_entries({str(k): str(v) for k, v in (record.get('checksums') or {}).items()})
@@ -227,13 +251,22 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         self._resolve()
         name = f'{self._cid}/{METADATA_NAME}'
         if self.node_cache:
-            path = self._fetch(name, os.path.join(str(self.path), METADATA_NAME), self._files[METADATA_NAME],
-                               self._checksums.get(METADATA_NAME))
+            path = self._fetch(
+                name,
+                os.path.join(str(self.path), METADATA_NAME),
+                self._files[METADATA_NAME],
+                self._checksums.get(METADATA_NAME),
+            )
             with open(path, 'rb') as handle:
                 data = handle.read()
         else:
-            data = fetch_object(self.store, name, self._files[METADATA_NAME], self._checksums.get(METADATA_NAME),
-                                f'checkpoint {self._cid!r}; not loaded')
+            data = fetch_object(
+                self.store,
+                name,
+                self._files[METADATA_NAME],
+                self._checksums.get(METADATA_NAME),
+                f'checkpoint {self._cid!r}; not loaded',
+            )
             self._count(len(data))
         metadata = pickle.loads(data)  # DCP's own format, as FileSystemReader reads it
         if getattr(metadata, 'storage_meta', None) is None:
@@ -251,15 +284,26 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         """
         if self.node_cache:
             return self._read_cached(plan, planner)
-        sums = {relative: FileSums.from_record(f'{self._cid}/{relative}', size, self._checksums.get(relative),
-                                               self._chunk_sums.get(relative))
-                for relative, size in self._files.items()}
+        sums = {
+            relative: FileSums.from_record(
+                f'{self._cid}/{relative}', size, self._checksums.get(relative), self._chunk_sums.get(relative)
+            )
+            for relative, size in self._files.items()
+        }
         with self._lock:
             if not self._pools:
                 self._pools.append(ThreadPoolExecutor(self.max_in_flight, thread_name_prefix='dist_logging-ckpt-read'))
             pool = self._pools[0]
-        RangedLoad(self.store, self._cid, sums, pool, self.max_in_flight, self.part_bytes,  # type: ignore[arg-type]
-                   self.timeout, self._count).run(plan, planner, self.storage_data, self.transforms)
+        RangedLoad(
+            self.store,
+            self._cid,
+            sums,
+            pool,
+            self.max_in_flight,
+            self.part_bytes,  # type: ignore[arg-type]
+            self.timeout,
+            self._count,
+        ).run(plan, planner, self.storage_data, self.transforms)
         future: Future = Future()
         future.set_result(None)
         return future
@@ -271,8 +315,9 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
             size = self._files.get(relative)
             if size is None:
                 raise FileNotFoundError(f'checkpoint {self._cid!r}: {relative} is not in its commit marker')
-            self._fetch(f'{self._cid}/{relative}', os.path.join(str(self.path), relative), size,
-                        self._checksums.get(relative))
+            self._fetch(
+                f'{self._cid}/{relative}', os.path.join(str(self.path), relative), size, self._checksums.get(relative)
+            )
         return super().read_data(plan, planner)
 
     def close(self) -> None:
@@ -340,7 +385,7 @@ def sweep_cache(cache_root: Union[str, 'os.PathLike[str]']) -> list[str]:
         if _remove_if_unheld(folder):
             removed.append(folder)
     for entry in entries:  # lock files whose folder is gone (a killed reader between the two)
-        if entry.endswith('.lock') and not os.path.exists(os.path.join(root, entry[:-len('.lock')])):
+        if entry.endswith('.lock') and not os.path.exists(os.path.join(root, entry[: -len('.lock')])):
             try:
                 os.unlink(os.path.join(root, entry))
             except FileNotFoundError:
@@ -358,7 +403,7 @@ def _live_holders(folder: str) -> list[str]:
     for entry in entries:
         if not entry.startswith('.held-by-'):
             continue
-        pid = entry[len('.held-by-'):].split('-', 1)[0]
+        pid = entry[len('.held-by-') :].split('-', 1)[0]
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:

@@ -14,8 +14,9 @@ __all__ = ['apply_retention']
 log = logging.getLogger(__name__)
 
 
-def apply_retention(store: Any, parent: str, keep_last: int, *, protect: Optional[str] = None,
-                    policy: Optional[RetryPolicy] = None) -> list[str]:
+def apply_retention(
+    store: Any, parent: str, keep_last: int, *, protect: Optional[str] = None, policy: Optional[RetryPolicy] = None
+) -> list[str]:
     """Delete committed checkpoints under ``parent`` beyond the newest ``keep_last``, oldest first.
 
     Only committed checkpoints count and only they are deleted: folders being written (no
@@ -35,7 +36,7 @@ def apply_retention(store: Any, parent: str, keep_last: int, *, protect: Optiona
     prefix = f'{parent.strip("/")}/' if parent.strip('/') else ''
     listing = retry(store, lambda: store.list(prefix), policy)
     committed = [marker.checkpoint_id for marker in committed_markers(listing)]
-    doomed = [cid for cid in committed[:max(0, len(committed) - keep_last)] if cid != protect]
+    doomed = [cid for cid in committed[: max(0, len(committed) - keep_last)] if cid != protect]
     deleted = []
     for cid in doomed:
         nested = [other for other in committed if other != cid and other.startswith(f'{cid}/')]

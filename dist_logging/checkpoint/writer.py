@@ -37,8 +37,19 @@ from dist_logging.checkpoint._layout import CheckpointIdMixin, check_checkpoint_
 from dist_logging.checkpoint._options import check_torch_options, probe_bucket, refuse_existing
 from dist_logging.checkpoint._paths import INTENTS_FOLDER, PROCESS_FOLDER, WRITES_FOLDER, scratch_folder
 from dist_logging.checkpoint._shards import (  # noqa: F401 - the ASYNC_ constants: re-exported for docs and tests
-    ASYNC_FILE_BYTES, ASYNC_FILES_PER_RANK, ASYNC_MAX_FILES_PER_RANK, SHARD_NAME, HandOverQueue, check_file_size,
-    check_role, file_sizes, name_rank_files, no_checkpoint_id, seal_metadata, write_rank_files)
+    ASYNC_FILE_BYTES,
+    ASYNC_FILES_PER_RANK,
+    ASYNC_MAX_FILES_PER_RANK,
+    SHARD_NAME,
+    HandOverQueue,
+    check_file_size,
+    check_role,
+    file_sizes,
+    name_rank_files,
+    no_checkpoint_id,
+    seal_metadata,
+    write_rank_files,
+)
 from dist_logging.checkpoint._shards import async_files as _async_files
 from dist_logging.checkpoint._spares import SparePool
 from dist_logging.checkpoint._state_copy import StagingBuffers
@@ -52,6 +63,7 @@ __all__ = ['CheckpointWriter', 'SaveTiming', 'remove_dead_writes']
 
 log = logging.getLogger(__name__)
 _TIMINGS_KEPT = 100  # SaveTiming records kept (about 250 bytes each)
+
 
 class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     """Writes a DCP checkpoint to local staging, uploads it in the background, commits it when complete.
@@ -158,23 +170,44 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             keyword argument.
     """
 
-    def __init__(self, bucket: Union[str, 'os.PathLike[str]', Uploader, Any], *, keep_last: Optional[int] = None,
-                 max_staged_bytes: Optional[int] = None, commit_timeout: float = 600.0, logger: Any = None,
-                 sync_files: bool = False, thread_count: int = 1, files_per_rank: Optional[int] = None,
-                 recycle_files: bool = True, cache_staged_state_dict: bool = True, overwrite: bool = True,
-                 single_file_per_rank: bool = True, per_thread_copy_ahead: int = 10_000_000,
-                 _extensions: Optional[Sequence[Any]] = None,
-                 serialization_format: SerializationFormat = SerializationFormat.TORCH_SAVE,
-                 validate_bucket: bool = True, **uploader_options: Any):
-        for label, value in (('keep_last', keep_last), ('max_staged_bytes', max_staged_bytes),
-                             ('files_per_rank', files_per_rank)):
+    def __init__(
+        self,
+        bucket: Union[str, 'os.PathLike[str]', Uploader, Any],
+        *,
+        keep_last: Optional[int] = None,
+        max_staged_bytes: Optional[int] = None,
+        commit_timeout: float = 600.0,
+        logger: Any = None,
+        sync_files: bool = False,
+        thread_count: int = 1,
+        files_per_rank: Optional[int] = None,
+        recycle_files: bool = True,
+        cache_staged_state_dict: bool = True,
+        overwrite: bool = True,
+        single_file_per_rank: bool = True,
+        per_thread_copy_ahead: int = 10_000_000,
+        _extensions: Optional[Sequence[Any]] = None,
+        serialization_format: SerializationFormat = SerializationFormat.TORCH_SAVE,
+        validate_bucket: bool = True,
+        **uploader_options: Any,
+    ):
+        for label, value in (
+            ('keep_last', keep_last),
+            ('max_staged_bytes', max_staged_bytes),
+            ('files_per_rank', files_per_rank),
+        ):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f'CheckpointWriter: {label} must be a positive int or None, got {value!r}')
         if isinstance(commit_timeout, bool) or not isinstance(commit_timeout, (int, float)) or not commit_timeout > 0:
             raise ValueError(f'CheckpointWriter: commit_timeout must be a positive number, got {commit_timeout!r}')
-        check_torch_options(single_file_per_rank=single_file_per_rank, per_thread_copy_ahead=per_thread_copy_ahead,
-                            overwrite=overwrite, extensions=_extensions, serialization_format=serialization_format,
-                            thread_count=thread_count)
+        check_torch_options(
+            single_file_per_rank=single_file_per_rank,
+            per_thread_copy_ahead=per_thread_copy_ahead,
+            overwrite=overwrite,
+            extensions=_extensions,
+            serialization_format=serialization_format,
+            thread_count=thread_count,
+        )
         self.uploader, self._owns_uploader = uploader_for(bucket, uploader_options, sync_files=bool(sync_files))
         store = self.uploader.object_store
         if validate_bucket and dist.get_local_rank() == 0:
@@ -186,9 +219,16 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 raise
         # The uploader's fsync flag already holds DIST_LOGGING_UPLOAD_FSYNC.
         sync_files = bool(sync_files) or self.uploader.fsync
-        super().__init__('.', single_file_per_rank=single_file_per_rank, sync_files=sync_files,
-                         thread_count=thread_count, per_thread_copy_ahead=per_thread_copy_ahead, overwrite=overwrite,
-                         _extensions=_extensions, serialization_format=serialization_format)
+        super().__init__(
+            '.',
+            single_file_per_rank=single_file_per_rank,
+            sync_files=sync_files,
+            thread_count=thread_count,
+            per_thread_copy_ahead=per_thread_copy_ahead,
+            overwrite=overwrite,
+            _extensions=_extensions,
+            serialization_format=serialization_format,
+        )
         self._extensions = list(_extensions or ())
         self.store = store
         self.keep_last = keep_last
@@ -257,8 +297,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             self.uploader.start()
             self.staging_root = root = self.uploader.staging_folder
             rank = dist.get_global_rank()
-            self._writes_dir = os.path.join(root, WRITES_FOLDER, rank_folder_name(rank),
-                                            f'{os.getpid()}-{uuid.uuid4().hex[:8]}')
+            self._writes_dir = os.path.join(
+                root, WRITES_FOLDER, rank_folder_name(rank), f'{os.getpid()}-{uuid.uuid4().hex[:8]}'
+            )
             self._intents_dir = os.path.join(root, INTENTS_FOLDER)
             remove_dead_writes(root, rank)
             for attempt in range(3):
@@ -270,29 +311,46 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                         raise
             self._links = self.uploader.can_link(self._writes_dir)
             if not self._links:
-                log.warning('CheckpointWriter: no hard links from %s into the staging folder %s: shards are copied '
-                            'into staging (a second write of every byte)', self._writes_dir, root)
-            self._spare_pool = SparePool(os.path.join(self._writes_dir, 'spares'), sync=self.sync_files,
-                                         enabled=self.recycle_files and self._links)
+                log.warning(
+                    'CheckpointWriter: no hard links from %s into the staging folder %s: shards are copied '
+                    'into staging (a second write of every byte)',
+                    self._writes_dir,
+                    root,
+                )
+            self._spare_pool = SparePool(
+                os.path.join(self._writes_dir, 'spares'),
+                sync=self.sync_files,
+                enabled=self.recycle_files and self._links,
+            )
             self._handoff = HandOff(WriterTarget(self), os.path.join(root, PROCESS_FOLDER, rank_folder_name(rank)))
             self._started = True
         try:
             self._handoff.adopt_dead()
         except Exception as exc:  # noqa: BLE001 - what stays is looked at again by the next writer
-            log.warning('CheckpointWriter: could not take over the process saves a killed writer left in %s: %s: %s',
-                        self._handoff.rank_folder, type(exc).__name__, exc)
+            log.warning(
+                'CheckpointWriter: could not take over the process saves a killed writer left in %s: %s: %s',
+                self._handoff.rank_folder,
+                type(exc).__name__,
+                exc,
+            )
 
     def _start_committer(self) -> Committer:
         with self._committer_lock:  # the hand-off watcher may start it too
             if self._committer is None:
-                self._committer = Committer(self.store, scratch_folder(self.staging_root), self.commit_timeout,
-                                            self.uploader.failed_uploads, self._on_commit)
+                self._committer = Committer(
+                    self.store,
+                    scratch_folder(self.staging_root),
+                    self.commit_timeout,
+                    self.uploader.failed_uploads,
+                    self._on_commit,
+                )
                 self.uploader.add_landed_listener(self._committer.nudge)
                 uri = self.uploader.store_record.uri
                 for intent in read_intents(self._intents_dir):
                     if intent.bucket_uri == uri and uri is not None:
-                        log.warning('resuming the commit of checkpoint %r left by an earlier process',
-                                    intent.checkpoint_id)
+                        log.warning(
+                            'resuming the commit of checkpoint %r left by an earlier process', intent.checkpoint_id
+                        )
                         self._committer.submit(intent, resumed=True)
             return self._committer
 
@@ -385,8 +443,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         """Queue one complete, closed shard file for upload (a link and a journal line); its size."""
         return self._queue_for_upload(str(self.path), self._cid, file_sizes(results), recyclable=True)
 
-    def _queue_for_upload(self, local: str, cid: str, files: dict[str, int], skip_missing: bool = False,
-                          recyclable: bool = False) -> int:
+    def _queue_for_upload(
+        self, local: str, cid: str, files: dict[str, int], skip_missing: bool = False, recyclable: bool = False
+    ) -> int:
         """Queue complete, closed shard files of ``local`` (relative name -> size) as ``{cid}/{name}``; their bytes.
 
         ``skip_missing``: a file no longer there was queued already (by a writer killed before the end).
@@ -405,8 +464,9 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
             except UploadError as exc:  # earlier uploads failed; this file was queued all the same
                 with self._lock:
                     self._earlier.update(exc.failures)
-                warnings.warn(f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning,
-                              stacklevel=3)
+                warnings.warn(
+                    f'CheckpointWriter: earlier uploads failed (raised at close): {exc}', RuntimeWarning, stacklevel=3
+                )
             if recyclable:
                 spares = self._spare_pool
                 spares.keep_or_remove(path, size, self._last_bytes, self.max_staged_bytes)  # type: ignore[union-attr]
@@ -434,22 +494,38 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def _record_process_save(self, cid: str, started_at: float, t0: float, total: int) -> SaveTiming:
         """A process save's files are queued (hand-off watcher): its timing, measured from the pickle."""
         self._last_bytes = total
-        timing = SaveTiming(cid, dist.get_global_rank(), started_at, local_s=time.monotonic() - t0,
-                            bytes_written=total)
+        timing = SaveTiming(cid, dist.get_global_rank(), started_at, local_s=time.monotonic() - t0, bytes_written=total)
         self._record_timing(timing)
         return timing
 
-    def _submit_commit(self, cid: str, files: dict[str, int], time_ns: int, metadata: bytes,
-                       timing: Optional[SaveTiming], t0: float, checksums: dict[str, str]) -> None:
+    def _submit_commit(
+        self,
+        cid: str,
+        files: dict[str, int],
+        time_ns: int,
+        metadata: bytes,
+        timing: Optional[SaveTiming],
+        t0: float,
+        checksums: dict[str, str],
+    ) -> None:
         """Record the commit intent (coordinator) and hand it to the background committer (no I/O to the bucket).
 
         ``checksums`` (each file's CRC32C, taken as it was written) go into the intent and the commit marker: the
         committer compares them with what landed, the reader with what it downloads."""
         committer = self._start_committer()
         record = self.uploader.store_record
-        intent = write_intent(self._intents_dir, cid, files, time_ns, metadata=metadata, bucket_uri=record.uri,
-                              backend_kwargs=record.kwargs, keep_last=self.keep_last, fsync=self.sync_files,
-                              extra={'checksums': checksums} if checksums else None)
+        intent = write_intent(
+            self._intents_dir,
+            cid,
+            files,
+            time_ns,
+            metadata=metadata,
+            bucket_uri=record.uri,
+            backend_kwargs=record.kwargs,
+            keep_last=self.keep_last,
+            fsync=self.sync_files,
+            extra={'checksums': checksums} if checksums else None,
+        )
         try:
             committer.submit(intent, timing=timing, t0=t0)
         except BaseException:
@@ -463,22 +539,40 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
     def _warn_full(self, staged: int, limit: int) -> None:
         if not self._warned_full:
             self._warned_full = True
-            warnings.warn(f'CheckpointWriter: staging holds {staged} bytes not yet uploaded, the previous save '
-                          f'wrote {self._last_bytes}, max_staged_bytes={limit}: the save waits for uploads (warned '
-                          'once)', RuntimeWarning, stacklevel=5)
+            warnings.warn(
+                f'CheckpointWriter: staging holds {staged} bytes not yet uploaded, the previous save '
+                f'wrote {self._last_bytes}, max_staged_bytes={limit}: the save waits for uploads (warned '
+                'once)',
+                RuntimeWarning,
+                stacklevel=5,
+            )
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Record the commit intent and hand it to the background committer (coordinator only; no I/O to the bucket)."""
         files, checksums = seal_metadata(metadata, results, self.storage_meta())
-        self._submit_commit(self._cid, files, time.time_ns(), pickle.dumps(metadata),  # type: ignore[arg-type]
-                            self._timing, self._t0, checksums)
+        self._submit_commit(
+            self._cid,
+            files,
+            time.time_ns(),
+            pickle.dumps(metadata),  # type: ignore[arg-type]
+            self._timing,
+            self._t0,
+            checksums,
+        )
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self._cid, save_id=self.save_id)
 
     # ------------------------------------------------------------------ commits
-    def _on_commit(self, intent: CommitIntent, error: Optional[BaseException], committed_at: float,
-                   timing: Optional[SaveTiming], t0: Optional[float], resumed: bool) -> None:
+    def _on_commit(
+        self,
+        intent: CommitIntent,
+        error: Optional[BaseException],
+        committed_at: float,
+        timing: Optional[SaveTiming],
+        t0: Optional[float],
+        resumed: bool,
+    ) -> None:
         if timing is not None and t0 is not None:
             timing.error = error
             if error is None:
@@ -491,8 +585,12 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 note(intent.checkpoint_id)
             return
         if resumed:
-            log.warning('checkpoint %r left by an earlier process is still not committable: %s (its intent stays '
-                        'for `dist-logging drain`)', intent.checkpoint_id, error)
+            log.warning(
+                'checkpoint %r left by an earlier process is still not committable: %s (its intent stays '
+                'for `dist-logging drain`)',
+                intent.checkpoint_id,
+                error,
+            )
             return
         log.error('checkpoint %r was not committed: %s', intent.checkpoint_id, error)
         with self._lock:
@@ -566,12 +664,17 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 except UploadError as exc:
                     failures.update(exc.failures)
             else:
-                failures.update({name: exc for name, exc in self.uploader.failed_uploads().items()
-                                 if SHARD_NAME.search(name)})  # a shared uploader's other failures are its own
+                failures.update(
+                    {name: exc for name, exc in self.uploader.failed_uploads().items() if SHARD_NAME.search(name)}
+                )  # a shared uploader's other failures are its own
         if started:
             writes = self._writes_dir
-            for folder in (writes, os.path.dirname(writes), os.path.dirname(os.path.dirname(writes)),
-                           self._intents_dir):
+            for folder in (
+                writes,
+                os.path.dirname(writes),
+                os.path.dirname(os.path.dirname(writes)),
+                self._intents_dir,
+            ):
                 try:
                     os.rmdir(folder)  # only when empty: a killed save's files or a pending intent stay
                 except OSError:
@@ -584,11 +687,15 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         if failures:
             error = UploadError(failures)
             if self._commit_errors:
-                error.add_note(f'{len(self._commit_errors)} checkpoint file(s) never landed: their checkpoints stay '
-                               'uncommitted (invisible to latest_checkpoint)')
+                error.add_note(
+                    f'{len(self._commit_errors)} checkpoint file(s) never landed: their checkpoints stay '
+                    'uncommitted (invisible to latest_checkpoint)'
+                )
             if process_errors:
-                error.add_note(f'{len(process_errors)} async_save(s) to the checkpoint process did not reach the '
-                               'hand-over: they stay uncommitted (invisible to latest_checkpoint)')
+                error.add_note(
+                    f'{len(process_errors)} async_save(s) to the checkpoint process did not reach the '
+                    'hand-over: they stay uncommitted (invisible to latest_checkpoint)'
+                )
             raise error
 
     def __enter__(self) -> 'CheckpointWriter':
@@ -612,14 +719,27 @@ class WriterTarget:
         """What the checkpoint process's copy of the writer needs (store, options, folders)."""
         writer = self._writer
         record = writer.uploader.store_record
-        return TargetInfo(record.uri, dict(record.kwargs), writer.keep_last, writer.sync_files, writer._intents_dir,
-                          writer.max_staged_bytes,
-                          dict(files_per_rank=writer.files_per_rank, thread_count=writer.thread_count,
-                               sync_files=writer.sync_files, per_thread_copy_ahead=writer.per_thread_copy_ahead,
-                               serialization_format=writer.serialization_format,
-                               single_file_per_rank=writer.single_file_per_rank, extensions=writer._extensions,
-                               overwrite=writer.overwrite, intents_dir=writer._intents_dir,
-                               bucket_uri=record.uri, backend_kwargs=dict(record.kwargs)))
+        return TargetInfo(
+            record.uri,
+            dict(record.kwargs),
+            writer.keep_last,
+            writer.sync_files,
+            writer._intents_dir,
+            writer.max_staged_bytes,
+            dict(
+                files_per_rank=writer.files_per_rank,
+                thread_count=writer.thread_count,
+                sync_files=writer.sync_files,
+                per_thread_copy_ahead=writer.per_thread_copy_ahead,
+                serialization_format=writer.serialization_format,
+                single_file_per_rank=writer.single_file_per_rank,
+                extensions=writer._extensions,
+                overwrite=writer.overwrite,
+                intents_dir=writer._intents_dir,
+                bucket_uri=record.uri,
+                backend_kwargs=dict(record.kwargs),
+            ),
+        )
 
     def wait_for_room(self) -> None:
         """Wait, as a save in the trainer would, until the uploader has room (``max_staged_bytes``)."""
@@ -633,7 +753,15 @@ class WriterTarget:
         """Record a process save's timing and metrics; returns its timing record."""
         return self._writer._record_process_save(checkpoint_id, started_at, t0, total)
 
-    def commit(self, checkpoint_id: str, files: dict[str, int], time_ns: int, metadata: bytes, timing: Any,
-               t0: float, checksums: dict[str, str]) -> None:
+    def commit(
+        self,
+        checkpoint_id: str,
+        files: dict[str, int],
+        time_ns: int,
+        metadata: bytes,
+        timing: Any,
+        t0: float,
+        checksums: dict[str, str],
+    ) -> None:
         """Record the commit intent of a process save and hand it to the committer (coordinator)."""
         self._writer._submit_commit(checkpoint_id, files, time_ns, metadata, timing, t0, checksums)

@@ -28,23 +28,36 @@ def check_file_store_allowed(tracking_uri: str) -> None:
     Raises:
         ValueError: ``tracking_uri`` is a folder and this MLflow refuses file stores (suggests a database).
     """
-    if tracking_uri == 'databricks' or (re.match(r'^[A-Za-z][A-Za-z0-9+.-]+:', tracking_uri)
-                                        and not tracking_uri.startswith('file:')):
+    if tracking_uri == 'databricks' or (
+        re.match(r'^[A-Za-z][A-Za-z0-9+.-]+:', tracking_uri) and not tracking_uri.startswith('file:')
+    ):
         return  # sqlite:, http(s):, databricks, ... (a Windows drive letter is one character, never a scheme)
     try:
         from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
     except ImportError:  # an MLflow that has no such switch takes folders
         return
     if not MLFLOW_ALLOW_FILE_STORE.get():
-        folder = tracking_uri[len('file://'):] if tracking_uri.startswith('file://') else tracking_uri
-        raise ValueError(f'MLFlowLogger: tracking_uri {tracking_uri!r} is a folder (MLflow\'s file store), which '
-                         f'this MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true is set; use a database instead, '
-                         f'e.g. tracking_uri=\'sqlite:///{os.path.join(folder, "mlflow.db")}\'')
+        folder = tracking_uri[len('file://') :] if tracking_uri.startswith('file://') else tracking_uri
+        raise ValueError(
+            f'MLFlowLogger: tracking_uri {tracking_uri!r} is a folder (MLflow\'s file store), which '
+            f'this MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true is set; use a database instead, '
+            f'e.g. tracking_uri=\'sqlite:///{os.path.join(folder, "mlflow.db")}\''
+        )
 
 
-def open_run(client: Any, *, run_id: Optional[str], experiment_name: str, artifact_location: Optional[str],
-             resume: bool, key: str, run_name: Optional[str], tags: dict[str, str], job_run: bool,
-             default_experiment: bool) -> tuple[Any, bool]:
+def open_run(
+    client: Any,
+    *,
+    run_id: Optional[str],
+    experiment_name: str,
+    artifact_location: Optional[str],
+    resume: bool,
+    key: str,
+    run_name: Optional[str],
+    tags: dict[str, str],
+    job_run: bool,
+    default_experiment: bool,
+) -> tuple[Any, bool]:
     """The run to log to, and whether it was created now.
 
     Args:
@@ -102,8 +115,7 @@ def open_run(client: Any, *, run_id: Optional[str], experiment_name: str, artifa
     return client.create_run(experiment_id, run_name=run_name, tags={RUN_NAME_TAG: key, **tags}), True
 
 
-def find_run_tagged(client: Any, experiment_id: str, tag: str, value: str,
-                    max_pages: int = MAX_SEARCH_PAGES) -> Any:
+def find_run_tagged(client: Any, experiment_id: str, tag: str, value: str, max_pages: int = MAX_SEARCH_PAGES) -> Any:
     """The newest run of the experiment whose tag ``tag`` is exactly ``value``, or None.
 
     MLflow's filter grammar takes a value as one quoted literal and unescapes nothing, so a
@@ -120,8 +132,13 @@ def find_run_tagged(client: Any, experiment_id: str, tag: str, value: str,
     page_token = None
     seen: list[Any] = []  # a list, not a set: a token need not be hashable
     for _ in range(max_pages):
-        page = client.search_runs([experiment_id], filter_string=search, max_results=500,
-                                  order_by=['attributes.start_time DESC'], page_token=page_token)
+        page = client.search_runs(
+            [experiment_id],
+            filter_string=search,
+            max_results=500,
+            order_by=['attributes.start_time DESC'],
+            page_token=page_token,
+        )
         for run in page:
             if run.data.tags.get(tag) == value:
                 return run
@@ -132,8 +149,16 @@ def find_run_tagged(client: Any, experiment_id: str, tag: str, value: str,
     return None
 
 
-def create_model_version(client: Any, full_name: str, model_uri: str, *, run_id: Optional[str],
-                         tags: Optional[dict[str, Any]], await_for: int, resolve_runs_uri: bool) -> Any:
+def create_model_version(
+    client: Any,
+    full_name: str,
+    model_uri: str,
+    *,
+    run_id: Optional[str],
+    tags: Optional[dict[str, Any]],
+    await_for: int,
+    resolve_runs_uri: bool,
+) -> Any:
     """Register ``model_uri`` as a new version of ``full_name`` (the registered model is created if missing).
 
     With ``resolve_runs_uri``, a ``runs:/<run id>/<path>`` URI is resolved to that run's artifacts
@@ -156,9 +181,13 @@ def create_model_version(client: Any, full_name: str, model_uri: str, *, run_id:
         run_id, artifact_path = RunsArtifactRepository.parse_runs_uri(model_uri)
         root = client.get_run(run_id).info.artifact_uri.rstrip('/')
         source = f'{root}/{artifact_path}' if artifact_path else root
-    return client.create_model_version(full_name, source, run_id=run_id,
-                                       tags={k: format_log_data_value(v) for k, v in (tags or {}).items()},
-                                       await_creation_for=await_for)
+    return client.create_model_version(
+        full_name,
+        source,
+        run_id=run_id,
+        tags={k: format_log_data_value(v) for k, v in (tags or {}).items()},
+        await_creation_for=await_for,
+    )
 
 
 def system_metrics_monitor(run_id: str, tracking_uri: str, resume: bool) -> Any:

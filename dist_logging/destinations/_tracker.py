@@ -48,8 +48,9 @@ class TrackerDestination(LoggerDestination):
         Raises:
             ValueError: as :func:`~dist_logging.destination.ranks_from_rank_zero_only`.
         """
-        return ranks_from_rank_zero_only(ranks, None if ranks is not None and rank_zero_only is True
-                                         else rank_zero_only, 'zero', owner)
+        return ranks_from_rank_zero_only(
+            ranks, None if ranks is not None and rank_zero_only is True else rank_zero_only, 'zero', owner
+        )
 
     def _restore_run(self, saved: Optional[str], current: Optional[str], what: str) -> bool:
         """Whether a run id from :meth:`load_state_dict` is to be used when the run opens.
@@ -61,9 +62,13 @@ class TrackerDestination(LoggerDestination):
             return False
         if self._worker is not None and not self._ended:
             if saved != current:
-                warnings.warn(f'{self.tracker_owner}.load_state_dict: this destination is logging to {what} '
-                              f'{current!r} already; the saved {what} {saved!r} is not switched to (load the '
-                              'state before building the Logger)', RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f'{self.tracker_owner}.load_state_dict: this destination is logging to {what} '
+                    f'{current!r} already; the saved {what} {saved!r} is not switched to (load the '
+                    'state before building the Logger)',
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return False
         return True
 
@@ -101,8 +106,9 @@ class TrackerDestination(LoggerDestination):
             self._open_if_alone()
             worker = self._worker
         if worker is None or self._ended:
-            raise RuntimeError(f'{self.tracker_owner} is not open: it is opened by the Logger (init) '
-                               'and closed at close()')
+            raise RuntimeError(
+                f'{self.tracker_owner} is not open: it is opened by the Logger (init) and closed at close()'
+            )
         worker.raise_errors()
 
     def _submit(self, job: Callable[[], None]) -> None:
@@ -171,5 +177,7 @@ class _NoCollective:
         self.owner = owner
 
     def broadcast_object(self, obj: object, what: str) -> object:
-        raise RuntimeError(f'{self.owner} used without a Logger on several ranks cannot agree on a run name '
-                           '(no collective without a Logger): set DIST_LOGGING_RUN_NAME, or build a Logger')
+        raise RuntimeError(
+            f'{self.owner} used without a Logger on several ranks cannot agree on a run name '
+            '(no collective without a Logger): set DIST_LOGGING_RUN_NAME, or build a Logger'
+        )

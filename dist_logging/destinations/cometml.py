@@ -87,10 +87,21 @@ class CometMLLogger(TrackerDestination):
     tracker_owner = 'CometMLLogger'
     opens_on_first_use = True  # as Composer's, whose experiment exists from its constructor
 
-    def __init__(self, workspace: Optional[str] = None, project_name: Optional[str] = None, log_code: bool = False,
-                 log_graph: bool = False, name: Optional[str] = None, rank_zero_only: bool = True,
-                 exp_kwargs: Optional[Mapping[str, Any]] = None, *, online: Optional[bool] = None,
-                 ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None):
+    def __init__(
+        self,
+        workspace: Optional[str] = None,
+        project_name: Optional[str] = None,
+        log_code: bool = False,
+        log_graph: bool = False,
+        name: Optional[str] = None,
+        rank_zero_only: bool = True,
+        exp_kwargs: Optional[Mapping[str, Any]] = None,
+        *,
+        online: Optional[bool] = None,
+        ranks: Optional[str] = None,
+        log_level: Any = None,
+        optional: Optional[bool] = None,
+    ):
         owner = type(self).__name__
         ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
@@ -103,8 +114,9 @@ class CometMLLogger(TrackerDestination):
         if exp_kwargs is None:
             exp_kwargs = {}
         if not isinstance(exp_kwargs, Mapping) or not all(isinstance(k, str) for k in exp_kwargs):
-            raise TypeError(f'{owner}: exp_kwargs must be a mapping of comet_ml.Experiment keyword arguments, '
-                            f'got {exp_kwargs!r}')
+            raise TypeError(
+                f'{owner}: exp_kwargs must be a mapping of comet_ml.Experiment keyword arguments, got {exp_kwargs!r}'
+            )
         if online is not None and not isinstance(online, bool):
             raise TypeError(f'{owner}: online must be a bool or None, got {online!r}')
         kwargs = dict(exp_kwargs)
@@ -119,8 +131,9 @@ class CometMLLogger(TrackerDestination):
                 raise ValueError(f'{owner}: {key}=True contradicts exp_kwargs[{key!r}]={kwargs[key]!r}')
             kwargs[key] = bool(value) or bool(kwargs.get(key, False))
         if online is True and 'offline_directory' in kwargs:
-            raise ValueError(f'{owner}: online=True contradicts exp_kwargs[\'offline_directory\']='
-                             f'{kwargs["offline_directory"]!r}')
+            raise ValueError(
+                f'{owner}: online=True contradicts exp_kwargs[\'offline_directory\']={kwargs["offline_directory"]!r}'
+            )
         self.online = online if online is not None else 'offline_directory' not in kwargs
         self.name = name  # the experiment's name once open (Composer's attribute), the template until then
         self._name_template = name
@@ -217,8 +230,9 @@ class CometMLLogger(TrackerDestination):
 
         self._submit(log)
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         if self._worker is None:
             self._open_if_alone()
         text = table_json([str(c) for c in columns], [list(r) for r in rows], ascii=False)
@@ -226,14 +240,22 @@ class CometMLLogger(TrackerDestination):
         experiment = self.experiment
 
         def log() -> None:
-            _check_logged(experiment.log_asset_data(text, name=f'{name}.json', step=at, overwrite=True),
-                          f'table {name!r}')
+            _check_logged(
+                experiment.log_asset_data(text, name=f'{name}.json', step=at, overwrite=True), f'table {name!r}'
+            )
 
         self._submit(log)
 
-    def log_images(self, images: Any, name: str = 'Image', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Image',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = True,
+    ) -> None:
         import numpy as np
 
         from dist_logging._images import encode_png, overlay_masks, snapshot_images
@@ -248,20 +270,27 @@ class CometMLLogger(TrackerDestination):
         def log() -> None:
             # Encoded here (PNG, no third-party imaging library) and handed to Comet as files.
             for index in range(batch.shape[0]):
-                _check_logged(experiment.log_image(io.BytesIO(encode_png(batch[index])), name=f'{name}_{index}',
-                                                   step=at), f'image {name}_{index}')
+                _check_logged(
+                    experiment.log_image(io.BytesIO(encode_png(batch[index])), name=f'{name}_{index}', step=at),
+                    f'image {name}_{index}',
+                )
             for mask_name, mask in mask_batches.items():
                 overlaid = overlay_masks(batch, mask, alpha=0.6)
                 alone = overlay_masks(np.zeros_like(batch), mask, alpha=1.0)
                 for index in range(batch.shape[0]):
-                    for image_name, image in ((f'{name}_{index} + {mask_name} mask overlaid', overlaid[index]),
-                                              (f'{mask_name}_{index} mask', alone[index])):
-                        _check_logged(experiment.log_image(io.BytesIO(encode_png(image)), name=image_name, step=at),
-                                      f'image {image_name}')
+                    for image_name, image in (
+                        (f'{name}_{index} + {mask_name} mask overlaid', overlaid[index]),
+                        (f'{mask_name}_{index} mask', alone[index]),
+                    ):
+                        _check_logged(
+                            experiment.log_image(io.BytesIO(encode_png(image)), name=image_name, step=at),
+                            f'image {image_name}',
+                        )
 
         self._submit(log)
 
     def __repr__(self) -> str:
-        return (f'CometMLLogger(project_name={self.exp_kwargs.get("project_name")!r}, ranks={self.ranks!r}, '
-                f'online={self.online})')
-
+        return (
+            f'CometMLLogger(project_name={self.exp_kwargs.get("project_name")!r}, ranks={self.ranks!r}, '
+            f'online={self.online})'
+        )

@@ -31,8 +31,9 @@ def parse_log_interval(value: Union[int, str], owner: str = 'ConsoleLogger') -> 
             return int(match.group(1)), 'ep' if match.group(2).lower().startswith('ep') else 'ba'
     elif isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value, 'ba'
-    raise ValueError(f"{owner}: log_interval must be an int >= 1 (batches) or a string such as '10ba' or '1ep', "
-                     f'got {value!r}')
+    raise ValueError(
+        f"{owner}: log_interval must be an int >= 1 (batches) or a string such as '10ba' or '1ep', got {value!r}"
+    )
 
 
 def _resolve_stream(stream: Union[str, TextIO, None]) -> Optional[TextIO]:
@@ -52,8 +53,8 @@ class ConsoleLogger(LoggerDestination):
     last print)::
 
         [epoch=1][batch=2]:
-        	 Train loss: 0.25
-        	 Train results: {"columns":["name","score"],"data":[["a",1]]}
+                 Train loss: 0.25
+                 Train results: {"columns":["name","score"],"data":[["a",1]]}
 
     Metrics logged between prints are kept (latest value per name), so nothing logged is
     skipped: what is pending is printed at the next interval, at ``fit_end`` and at close.
@@ -74,10 +75,17 @@ class ConsoleLogger(LoggerDestination):
         ValueError: a bad ``log_interval`` or ``stream``.
     """
 
-    def __init__(self, log_interval: Union[int, str] = 1, progress_bar: bool = False,
-                 total_batches: Optional[int] = None, log_traces: bool = False,
-                 stream: Union[str, TextIO, None] = None, ranks: str = 'zero',
-                 log_level: Any = None, optional: Optional[bool] = None):
+    def __init__(
+        self,
+        log_interval: Union[int, str] = 1,
+        progress_bar: bool = False,
+        total_batches: Optional[int] = None,
+        log_traces: bool = False,
+        stream: Union[str, TextIO, None] = None,
+        ranks: str = 'zero',
+        log_level: Any = None,
+        optional: Optional[bool] = None,
+    ):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         self.log_interval, self.log_interval_unit = parse_log_interval(log_interval)
         self.progress_bar = progress_bar
@@ -113,16 +121,18 @@ class ConsoleLogger(LoggerDestination):
             for name, value in traces.items():
                 self._write(f'[trace]: {name}:{format_log_data_value(value)}')
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         self.tables[name] = table_json(columns, rows)
         if name not in self._new_tables:
             self._new_tables.append(name)
 
     def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
         """Print one line: a console cannot take back what it printed, so it says where the new lines start."""
-        self._write(f'[resume]: {info.describe()}; steps >= {info.superseded_from} printed before this line '
-                    'are superseded')
+        self._write(
+            f'[resume]: {info.describe()}; steps >= {info.superseded_from} printed before this line are superseded'
+        )
         self._last_printed_batch = None
 
     # ------------------------------------------------------------------ printing
@@ -160,7 +170,8 @@ class ConsoleLogger(LoggerDestination):
         # batch they belong to (the collective completes in the background): say which batch.
         current = state.timestamp.batch - 1
         data = {
-            name: value if self._metric_steps.get(name) in (None, current)
+            name: value
+            if self._metric_steps.get(name) in (None, current)
             else f'{format_log_data_value(value)} (batch {self._metric_steps[name]})'
             for name, value in self.logged_metrics.items()
         }
@@ -177,24 +188,31 @@ class ConsoleLogger(LoggerDestination):
 
             if self._bar is not None:
                 self._bar.close()
-            self._bar = tqdm.tqdm(total=self.total_batches, desc=f'epoch {state.timestamp.epoch + 1}',
-                                  file=self.stream if self.stream is not None else sys.stderr, dynamic_ncols=True)
+            self._bar = tqdm.tqdm(
+                total=self.total_batches,
+                desc=f'epoch {state.timestamp.epoch + 1}',
+                file=self.stream if self.stream is not None else sys.stderr,
+                dynamic_ncols=True,
+            )
 
     def batch_end(self, state: 'State', logger: 'Logger') -> None:
         self._batches_in_last_epoch = state.timestamp.batch_in_epoch
         if self._bar is not None:
             self._bar.update(1)
             if self.logged_metrics:
-                self._bar.set_postfix({k: format_log_data_value(v) for k, v in self.logged_metrics.items()},
-                                      refresh=False)
-        if self.log_interval_unit == 'ba' and (state.timestamp.batch % self.log_interval == 0
-                                               or not self._printed_once):
+                self._bar.set_postfix(
+                    {k: format_log_data_value(v) for k, v in self.logged_metrics.items()}, refresh=False
+                )
+        if self.log_interval_unit == 'ba' and (
+            state.timestamp.batch % self.log_interval == 0 or not self._printed_once
+        ):
             self._print_pending(state)
 
     def epoch_end(self, state: 'State', logger: 'Logger') -> None:
         # The timestamp already counts the epoch that just ended (as in Composer).
-        if self.log_interval_unit == 'ep' and (state.timestamp.epoch % self.log_interval == 0
-                                               or not self._printed_once):
+        if self.log_interval_unit == 'ep' and (
+            state.timestamp.epoch % self.log_interval == 0 or not self._printed_once
+        ):
             self._print_pending(state)
         if self._bar is not None:
             self._bar.close()

@@ -18,8 +18,13 @@ from dist_logging.destination import LoggerDestination
 from dist_logging.destinations._capture import StreamTee, install_tee, remove_tee
 from dist_logging.destinations import _sigterm
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
-from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
-                                 validate_object_name, validate_template)
+from dist_logging.naming import (
+    DIST_PLACEHOLDERS,
+    check_rank_distinct,
+    format_name_with_dist,
+    validate_object_name,
+    validate_template,
+)
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -33,8 +38,9 @@ TABLE_FORMATS = ('jsonl', 'csv')
 _RESUME_SCAN_BYTES = 1 << 20  # how much of the log's end a resume reads to name the last step written
 # A step-bearing line: Composer's metric line, or a JSON record of a kind that carries a step (its "step" key
 # comes before "data", so the first match is the record's own).
-_STEP_LINE = re.compile(r'^(?:\[metric\]\[batch=(\d+)\]|\{"kind": "(?:metric|table|images)".*?"step": (\d+)[,}])',
-                        re.MULTILINE)
+_STEP_LINE = re.compile(
+    r'^(?:\[metric\]\[batch=(\d+)\]|\{"kind": "(?:metric|table|images)".*?"step": (\d+)[,}])', re.MULTILINE
+)
 
 
 def _captured_line_sink(destination: 'FileLogger', stream: str) -> Any:
@@ -113,20 +119,34 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
     # Keeps per-rank series: above gather_summary_above ranks it still gets every key/rank{r} (docs/gather.md).
     per_rank_series = True
 
-    def __init__(self, filename: str = '{run_name}/logs-rank{rank}.txt', remote_file_name: Optional[str] = None,
-                 format: str = 'text', flush_interval: int = 100, log_traces: bool = True,
-                 table_format: str = 'jsonl', ranks: str = 'all', log_level: Any = None,
-                 optional: Optional[bool] = None, buffer_size: int = 1 << 16, overwrite: bool = False,
-                 capture_stdout: bool = False, capture_stderr: bool = False):
+    def __init__(
+        self,
+        filename: str = '{run_name}/logs-rank{rank}.txt',
+        remote_file_name: Optional[str] = None,
+        format: str = 'text',
+        flush_interval: int = 100,
+        log_traces: bool = True,
+        table_format: str = 'jsonl',
+        ranks: str = 'all',
+        log_level: Any = None,
+        optional: Optional[bool] = None,
+        buffer_size: int = 1 << 16,
+        overwrite: bool = False,
+        capture_stdout: bool = False,
+        capture_stderr: bool = False,
+    ):
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size == 0 or buffer_size < -1:
-            raise ValueError(f'FileLogger: buffer_size must be 1 (line buffered), -1 (system default) or a '
-                             f'number of bytes > 1, got {buffer_size!r}')
+            raise ValueError(
+                f'FileLogger: buffer_size must be 1 (line buffered), -1 (system default) or a '
+                f'number of bytes > 1, got {buffer_size!r}'
+            )
         if format not in FORMATS:
             raise ValueError(f'FileLogger: unknown format {format!r}; expected one of {list(FORMATS)}')
         if table_format not in TABLE_FORMATS:
-            raise ValueError(f'FileLogger: unknown table_format {table_format!r}; '
-                             f'expected one of {list(TABLE_FORMATS)}')
+            raise ValueError(
+                f'FileLogger: unknown table_format {table_format!r}; expected one of {list(TABLE_FORMATS)}'
+            )
         validate_template(filename, DIST_PLACEHOLDERS)
         check_rank_distinct(filename, self.ranks, 'FileLogger filename')
         if remote_file_name is None:
@@ -135,8 +155,9 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         if remote_file_name:
             validate_template(remote_file_name, DIST_PLACEHOLDERS)
             if os.path.isabs(remote_file_name) or remote_file_name.startswith('\\'):
-                raise ValueError(f'FileLogger: remote_file_name {remote_file_name!r} is absolute; use a name '
-                                 'relative to the bucket')
+                raise ValueError(
+                    f'FileLogger: remote_file_name {remote_file_name!r} is absolute; use a name relative to the bucket'
+                )
             check_rank_distinct(remote_file_name, self.ranks, 'FileLogger remote_file_name')
         self.filename_template = filename
         self.remote_file_name_template = remote_file_name
@@ -186,7 +207,8 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self.filename = format_name_with_dist(self.filename_template, state.run_name)
         if self.remote_file_name_template:
             self.remote_file_name = validate_object_name(
-                format_name_with_dist(self.remote_file_name_template, state.run_name))
+                format_name_with_dist(self.remote_file_name_template, state.run_name)
+            )
         directory = os.path.dirname(self.filename)
         if directory:
             os.makedirs(directory, exist_ok=True)
@@ -201,8 +223,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 self._dirty = True
             dropped, self._early_dropped = self._early_dropped, 0
         if dropped:
-            notice = (f'{dropped} characters written before the Logger opened this log were not kept '
-                      f'(more than {_EARLY_TEXT_LIMIT} waited)')
+            notice = (
+                f'{dropped} characters written before the Logger opened this log were not kept '
+                f'(more than {_EARLY_TEXT_LIMIT} waited)'
+            )
             if self.format == 'jsonl':
                 self._write('notice', notice)
             else:
@@ -263,8 +287,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 uploads.append((self.remote_file_name, self.filename, True))
             remote_base = _artifact_base(self.remote_file_name)
             local_base = self.artifact_dir
-            uploads += [(f'{remote_base}/{rel}', os.path.join(local_base, rel), overwrite)
-                        for rel, overwrite in self._dirty_artifacts.items()]
+            uploads += [
+                (f'{remote_base}/{rel}', os.path.join(local_base, rel), overwrite)
+                for rel, overwrite in self._dirty_artifacts.items()
+            ]
         self._dirty_artifacts = {}
         for remote, local, overwrite in uploads:
             logger.upload_file(remote, local, overwrite=overwrite)
@@ -301,12 +327,27 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             return
         started = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
         if self.format == 'jsonl':
-            self._file.write(json.dumps({'kind': 'attempt', 'time': round(time.time(), 6), 'data': {
-                'attempt': facts.attempt, 'restarts': facts.restarts, 'requeues': facts.requeues,
-                'run_name': run_name, 'rank': dist.get_global_rank()}}) + '\n')
+            self._file.write(
+                json.dumps(
+                    {
+                        'kind': 'attempt',
+                        'time': round(time.time(), 6),
+                        'data': {
+                            'attempt': facts.attempt,
+                            'restarts': facts.restarts,
+                            'requeues': facts.requeues,
+                            'run_name': run_name,
+                            'rank': dist.get_global_rank(),
+                        },
+                    }
+                )
+                + '\n'
+            )
         else:
-            self._file.write(f'[attempt]: ===== attempt {facts.attempt} ({facts.attempt_cause}) of run {run_name}, '
-                             f'rank {dist.get_global_rank()}, started {started} =====\n')
+            self._file.write(
+                f'[attempt]: ===== attempt {facts.attempt} ({facts.attempt_cause}) of run {run_name}, '
+                f'rank {dist.get_global_rank()}, started {started} =====\n'
+            )
         self._dirty = True
 
     def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
@@ -325,16 +366,29 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         span = f'{first}..{last}' if last is not None and last >= first else 'none found'
         rank = dist.get_global_rank()
         if self.format == 'jsonl':
-            record = {'kind': 'resume', 'time': round(info.time, 6), 'rank': rank, 'data': {
-                'step': info.step, 'superseded_from': first,
-                'superseded_to': last if last is not None and last >= first else None, 'resume': info.resume,
-                'attempt': info.attempt, 'saved_attempt': info.saved_attempt, 'run_name': info.run_name}}
+            record = {
+                'kind': 'resume',
+                'time': round(info.time, 6),
+                'rank': rank,
+                'data': {
+                    'step': info.step,
+                    'superseded_from': first,
+                    'superseded_to': last if last is not None and last >= first else None,
+                    'resume': info.resume,
+                    'attempt': info.attempt,
+                    'saved_attempt': info.saved_attempt,
+                    'run_name': info.run_name,
+                },
+            }
             with self._write_lock:
                 self._file.write(json.dumps(record) + '\n')
                 self._dirty = True
         else:
-            self.write('[resume]: ', f'===== {info.describe()} of run {info.run_name}, rank {rank}: steps >= {first} '
-                                     f'written above are superseded ({span}) =====\n')
+            self.write(
+                '[resume]: ',
+                f'===== {info.describe()} of run {info.run_name}, rank {rank}: steps >= {first} '
+                f'written above are superseded ({span}) =====\n',
+            )
         self._write_through()
 
     def _last_step_written(self) -> Optional[int]:
@@ -445,8 +499,9 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         if self.should_log_traces:
             self._write('trace', traces)
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         self._check_open()
         step_value = self._step(step)
         rel = f'tables/{safe_artifact_name(name)}.{self.table_format}'
@@ -467,9 +522,11 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 csv.writer(handle).writerow(['_step', *columns])
                 self._tables[rel] = (handle, list(columns))
             elif header != list(columns):
-                raise ValueError(f'FileLogger: table {name!r} was written to {path!r} with columns {header}; '
-                                 f'got {list(columns)}. A CSV file keeps one header: use another table name '
-                                 "or table_format='jsonl'")
+                raise ValueError(
+                    f'FileLogger: table {name!r} was written to {path!r} with columns {header}; '
+                    f'got {list(columns)}. A CSV file keeps one header: use another table name '
+                    "or table_format='jsonl'"
+                )
             writer = csv.writer(handle)
             for row in rows:
                 writer.writerow([step_value, *(format_log_data_value(v) for v in row)])
@@ -484,9 +541,16 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         else:
             self._write('table', f'{len(rows)} row(s) -> {path}', step, name=name, file=path, rows=len(rows))
 
-    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = True,
+    ) -> None:
         from dist_logging._images import image_files, prepare_images, write_png
 
         self._check_open()
@@ -507,5 +571,10 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             write_png(os.path.join(self.artifact_dir, rel), image)
             self._dirty_artifacts[rel] = True
             written.append(rel)
-        self._write('images', f'{len(written)} file(s) in {os.path.join(self.artifact_dir, folder)}', step,
-                    name=name, files=[os.path.join(self.artifact_dir, rel) for rel in written])
+        self._write(
+            'images',
+            f'{len(written)} file(s) in {os.path.join(self.artifact_dir, folder)}',
+            step,
+            name=name,
+            files=[os.path.join(self.artifact_dir, rel) for rel in written],
+        )

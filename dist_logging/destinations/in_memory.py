@@ -121,8 +121,7 @@ class InMemoryLogger(LoggerDestination):
             ValueError: ``metric`` was never logged (names it and the logged ones).
         """
         if metric not in self.data:
-            raise ValueError(f'get_timeseries: metric {metric!r} was never logged; logged metrics: '
-                             f'{sorted(self.data)}')
+            raise ValueError(f'get_timeseries: metric {metric!r} was never logged; logged metrics: {sorted(self.data)}')
         points = self.data[metric]
         series: dict[str, np.ndarray] = {metric: np.array([value for _, value in points])}
         series['step'] = np.array([np.nan if step is None else step for step, _ in points])
@@ -135,13 +134,21 @@ class InMemoryLogger(LoggerDestination):
         for name, value in traces.items():
             self.traces.setdefault(name, []).append(value)
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         self.tables.setdefault(name, []).append((self._step(step), list(columns), [list(r) for r in rows]))
 
-    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = True,
+    ) -> None:
         from dist_logging._images import to_image_batch
 
         batch = to_image_batch(images, channels_last).copy()

@@ -16,9 +16,14 @@ from dist_logging import _private_dirs
 from dist_logging._artifacts import flatten, jsonable, safe_artifact_name
 from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination, check_state, ranks_from_rank_zero_only
-from dist_logging.destinations._mlflow_runs import (COMPOSER_RUN_NAME_TAG, DEFAULT_EXPERIMENT_NAME,
-                                                   check_file_store_allowed, create_model_version, open_run,
-                                                   system_metrics_monitor)
+from dist_logging.destinations._mlflow_runs import (
+    COMPOSER_RUN_NAME_TAG,
+    DEFAULT_EXPERIMENT_NAME,
+    check_file_store_allowed,
+    create_model_version,
+    open_run,
+    system_metrics_monitor,
+)
 from dist_logging.destinations._optional import require_installed
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
 from dist_logging.naming import DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist, validate_template
@@ -123,19 +128,34 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         TypeError: ``tags`` or ``rename_metrics`` is not a mapping.
     """
 
-    def __init__(self, tracking_uri: Union[str, 'os.PathLike[str]', None] = None,
-                 experiment_name: Optional[str] = None,
-                 run_name: Optional[str] = None, run_id: Optional[str] = None, resume: bool = True,
-                 tags: Optional[Mapping[str, Any]] = None, artifact_location: Optional[str] = None,
-                 flush_interval: int = 10, param_separator: str = '/', log_traces: bool = False,
-                 synchronous: bool = False, ranks: Optional[str] = None, log_level: Any = None,
-                 optional: Optional[bool] = None, *, rank_zero_only: Optional[bool] = None,
-                 log_system_metrics: bool = False, model_registry_prefix: str = '',
-                 model_registry_uri: Optional[str] = None, run_group: Optional[str] = None,
-                 logging_buffer_seconds: Optional[float] = 10,
-                 rename_metrics: Optional[Mapping[str, str]] = None, ignore_metrics: Optional[Sequence[str]] = None,
-                 ignore_hyperparameters: Optional[Sequence[str]] = None,
-                 log_duplicated_metric_every_n_steps: int = 0):
+    def __init__(
+        self,
+        tracking_uri: Union[str, 'os.PathLike[str]', None] = None,
+        experiment_name: Optional[str] = None,
+        run_name: Optional[str] = None,
+        run_id: Optional[str] = None,
+        resume: bool = True,
+        tags: Optional[Mapping[str, Any]] = None,
+        artifact_location: Optional[str] = None,
+        flush_interval: int = 10,
+        param_separator: str = '/',
+        log_traces: bool = False,
+        synchronous: bool = False,
+        ranks: Optional[str] = None,
+        log_level: Any = None,
+        optional: Optional[bool] = None,
+        *,
+        rank_zero_only: Optional[bool] = None,
+        log_system_metrics: bool = False,
+        model_registry_prefix: str = '',
+        model_registry_uri: Optional[str] = None,
+        run_group: Optional[str] = None,
+        logging_buffer_seconds: Optional[float] = 10,
+        rename_metrics: Optional[Mapping[str, str]] = None,
+        ignore_metrics: Optional[Sequence[str]] = None,
+        ignore_hyperparameters: Optional[Sequence[str]] = None,
+        log_duplicated_metric_every_n_steps: int = 0,
+    ):
         ranks = ranks_from_rank_zero_only(ranks, rank_zero_only, 'zero', 'MLFlowLogger')
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         require_installed('mlflow', INSTALL_HINT)
@@ -148,8 +168,9 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         if isinstance(tracking_uri, os.PathLike):
             tracking_uri = os.fspath(tracking_uri)
         if tracking_uri is not None and (not isinstance(tracking_uri, str) or not tracking_uri):
-            raise ValueError(f'MLFlowLogger: tracking_uri must be a non-empty string, a path or None, '
-                             f'got {tracking_uri!r}')
+            raise ValueError(
+                f'MLFlowLogger: tracking_uri must be a non-empty string, a path or None, got {tracking_uri!r}'
+            )
         if tracking_uri is not None:
             check_file_store_allowed(tracking_uri)
         # As Composer: when every rank logs, each has its own run, named with a -rank suffix.
@@ -161,19 +182,26 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             validate_template(run_name, DIST_PLACEHOLDERS)
             check_rank_distinct(run_name, self.ranks, 'MLFlowLogger run_name')
         if model_registry_uri == 'databricks-uc' and len(model_registry_prefix.split('.')) != 2:
-            raise ValueError(f'MLFlowLogger: When registering to Unity Catalog (model_registry_uri=\'databricks-uc\'), '
-                             f"model_registry_prefix must be '{{catalog}}.{{schema}}', got {model_registry_prefix!r}")
-        if logging_buffer_seconds is not None and (isinstance(logging_buffer_seconds, bool)
-                                                   or not isinstance(logging_buffer_seconds, (int, float))
-                                                   or logging_buffer_seconds < 0):
-            raise ValueError(f'MLFlowLogger: logging_buffer_seconds must be a number >= 0 or None, '
-                             f'got {logging_buffer_seconds!r}')
+            raise ValueError(
+                f'MLFlowLogger: When registering to Unity Catalog (model_registry_uri=\'databricks-uc\'), '
+                f"model_registry_prefix must be '{{catalog}}.{{schema}}', got {model_registry_prefix!r}"
+            )
+        if logging_buffer_seconds is not None and (
+            isinstance(logging_buffer_seconds, bool)
+            or not isinstance(logging_buffer_seconds, (int, float))
+            or logging_buffer_seconds < 0
+        ):
+            raise ValueError(
+                f'MLFlowLogger: logging_buffer_seconds must be a number >= 0 or None, got {logging_buffer_seconds!r}'
+            )
         if rename_metrics is not None and not isinstance(rename_metrics, Mapping):
             raise TypeError(f'MLFlowLogger: rename_metrics must be a mapping, got {type(rename_metrics).__name__}')
         every = log_duplicated_metric_every_n_steps
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-            raise ValueError(f'MLFlowLogger: log_duplicated_metric_every_n_steps must be an int >= 0, '
-                             f'got {log_duplicated_metric_every_n_steps!r}')
+            raise ValueError(
+                f'MLFlowLogger: log_duplicated_metric_every_n_steps must be an int >= 0, '
+                f'got {log_duplicated_metric_every_n_steps!r}'
+            )
         if log_system_metrics and importlib.util.find_spec('psutil') is None:
             raise ImportError('MLFlowLogger(log_system_metrics=True) needs psutil: pip install psutil')
         if param_separator not in ('/', '.'):
@@ -231,10 +259,18 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self.tags[COMPOSER_RUN_NAME_TAG] = os.environ.get('RUN_NAME', state.run_name)
         # Opened only once the run exists: after a failed init, close() has nothing to end (and no
         # second, misleading error to raise).
-        run, created = open_run(client, run_id=self.run_id, experiment_name=self.experiment_name,
-                                artifact_location=self.artifact_location, resume=self.resume,
-                                key=self._resume_key(state), run_name=self.run_name, tags=self.tags,
-                                job_run=self.ranks == 'zero', default_experiment=self._default_experiment)
+        run, created = open_run(
+            client,
+            run_id=self.run_id,
+            experiment_name=self.experiment_name,
+            artifact_location=self.artifact_location,
+            resume=self.resume,
+            key=self._resume_key(state),
+            run_name=self.run_name,
+            tags=self.tags,
+            job_run=self.ranks == 'zero',
+            default_experiment=self._default_experiment,
+        )
         if not created and self.tags:
             client.log_batch(run.info.run_id, tags=[RunTag(k, v) for k, v in self.tags.items()])
         self.client = client
@@ -309,8 +345,9 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             self._worker.raise_errors()
         errors, self._errors = self._errors, []
         if errors:
-            error = RuntimeError(f'MLFlowLogger: {len(errors)} MLflow call(s) failed; first: '
-                                 f'{type(errors[0]).__name__}: {errors[0]}')
+            error = RuntimeError(
+                f'MLFlowLogger: {len(errors)} MLflow call(s) failed; first: {type(errors[0]).__name__}: {errors[0]}'
+            )
             raise error from errors[0]
 
     def _check_open(self) -> None:
@@ -326,8 +363,11 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
     def _key(self, name: str) -> str:
         clean = _BAD_KEY_CHARS.sub('_', name)[:MAX_KEY_LENGTH]
         if clean != name:
-            self._warn_once('key', f'MLFlowLogger: names must be at most {MAX_KEY_LENGTH} characters of letters, '
-                                   f"digits and '_-. :/'; {name!r} is logged as {clean!r} (warned once)")
+            self._warn_once(
+                'key',
+                f'MLFlowLogger: names must be at most {MAX_KEY_LENGTH} characters of letters, '
+                f"digits and '_-. :/'; {name!r} is logged as {clean!r} (warned once)",
+            )
         return clean
 
     def _step(self, step: Optional[int]) -> int:
@@ -338,14 +378,27 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
     def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
         """Tag the run with the superseded range (``dist_logging.resume.<n>``, the next free n), in the background."""
         self._check_open()
-        value = json.dumps({'step': info.step, 'superseded_from': info.superseded_from,
-                            'before_ms': int(info.time * 1000), 'resume': info.resume, 'attempt': info.attempt,
-                            'saved_attempt': info.saved_attempt})
+        value = json.dumps(
+            {
+                'step': info.step,
+                'superseded_from': info.superseded_from,
+                'before_ms': int(info.time * 1000),
+                'resume': info.resume,
+                'attempt': info.attempt,
+                'saved_attempt': info.saved_attempt,
+            }
+        )
 
         def tag() -> None:
             tags = self.client.get_run(self.run_id).data.tags
-            number = 1 + max((int(key[len(RESUME_TAG_PREFIX):]) for key in tags if key.startswith(RESUME_TAG_PREFIX)
-                              and key[len(RESUME_TAG_PREFIX):].isdigit()), default=0)
+            number = 1 + max(
+                (
+                    int(key[len(RESUME_TAG_PREFIX) :])
+                    for key in tags
+                    if key.startswith(RESUME_TAG_PREFIX) and key[len(RESUME_TAG_PREFIX) :].isdigit()
+                ),
+                default=0,
+            )
             self.client.set_tag(self.run_id, f'{RESUME_TAG_PREFIX}{number}', value)
 
         self._submit(tag)
@@ -369,17 +422,23 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
                 text = text[:MAX_PARAM_VALUE_LENGTH]
             params[self._key(name)] = text
         if truncated:
-            self._warn_once('truncated', f'MLFlowLogger: values of {truncated} are longer than MLflow\'s '
-                                         f'{MAX_PARAM_VALUE_LENGTH} characters and were truncated')
+            self._warn_once(
+                'truncated',
+                f'MLFlowLogger: values of {truncated} are longer than MLflow\'s '
+                f'{MAX_PARAM_VALUE_LENGTH} characters and were truncated',
+            )
         changed = [k for k, v in params.items() if k in self._existing_params and self._existing_params[k] != v]
         if changed:
-            warnings.warn(f'MLFlowLogger: run {self.run_id} already has params {changed} with other values; MLflow '
-                          'does not allow changing a param, so the new values are not logged', RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f'MLFlowLogger: run {self.run_id} already has params {changed} with other values; MLflow '
+                'does not allow changing a param, so the new values are not logged',
+                RuntimeWarning,
+                stacklevel=3,
+            )
         todo = [Param(k, v) for k, v in params.items() if k not in self._existing_params]
         self._existing_params.update({p.key: p.value for p in todo})
         for start in range(0, len(todo), MAX_PARAMS_PER_BATCH):
-            chunk = todo[start:start + MAX_PARAMS_PER_BATCH]
+            chunk = todo[start : start + MAX_PARAMS_PER_BATCH]
             self._submit(lambda chunk=chunk: self.client.log_batch(self.run_id, params=chunk))
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
@@ -389,13 +448,16 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         step = self._step(step)
         now = int(time.time() * 1000)
         if self.ignore_metrics or self.rename_metrics or self.log_duplicated_metric_every_n_steps:
-            self._metrics.extend(Metric(self._key(self.rename_metrics.get(name, name)), value, now, step)
-                                 for name, value in self._filtered(metrics, step))
+            self._metrics.extend(
+                Metric(self._key(self.rename_metrics.get(name, name)), value, now, step)
+                for name, value in self._filtered(metrics, step)
+            )
         else:
             self._metrics.extend(Metric(self._key(name), float(value), now, step) for name, value in metrics.items())
         if len(self._metrics) >= MAX_METRICS_PER_BATCH or (
-                self.logging_buffer_seconds is not None
-                and time.monotonic() - self._last_send >= self.logging_buffer_seconds):
+            self.logging_buffer_seconds is not None
+            and time.monotonic() - self._last_send >= self.logging_buffer_seconds
+        ):
             self.flush()
 
     def _filtered(self, metrics: dict[str, float], step: int) -> list[tuple[str, float]]:
@@ -423,16 +485,24 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             path = f'traces/{safe_artifact_name(name)}.txt'
             self._submit(lambda text=text, path=path: self.client.log_text(self.run_id, text, path))
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         self._check_open()
         text = json.dumps({'columns': list(columns), 'data': jsonable(rows)}, default=format_log_data_value)
         path = f'tables/{safe_artifact_name(name)}/step{self._step(step):06d}.json'
         self._submit(lambda: self.client.log_text(self.run_id, text, path))
 
-    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = True,
+    ) -> None:
         from dist_logging._images import encode_png, image_files, prepare_images
 
         self._check_open()
@@ -442,8 +512,12 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         # Encoded now (a copy the caller cannot change); written and uploaded in the background.
         files = [(rel, encode_png(image)) for rel, image in image_files(batch, mask_batches, stem)]
         if mask_class_labels and mask_batches:
-            files.append((f'{stem}.mask_class_labels.json',
-                          json.dumps({str(k): v for k, v in mask_class_labels.items()}).encode()))
+            files.append(
+                (
+                    f'{stem}.mask_class_labels.json',
+                    json.dumps({str(k): v for k, v in mask_class_labels.items()}).encode(),
+                )
+            )
         self._submit(lambda: self._upload_files(folder, files))
 
     # ------------------------------------------------------------------ model registry
@@ -469,8 +543,9 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             raise ValueError(f'MLFlowLogger: a model name must be a non-empty string, got {name!r}')
         return f'{self.model_registry_prefix}.{name}' if self.model_registry_prefix else name
 
-    def register_model(self, model_uri: str, name: str, await_registration_for: int = 300,
-                       tags: Optional[dict[str, Any]] = None) -> Any:
+    def register_model(
+        self, model_uri: str, name: str, await_registration_for: int = 300, tags: Optional[dict[str, Any]] = None
+    ) -> Any:
         """Register ``model_uri`` as a new version of the model ``<model_registry_prefix>.<name>``, as Composer's does.
 
         The registered model is created if missing. A ``runs:/<run id>/<path>`` URI is resolved
@@ -488,11 +563,19 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         if not self._enabled_here():
             return None
         full_name = self._model_name(name)
-        return create_model_version(self._registry_client(), full_name, model_uri, run_id=None, tags=tags,
-                                    await_for=await_registration_for, resolve_runs_uri=True)
+        return create_model_version(
+            self._registry_client(),
+            full_name,
+            model_uri,
+            run_id=None,
+            tags=tags,
+            await_for=await_registration_for,
+            resolve_runs_uri=True,
+        )
 
-    def register_model_with_run_id(self, model_uri: str, name: str, await_creation_for: int = 300,
-                                   tags: Optional[dict[str, Any]] = None) -> Any:
+    def register_model_with_run_id(
+        self, model_uri: str, name: str, await_creation_for: int = 300, tags: Optional[dict[str, Any]] = None
+    ) -> Any:
         """Like :meth:`register_model`, with ``model_uri`` used as given and the version linked to this run.
 
         Raises:
@@ -504,8 +587,15 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         if not self.run_id or self.client is None:
             raise RuntimeError('MLFlowLogger.register_model_with_run_id: no run yet (the Logger opens it)')
         full_name = self._model_name(name)
-        return create_model_version(self._registry_client(), full_name, model_uri, run_id=self.run_id, tags=tags,
-                                    await_for=await_creation_for, resolve_runs_uri=False)
+        return create_model_version(
+            self._registry_client(),
+            full_name,
+            model_uri,
+            run_id=self.run_id,
+            tags=tags,
+            await_for=await_creation_for,
+            resolve_runs_uri=False,
+        )
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -525,15 +615,20 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
             return
         if self.client is not None:
             if run_id != self.run_id:
-                warnings.warn(f'MLFlowLogger.load_state_dict: this destination is logging to run {self.run_id!r} '
-                              f'already; the saved run {run_id!r} is not switched to (load the state before '
-                              'building the Logger)', RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f'MLFlowLogger.load_state_dict: this destination is logging to run {self.run_id!r} '
+                    f'already; the saved run {run_id!r} is not switched to (load the state before '
+                    'building the Logger)',
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             return
         self.run_id = run_id
 
     def _upload_files(self, folder: str, files: list[tuple[str, bytes]]) -> None:
         with tempfile.TemporaryDirectory(
-                dir=self._tmpdir.name if self._tmpdir else _private_dirs.private_dir('scratch')) as directory:
+            dir=self._tmpdir.name if self._tmpdir else _private_dirs.private_dir('scratch')
+        ) as directory:
             for file_name, data in files:
                 with open(os.path.join(directory, file_name), 'wb') as f:
                     f.write(data)
@@ -571,6 +666,9 @@ def without_superseded(history: Sequence[Any], tags: Mapping[str, str]) -> list[
         The points kept, sorted by step (then time).
     """
     ranges = superseded_ranges(tags)
-    kept = [point for point in history
-            if not any(point.step >= first and point.timestamp < before for first, before in ranges)]
+    kept = [
+        point
+        for point in history
+        if not any(point.step >= first and point.timestamp < before for first, before in ranges)
+    ]
     return sorted(kept, key=lambda point: (point.step, point.timestamp))

@@ -100,10 +100,20 @@ class NeptuneLogger(TrackerDestination):
     integration_version_key = 'source_code/integrations/dist_logging'
     opens_on_first_use = True  # as Composer's, whose run is created when first used
 
-    def __init__(self, *, project: Optional[str] = None, api_token: Optional[str] = None, rank_zero_only: bool = True,
-                 upload_checkpoints: bool = False, base_namespace: str = 'training', mode: Optional[str] = None,
-                 ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None,
-                 **neptune_kwargs: Any):
+    def __init__(
+        self,
+        *,
+        project: Optional[str] = None,
+        api_token: Optional[str] = None,
+        rank_zero_only: bool = True,
+        upload_checkpoints: bool = False,
+        base_namespace: str = 'training',
+        mode: Optional[str] = None,
+        ranks: Optional[str] = None,
+        log_level: Any = None,
+        optional: Optional[bool] = None,
+        **neptune_kwargs: Any,
+    ):
         owner = type(self).__name__
         ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
@@ -185,8 +195,10 @@ class NeptuneLogger(TrackerDestination):
         if self._neptune_run is None:
             self._open_if_alone()
         if self._neptune_run is None:
-            raise RuntimeError('NeptuneLogger is not open: it is opened by the Logger (init), or by a first call '
-                               'on a rank its ranks policy includes')
+            raise RuntimeError(
+                'NeptuneLogger is not open: it is opened by the Logger (init), or by a first call '
+                'on a rank its ranks policy includes'
+            )
         return self._neptune_run
 
     @property
@@ -298,9 +310,12 @@ class NeptuneLogger(TrackerDestination):
             if last is not None and at < last:
                 if key not in self._warned:
                     self._warned.add(key)
-                    warnings.warn(f'NeptuneLogger: metric {key!r} at step {at} is before step {last} already logged; '
-                                  'Neptune series only take increasing steps, so it is dropped (warned once per key)',
-                                  RuntimeWarning, stacklevel=3)
+                    warnings.warn(
+                        f'NeptuneLogger: metric {key!r} at step {at} is before step {last} already logged; '
+                        'Neptune series only take increasing steps, so it is dropped (warned once per key)',
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
                 continue
             if waiting is not None and waiting[0] < at:
                 ready[key] = waiting
@@ -314,16 +329,24 @@ class NeptuneLogger(TrackerDestination):
         path = self._path(self.trace_namespace)
         self._submit_on_run(lambda run: run[path].assign(values) if values else None)
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         del step  # a Neptune file field holds the latest table
         text = table_json([str(c) for c in columns], [list(r) for r in rows], ascii=False)
         path = self._path(self.table_namespace, name)
         self._submit_on_run(lambda run: run.__setitem__(path, self._file_type.from_content(text, extension='json')))
 
-    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = True,
+    ) -> None:
         from dist_logging._images import overlay_masks, snapshot_images, to_rgb
 
         del use_table, mask_class_labels  # W&B-only options, as in Composer
@@ -338,7 +361,8 @@ class NeptuneLogger(TrackerDestination):
             for mask_name, mask in mask_batches.items():
                 overlaid = overlay_masks(batch, mask, alpha=0.6)
                 run[f'{series} + {mask_name} mask overlaid'].extend(
-                    [file_type.as_image(image) for image in overlaid], name=name, description=f'step {at}')
+                    [file_type.as_image(image) for image in overlaid], name=name, description=f'step {at}'
+                )
 
         self._submit_on_run(log)
 
@@ -347,8 +371,15 @@ class NeptuneLogger(TrackerDestination):
         """True with ``upload_checkpoints=True``: files handed to the Logger are stored in the run."""
         return self.upload_checkpoints
 
-    def _upload_file(self, state: Optional['State'], remote_file_name: str, file_path: Union[str, pathlib.Path], *,
-                     overwrite: bool = False, copy: bool = True) -> None:
+    def _upload_file(
+        self,
+        state: Optional['State'],
+        remote_file_name: str,
+        file_path: Union[str, pathlib.Path],
+        *,
+        overwrite: bool = False,
+        copy: bool = True,
+    ) -> None:
         """``upload_file`` with ``upload_checkpoints=True``: snapshot the file, store it at ``<base>/<name>``.
 
         Returns at once; ``.symlink`` files (Composer's checkpoint pointers) and symlinks are skipped.
@@ -398,8 +429,9 @@ class NeptuneLogger(TrackerDestination):
             raise
         self._queued_files.add(remote)
 
-    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
-                      progress_bar: bool = True) -> None:
+    def download_file(
+        self, remote_file_name: str, destination: str, overwrite: bool = False, progress_bar: bool = True
+    ) -> None:
         """Download the file field ``<base>/<remote_file_name>`` to ``destination`` (needs Neptune's server).
 
         Waits until this destination's queued calls ran (so a file just handed to
@@ -425,5 +457,7 @@ class NeptuneLogger(TrackerDestination):
             os.replace(target, destination)
 
     def __repr__(self) -> str:
-        return (f'NeptuneLogger(project={self.project!r}, mode={self.mode!r}, ranks={self.ranks!r}, '
-                f'upload_checkpoints={self.upload_checkpoints})')
+        return (
+            f'NeptuneLogger(project={self.project!r}, mode={self.mode!r}, ranks={self.ranks!r}, '
+            f'upload_checkpoints={self.upload_checkpoints})'
+        )

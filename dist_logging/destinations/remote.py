@@ -102,17 +102,33 @@ class RemoteUploaderDownloader(LoggerDestination):
 
     ranks = 'all'
 
-    def __init__(self, bucket_uri: Optional[str] = None, *, object_store: Optional[ObjectStore] = None,
-                 backend_kwargs: Optional[dict[str, Any]] = None,
-                 file_path_format_string: str = '{remote_file_name}', num_concurrent_uploads: int = 4,
-                 upload_staging_folder: Optional[str] = None, num_attempts: int = 3, use_procs: bool = False,
-                 ranks: str = 'all', max_staged_bytes: Optional[int] = None, upload_priority: str = 'idle'):
+    def __init__(
+        self,
+        bucket_uri: Optional[str] = None,
+        *,
+        object_store: Optional[ObjectStore] = None,
+        backend_kwargs: Optional[dict[str, Any]] = None,
+        file_path_format_string: str = '{remote_file_name}',
+        num_concurrent_uploads: int = 4,
+        upload_staging_folder: Optional[str] = None,
+        num_attempts: int = 3,
+        use_procs: bool = False,
+        ranks: str = 'all',
+        max_staged_bytes: Optional[int] = None,
+        upload_priority: str = 'idle',
+    ):
         super().__init__(ranks=ranks)
-        self.uploader = Uploader(bucket_uri, object_store=object_store, backend_kwargs=backend_kwargs,
-                                 upload_staging_folder=upload_staging_folder,
-                                 num_concurrent_uploads=num_concurrent_uploads, num_attempts=num_attempts,
-                                 use_procs=use_procs, max_staged_bytes=max_staged_bytes,
-                                 upload_priority=upload_priority)
+        self.uploader = Uploader(
+            bucket_uri,
+            object_store=object_store,
+            backend_kwargs=backend_kwargs,
+            upload_staging_folder=upload_staging_folder,
+            num_concurrent_uploads=num_concurrent_uploads,
+            num_attempts=num_attempts,
+            use_procs=use_procs,
+            max_staged_bytes=max_staged_bytes,
+            upload_priority=upload_priority,
+        )
         validate_template(file_path_format_string, DIST_PLACEHOLDERS + ('remote_file_name',))
         self.file_path_format_string = file_path_format_string
         self._plain_names = file_path_format_string == '{remote_file_name}'
@@ -125,13 +141,16 @@ class RemoteUploaderDownloader(LoggerDestination):
     # Read through to self.uploader (the one owner of them); retry_policy and fsync may be set here too.
     object_store = _uploaders('object_store', 'The object store uploads go to.')
     bucket_uri = _uploaders('bucket_uri', "The store's URI (None for an ``object_store=`` without one).")
-    retry_policy = _uploaders('retry_policy', "The uploader's RetryPolicy (may be replaced before the first upload).",
-                              settable=True)
+    retry_policy = _uploaders(
+        'retry_policy', "The uploader's RetryPolicy (may be replaced before the first upload).", settable=True
+    )
     fsync = _uploaders('fsync', 'Whether snapshots and journal records are fsynced at every call.', settable=True)
-    staging_dir = _uploaders('staging_dir', "This rank's staging folder (``<upload_staging_folder>/rank{rank}``), "
-                             'once started.')
-    upload_staging_folder = _uploaders('upload_staging_folder', 'The ``upload_staging_folder`` given (absolute), '
-                                       "or None for the run's default.")
+    staging_dir = _uploaders(
+        'staging_dir', "This rank's staging folder (``<upload_staging_folder>/rank{rank}``), once started."
+    )
+    upload_staging_folder = _uploaders(
+        'upload_staging_folder', 'The ``upload_staging_folder`` given (absolute), or None for the run\'s default.'
+    )
     num_concurrent_uploads = _uploaders('num_concurrent_uploads', 'Upload workers per rank.')
     use_procs = _uploaders('use_procs', 'Whether the workers are processes.')
     max_staged_bytes = _uploaders('max_staged_bytes', 'The staging bound of ``upload_file(copy=True)``, or None.')
@@ -241,12 +260,23 @@ class RemoteUploaderDownloader(LoggerDestination):
     def _object_name(self, remote_file_name: str, run_name: Optional[str] = None) -> str:
         if self._plain_names:
             return remote_file_name
-        return validate_object_name(format_name_with_dist(self.file_path_format_string,
-                                                          run_name or self.uploader.run_name or '',
-                                                          remote_file_name=remote_file_name))
+        return validate_object_name(
+            format_name_with_dist(
+                self.file_path_format_string,
+                run_name or self.uploader.run_name or '',
+                remote_file_name=remote_file_name,
+            )
+        )
 
-    def upload_file(self, state: 'State', remote_file_name: str, file_path: Union[str, 'pathlib.Path'], *,
-                    overwrite: bool = False, copy: bool = True) -> None:
+    def upload_file(
+        self,
+        state: 'State',
+        remote_file_name: str,
+        file_path: Union[str, 'pathlib.Path'],
+        *,
+        overwrite: bool = False,
+        copy: bool = True,
+    ) -> None:
         """Snapshot ``file_path`` and queue its upload as ``remote_file_name``; returns at once.
 
         Args:
@@ -270,8 +300,15 @@ class RemoteUploaderDownloader(LoggerDestination):
         self.uploader.enqueue(file_path, self._object_name(remote_file_name), copy=copy, overwrite=overwrite)
 
     # ------------------------------------------------------------------ folders
-    def upload_folder(self, state: 'State', remote_prefix: str, local_dir: Union[str, 'pathlib.Path'], *,
-                      commit: bool = True, copy: bool = True) -> list[str]:
+    def upload_folder(
+        self,
+        state: 'State',
+        remote_prefix: str,
+        local_dir: Union[str, 'pathlib.Path'],
+        *,
+        commit: bool = True,
+        copy: bool = True,
+    ) -> list[str]:
         """Queue every file under ``local_dir`` as ``<remote_prefix>/<relative path>``; with ``commit``, make
         the folder visible as one object once every file landed (the checkpoint commit rule).
 
@@ -313,8 +350,10 @@ class RemoteUploaderDownloader(LoggerDestination):
         names = {rel: self._object_name(f'{prefix}/{rel}') for rel in files}
         outside = [name for name in names.values() if not name.startswith(cid + '/')]
         if outside:
-            raise ValueError(f'upload_folder: file_path_format_string {self.file_path_format_string!r} puts '
-                             f'{outside[0]!r} outside the folder {cid!r}; use a template that only prefixes names')
+            raise ValueError(
+                f'upload_folder: file_path_format_string {self.file_path_format_string!r} puts '
+                f'{outside[0]!r} outside the folder {cid!r}; use a template that only prefixes names'
+            )
         folders = None
         if commit:
             with self._folders_lock:
@@ -336,8 +375,9 @@ class RemoteUploaderDownloader(LoggerDestination):
         return list(names.values())
 
     # ------------------------------------------------------------------ downloads
-    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
-                      progress_bar: bool = True) -> None:
+    def download_file(
+        self, remote_file_name: str, destination: str, overwrite: bool = False, progress_bar: bool = True
+    ) -> None:
         """Download ``remote_file_name`` to ``destination`` (temp file, then rename into place).
 
         When several processes of a machine ask for the same object at the same path, one
@@ -371,8 +411,9 @@ class RemoteUploaderDownloader(LoggerDestination):
                     return
                 if not overwrite:
                     raise FileExistsError(f'{destination} exists; pass overwrite=True to replace it')
-            size = call_with_retries(lambda _: self.object_store.get_object_size(name), self.retry_policy,
-                                     store=self.object_store)
+            size = call_with_retries(
+                lambda _: self.object_store.get_object_size(name), self.retry_policy, store=self.object_store
+            )
             bar = None
             if progress_bar and size > _PROGRESS_MIN_BYTES and dist.get_global_rank() == 0:
                 from tqdm.auto import tqdm
@@ -385,8 +426,9 @@ class RemoteUploaderDownloader(LoggerDestination):
             def attempt(_: int) -> None:
                 if bar is not None:
                     bar.reset()
-                self.object_store.download_object(name, destination, overwrite=True,
-                                                  callback=progress if bar is not None else None)
+                self.object_store.download_object(
+                    name, destination, overwrite=True, callback=progress if bar is not None else None
+                )
 
             try:
                 call_with_retries(attempt, self.retry_policy, store=self.object_store)
@@ -394,8 +436,14 @@ class RemoteUploaderDownloader(LoggerDestination):
                 if bar is not None:
                     bar.close()
             stat = os.stat(destination)
-            record = {'run': self._run_name, 'uri': uri, 'ino': stat.st_ino, 'size': stat.st_size,
-                      'mtime_ns': stat.st_mtime_ns, 'time': time.time()}
+            record = {
+                'run': self._run_name,
+                'uri': uri,
+                'ino': stat.st_ino,
+                'size': stat.st_size,
+                'mtime_ns': stat.st_mtime_ns,
+                'time': time.time(),
+            }
             tmp = f'{marker}.{os.getpid()}.{threading.get_ident()}.tmp'
             try:
                 os.unlink(tmp)  # left by a killed process of the same pid
@@ -417,9 +465,14 @@ class RemoteUploaderDownloader(LoggerDestination):
             return False
         if not isinstance(record, dict):
             return False
-        return (record.get('run') == self._run_name and self._run_name is not None and record.get('uri') == uri
-                and record.get('ino') == stat.st_ino and record.get('size') == stat.st_size
-                and record.get('mtime_ns') == stat.st_mtime_ns)
+        return (
+            record.get('run') == self._run_name
+            and self._run_name is not None
+            and record.get('uri') == uri
+            and record.get('ino') == stat.st_ino
+            and record.get('size') == stat.st_size
+            and record.get('mtime_ns') == stat.st_mtime_ns
+        )
 
     def __repr__(self) -> str:
         return f'RemoteUploaderDownloader({self.bucket_uri or self.object_store!r}, ranks={self.ranks!r})'

@@ -13,8 +13,13 @@ from dist_logging._values import format_log_data_value
 from dist_logging.destination import LoggerDestination, ranks_from_rank_zero_only
 from dist_logging.destinations._optional import import_installed, require_installed
 from dist_logging.destinations._periodic import PeriodicFlushMixin, check_interval
-from dist_logging.naming import (DIST_PLACEHOLDERS, check_rank_distinct, format_name_with_dist,
-                                 validate_object_name, validate_template)
+from dist_logging.naming import (
+    DIST_PLACEHOLDERS,
+    check_rank_distinct,
+    format_name_with_dist,
+    validate_object_name,
+    validate_template,
+)
 
 if TYPE_CHECKING:
     from dist_logging.logger import Logger
@@ -63,10 +68,17 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
             ``rank_zero_only`` contradicting ``ranks``.
     """
 
-    def __init__(self, log_dir: Optional[str] = None, flush_interval: int = 100,
-                 remote_dir: Optional[str] = '{run_name}/tensorboard', max_queue: int = 1000,
-                 ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None,
-                 rank_zero_only: Optional[bool] = None):
+    def __init__(
+        self,
+        log_dir: Optional[str] = None,
+        flush_interval: int = 100,
+        remote_dir: Optional[str] = '{run_name}/tensorboard',
+        max_queue: int = 1000,
+        ranks: Optional[str] = None,
+        log_level: Any = None,
+        optional: Optional[bool] = None,
+        rank_zero_only: Optional[bool] = None,
+    ):
         ranks = ranks_from_rank_zero_only(ranks, rank_zero_only, 'zero', 'TensorboardLogger')
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
         per_rank = {'zero': '', 'all': '/rank{rank}', 'local_zero': '/node{node_rank}'}[self.ranks]
@@ -119,8 +131,9 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
         while True:
             before = set(self._event_files())
             # flush_secs is a backstop for long batches; flushes normally follow flush_interval.
-            writer = summary_writer(log_dir=self.log_dir, max_queue=self.max_queue, flush_secs=120,
-                                    purge_step=purge_step)
+            writer = summary_writer(
+                log_dir=self.log_dir, max_queue=self.max_queue, flush_secs=120, purge_step=purge_step
+            )
             writer.flush()
             names = self._event_files()
             new = [name for name in names if name not in before]
@@ -132,9 +145,13 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
             # host's clock ahead). Within a few seconds, wait for the clock; otherwise say so.
             ahead = _EVENT_SECONDS.search(names[-1])
             if ahead is None or int(ahead.group(1)) + 1 - time.time() > deadline - time.monotonic():
-                warnings.warn(f'TensorboardLogger: the new event file {new[-1]!r} sorts before {names[-1]!r} in '
-                              f'{self.log_dir!r} (clocks differ between hosts?); TensorBoard reads files in name '
-                              'order, so it may show the superseded steps of a resume', RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f'TensorboardLogger: the new event file {new[-1]!r} sorts before {names[-1]!r} in '
+                    f'{self.log_dir!r} (clocks differ between hosts?); TensorBoard reads files in name '
+                    'order, so it may show the superseded steps of a resume',
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 return writer
             writer.close()
             os.remove(os.path.join(self.log_dir, new[-1]))
@@ -234,13 +251,21 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
         for name, value in traces.items():
             writer.add_text(f'traces/{name}', format_log_data_value(value), global_step=step)
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         self._writer().add_text(name, markdown_table(columns, rows), global_step=self._step(step))
 
-    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = True) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = True,
+    ) -> None:
         from dist_logging._images import overlay_masks, prepare_images
 
         batch, mask_batches = prepare_images(images, channels_last, masks)

@@ -119,10 +119,21 @@ class WandBLogger(TrackerDestination):
 
     tracker_owner = 'WandBLogger'
 
-    def __init__(self, project: Optional[str] = None, group: Optional[str] = None, name: Optional[str] = None,
-                 entity: Optional[str] = None, tags: Optional[Sequence[str]] = None, log_artifacts: bool = False,
-                 rank_zero_only: bool = True, init_kwargs: Optional[Mapping[str, Any]] = None, *,
-                 ranks: Optional[str] = None, log_level: Any = None, optional: Optional[bool] = None):
+    def __init__(
+        self,
+        project: Optional[str] = None,
+        group: Optional[str] = None,
+        name: Optional[str] = None,
+        entity: Optional[str] = None,
+        tags: Optional[Sequence[str]] = None,
+        log_artifacts: bool = False,
+        rank_zero_only: bool = True,
+        init_kwargs: Optional[Mapping[str, Any]] = None,
+        *,
+        ranks: Optional[str] = None,
+        log_level: Any = None,
+        optional: Optional[bool] = None,
+    ):
         owner = type(self).__name__
         ranks = self._ranks_from_rank_zero_only(ranks, rank_zero_only, owner)
         super().__init__(ranks=ranks, log_level=log_level, optional=optional)
@@ -134,16 +145,19 @@ class WandBLogger(TrackerDestination):
         if init_kwargs is None:
             init_kwargs = {}
         if not isinstance(init_kwargs, Mapping) or not all(isinstance(k, str) for k in init_kwargs):
-            raise TypeError(f'{owner}: init_kwargs must be a mapping of wandb.init keyword arguments, '
-                            f'got {init_kwargs!r}')
+            raise TypeError(
+                f'{owner}: init_kwargs must be a mapping of wandb.init keyword arguments, got {init_kwargs!r}'
+            )
         if tags is not None:
-            if isinstance(tags, (str, bytes)) or not isinstance(tags, Sequence) or \
-                    not all(isinstance(t, str) and t for t in tags):
+            if (
+                isinstance(tags, (str, bytes))
+                or not isinstance(tags, Sequence)
+                or not all(isinstance(t, str) and t for t in tags)
+            ):
                 raise TypeError(f'{owner}: tags must be a list of non-empty strings, got {tags!r}')
             tags = list(tags)
         kwargs = dict(init_kwargs)
-        for key, value in (('project', project), ('group', group), ('name', name), ('entity', entity),
-                           ('tags', tags)):
+        for key, value in (('project', project), ('group', group), ('name', name), ('entity', entity), ('tags', tags)):
             if value is None:
                 continue
             if kwargs.get(key) is not None and kwargs[key] != value:
@@ -158,9 +172,13 @@ class WandBLogger(TrackerDestination):
                 if key == 'name':
                     self._name_uses_rank = 'rank' in used
         if log_artifacts and self.ranks == 'zero' and dist.get_world_size() > 1:
-            warnings.warn(f'{owner}(log_artifacts=True) logs on rank zero only: files that other ranks upload '
-                          "(e.g. their checkpoint shards) are not stored; pass ranks='all' (rank_zero_only=False) "
-                          'to give every rank its own run and artifacts', UserWarning, stacklevel=2)
+            warnings.warn(
+                f'{owner}(log_artifacts=True) logs on rank zero only: files that other ranks upload '
+                "(e.g. their checkpoint shards) are not stored; pass ranks='all' (rank_zero_only=False) "
+                'to give every rank its own run and artifacts',
+                UserWarning,
+                stacklevel=2,
+            )
         self.log_artifacts = bool(log_artifacts)
         if self.log_artifacts:
             # Only then does this destination take files: the Logger hands files to destinations
@@ -256,8 +274,9 @@ class WandBLogger(TrackerDestination):
             return
         given = self.init_kwargs.get('id')
         if given is not None and given != run_id:
-            raise ValueError(f'WandBLogger.load_state_dict: the saved run {run_id!r} contradicts '
-                             f'init_kwargs[\'id\']={given!r}')
+            raise ValueError(
+                f'WandBLogger.load_state_dict: the saved run {run_id!r} contradicts init_kwargs[\'id\']={given!r}'
+            )
         self.init_kwargs['id'] = run_id
         self.init_kwargs.setdefault('resume', 'allow')
         for key in ('entity', 'project'):  # a run id is only unique within its entity and project
@@ -277,15 +296,24 @@ class WandBLogger(TrackerDestination):
         """
         self._check_open()
         before = self._last_wandb_step + 1
-        record = {'step': info.step, 'superseded_from': info.superseded_from, 'before_wandb_step': before,
-                  'resume': info.resume, 'attempt': info.attempt, 'time': info.time}
+        record = {
+            'step': info.step,
+            'superseded_from': info.superseded_from,
+            'before_wandb_step': before,
+            'resume': info.resume,
+            'attempt': info.attempt,
+            'time': info.time,
+        }
         key = f'dist_logging/resume/wandb_step_{before}'
         run = self.run
         self._submit(lambda: run.summary.update({key: record}))
-        self._warn_once('resume', f'WandBLogger: resumed at step {info.step}: the rows of steps >= '
-                                  f'{info.superseded_from} logged before wandb step {before} are superseded but stay '
-                                  f'in the run (W&B cannot delete rows of an open run); recorded in the run summary '
-                                  f'as {key!r}')
+        self._warn_once(
+            'resume',
+            f'WandBLogger: resumed at step {info.step}: the rows of steps >= '
+            f'{info.superseded_from} logged before wandb step {before} are superseded but stay '
+            f'in the run (W&B cannot delete rows of an open run); recorded in the run summary '
+            f'as {key!r}',
+        )
         self._row_step, self._row_keys = None, set()
 
     # ------------------------------------------------------------------ helpers
@@ -309,14 +337,20 @@ class WandBLogger(TrackerDestination):
         else:
             wandb_step = self._last_wandb_step + 1
             if self._row_step is not None and step < self._row_step:
-                self._warn_once('backwards', f'WandBLogger: step {step} is before the last step logged to W&B '
-                                             f'({self._row_step}); W&B steps only go forward, so this data is logged '
-                                             f'in a new row (wandb step {wandb_step}) and plotted at its own step by '
-                                             f'{STEP_METRIC!r} (warned once)')
+                self._warn_once(
+                    'backwards',
+                    f'WandBLogger: step {step} is before the last step logged to W&B '
+                    f'({self._row_step}); W&B steps only go forward, so this data is logged '
+                    f'in a new row (wandb step {wandb_step}) and plotted at its own step by '
+                    f'{STEP_METRIC!r} (warned once)',
+                )
             elif step == self._row_step:
-                self._warn_once('same-step', f'WandBLogger: {sorted(keys)} logged again at batch {step} without '
-                                             'step=; kept in a new row at the same step. Call logger.batch_end() '
-                                             'after each batch or pass step= (warned once)')
+                self._warn_once(
+                    'same-step',
+                    f'WandBLogger: {sorted(keys)} logged again at batch {step} without '
+                    'step=; kept in a new row at the same step. Call logger.batch_end() '
+                    'after each batch or pass step= (warned once)',
+                )
         self._last_wandb_step, self._row_step, self._row_keys = wandb_step, step, set(keys)
         return wandb_step
 
@@ -346,8 +380,9 @@ class WandBLogger(TrackerDestination):
             row[f'traces/{name}'] = value if plain else format_log_data_value(value)
         self._log_row(row, None)
 
-    def log_table(self, columns: list[str], rows: list[list[Any]], name: str = 'Table',
-                  step: Optional[int] = None) -> None:
+    def log_table(
+        self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None
+    ) -> None:
         self._check_open()
         columns = [str(c) for c in columns]
         data = jsonable([list(r) for r in rows])
@@ -361,9 +396,16 @@ class WandBLogger(TrackerDestination):
 
         self._submit(log)
 
-    def log_images(self, images: Any, name: str = 'Images', channels_last: bool = False,
-                   step: Optional[int] = None, masks: Optional[dict[str, Any]] = None,
-                   mask_class_labels: Optional[dict[int, str]] = None, use_table: bool = False) -> None:
+    def log_images(
+        self,
+        images: Any,
+        name: str = 'Images',
+        channels_last: bool = False,
+        step: Optional[int] = None,
+        masks: Optional[dict[str, Any]] = None,
+        mask_class_labels: Optional[dict[int, str]] = None,
+        use_table: bool = False,
+    ) -> None:
         """Log images as ``wandb.Image`` (see the class docstring).
 
         ``use_table`` defaults to False here, as on Composer's ``WandBLogger.log_images``: the images
@@ -386,22 +428,28 @@ class WandBLogger(TrackerDestination):
         if batch.shape[-1] == 1 and 1 in batch.shape[1:3]:
             # wandb.Image squeezes size-1 axes and refuses a grey image left with one axis: refused
             # here, at the call, as Composer's WandBLogger does (e.g. for a 1-D array).
-            raise ValueError(f'WandBLogger: W&B cannot draw a grey image {batch.shape[1]} x {batch.shape[2]} '
-                             f'pixels (from images of shape {tuple(getattr(images, "shape", ()))}); give it at '
-                             'least 2 x 2 pixels')
+            raise ValueError(
+                f'WandBLogger: W&B cannot draw a grey image {batch.shape[1]} x {batch.shape[2]} '
+                f'pixels (from images of shape {tuple(getattr(images, "shape", ()))}); give it at '
+                'least 2 x 2 pixels'
+            )
         mask_batches = {}
         for mask_name, mask in validated_masks.items():
             if mask.size and int(mask.max()) > _MAX_MASK_CLASS:
-                raise ValueError(f'WandBLogger: mask {mask_name!r} has class id {int(mask.max())}; W&B masks take '
-                                 f'class ids 0-{_MAX_MASK_CLASS}')
+                raise ValueError(
+                    f'WandBLogger: mask {mask_name!r} has class id {int(mask.max())}; W&B masks take '
+                    f'class ids 0-{_MAX_MASK_CLASS}'
+                )
             mask_batches[mask_name] = mask.astype(np.uint8)
         labels = None
         if mask_class_labels is not None:
             if not isinstance(mask_class_labels, Mapping) or not all(
-                    isinstance(k, int) and not isinstance(k, bool) and isinstance(v, str)
-                    for k, v in mask_class_labels.items()):
-                raise TypeError(f'WandBLogger: mask_class_labels must map int class ids to str labels, '
-                                f'got {mask_class_labels!r}')
+                isinstance(k, int) and not isinstance(k, bool) and isinstance(v, str)
+                for k, v in mask_class_labels.items()
+            ):
+                raise TypeError(
+                    f'WandBLogger: mask_class_labels must map int class ids to str labels, got {mask_class_labels!r}'
+                )
             labels = dict(mask_class_labels)
         if batch.shape[-1] == 1:
             batch = batch[..., 0]  # wandb takes grey images as HW
@@ -439,8 +487,15 @@ class WandBLogger(TrackerDestination):
         """True with ``log_artifacts=True``: files handed to the Logger become W&B artifacts."""
         return self.log_artifacts
 
-    def _upload_artifact(self, state: Optional['State'], remote_file_name: str,
-                         file_path: Union[str, 'pathlib.Path'], *, overwrite: bool = False, copy: bool = True) -> None:
+    def _upload_artifact(
+        self,
+        state: Optional['State'],
+        remote_file_name: str,
+        file_path: Union[str, 'pathlib.Path'],
+        *,
+        overwrite: bool = False,
+        copy: bool = True,
+    ) -> None:
         """``upload_file`` with ``log_artifacts=True``: snapshot the file, log it as a W&B artifact in the background.
 
         Returns at once.
@@ -466,11 +521,16 @@ class WandBLogger(TrackerDestination):
         remote = os.fspath(remote_file_name)
         name = _ARTIFACT_NAME_BAD.sub('.', remote)
         if name != remote:
-            warnings.warn(f'WandBLogger: W&B artifact names take only letters, digits, "-", "_" and "."; '
-                          f'{remote!r} is stored as {name!r}', UserWarning, stacklevel=3)
+            warnings.warn(
+                f'WandBLogger: W&B artifact names take only letters, digits, "-", "_" and "."; '
+                f'{remote!r} is stored as {name!r}',
+                UserWarning,
+                stacklevel=3,
+            )
         if len(name) > ARTIFACT_NAME_MAX:
-            raise ValueError(f'WandBLogger: artifact name {name!r} is {len(name)} characters; '
-                             f'W&B allows {ARTIFACT_NAME_MAX}')
+            raise ValueError(
+                f'WandBLogger: artifact name {name!r} is {len(name)} characters; W&B allows {ARTIFACT_NAME_MAX}'
+            )
         extension = name.rsplit('.', 1)[1] if '.' in name.strip('.') else ''
         artifact_type = 'model' if extension == 'pt' else (extension or 'file')
         if artifact_type.startswith('wandb'):
@@ -520,8 +580,9 @@ class WandBLogger(TrackerDestination):
                 os.unlink(snapshot)
             raise
 
-    def download_file(self, remote_file_name: str, destination: str, overwrite: bool = False,
-                      progress_bar: bool = True) -> None:
+    def download_file(
+        self, remote_file_name: str, destination: str, overwrite: bool = False, progress_bar: bool = True
+    ) -> None:
         """Download the (single-file) artifact ``remote_file_name`` (``name`` or ``name:alias``) to ``destination``.
 
         Uses the W&B API (online), so it works on every rank, also where no run was opened,
@@ -536,8 +597,10 @@ class WandBLogger(TrackerDestination):
         del progress_bar
         wandb = import_installed('wandb', INSTALL_HINT)
         if not self.entity or not self.project:
-            raise ValueError('WandBLogger.download_file needs entity and project (give them, or open the run first); '
-                             f'got entity={self.entity!r}, project={self.project!r}')
+            raise ValueError(
+                'WandBLogger.download_file needs entity and project (give them, or open the run first); '
+                f'got entity={self.entity!r}, project={self.project!r}'
+            )
         if not overwrite and os.path.lexists(destination):
             raise FileExistsError(f'WandBLogger.download_file: {destination!r} exists (overwrite=False)')
         name = remote_file_name if ':' in remote_file_name else f'{remote_file_name}:latest'
@@ -551,8 +614,10 @@ class WandBLogger(TrackerDestination):
             artifact.download(root=tmp)
             files = [os.path.join(root, f) for root, _, names in os.walk(tmp) for f in names]
             if len(files) != 1:
-                raise RuntimeError(f'W&B artifact {clean!r} holds {len(files)} files; download_file takes '
-                                   'single-file artifacts (as upload_file makes)')
+                raise RuntimeError(
+                    f'W&B artifact {clean!r} holds {len(files)} files; download_file takes '
+                    'single-file artifacts (as upload_file makes)'
+                )
             if overwrite:
                 os.replace(files[0], destination)
             else:

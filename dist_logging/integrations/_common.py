@@ -38,8 +38,9 @@ def import_framework(candidates: tuple[str, ...], extra: str, what: str) -> Any:
             if getattr(exc, 'name', None) not in (None, name, name.split('.')[0]):
                 raise  # the framework is installed but broken: show its own error
             errors.append(exc)
-    raise ImportError(f'{what} needs {" or ".join(candidates)}, which is not installed: '
-                      f'pip install "dist-logging[{extra}]"') from (errors[0] if errors else None)
+    raise ImportError(
+        f'{what} needs {" or ".join(candidates)}, which is not installed: pip install "dist-logging[{extra}]"'
+    ) from (errors[0] if errors else None)
 
 
 def _check_config(config: Any, owner: str) -> Any:
@@ -89,15 +90,19 @@ class LoggerHandle:
             self._logger = logger
         elif logger is not None:
             if not callable(logger):
-                raise TypeError(f'{owner}: logger must be a dist_logging.Logger or a zero-argument callable '
-                                f'returning one, got {type(logger).__name__}')
+                raise TypeError(
+                    f'{owner}: logger must be a dist_logging.Logger or a zero-argument callable '
+                    f'returning one, got {type(logger).__name__}'
+                )
             self._factory = logger
         else:
             if config is None:
                 config = os.environ.get(CONFIG_ENV) or None
                 if config is None:
-                    raise ValueError(f'{owner}: no Logger given: pass logger= (a Logger or a callable returning one), '
-                                     f'config= (a YAML path or a dict), or set the environment variable {CONFIG_ENV}')
+                    raise ValueError(
+                        f'{owner}: no Logger given: pass logger= (a Logger or a callable returning one), '
+                        f'config= (a YAML path or a dict), or set the environment variable {CONFIG_ENV}'
+                    )
             self._config = _check_config(config, owner)
         #: Whether this handle built the Logger (and so owns closing it).
         self.built_here = self._logger is None
@@ -131,9 +136,11 @@ class LoggerHandle:
             if self._pinned is None:
                 self._pinned = logger.run_name
         elif not self.built_here and getattr(logger, '_closed', False):
-            raise RuntimeError(f'{self.owner}: the Logger passed as logger= was closed (at the end of an earlier '
-                               'stage, e.g. fit); pass a factory (logger=lambda: Logger(...)) or config= to log '
-                               'several stages (fit, then test) into one run')
+            raise RuntimeError(
+                f'{self.owner}: the Logger passed as logger= was closed (at the end of an earlier '
+                'stage, e.g. fit); pass a factory (logger=lambda: Logger(...)) or config= to log '
+                'several stages (fit, then test) into one run'
+            )
         return logger
 
     def _build(self) -> 'Logger':
@@ -157,12 +164,18 @@ class LoggerHandle:
                     else:
                         os.environ[RUN_NAME_ENV] = previous
             if not isinstance(logger, Logger):
-                raise TypeError(f'{self.owner}: the logger factory {self._factory!r} returned a '
-                                f'{type(logger).__name__}, not a dist_logging.Logger')
+                raise TypeError(
+                    f'{self.owner}: the logger factory {self._factory!r} returned a '
+                    f'{type(logger).__name__}, not a dist_logging.Logger'
+                )
             if pinned is not None and logger.run_name != pinned:
-                warnings.warn(f'{self.owner}: the logger factory built a Logger with run_name={logger.run_name!r}, '
-                              f'not this adapter\'s run {pinned!r}; let the factory leave run_name unset (or pass '
-                              'the same one) so one adapter logs one run', RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f'{self.owner}: the logger factory built a Logger with run_name={logger.run_name!r}, '
+                    f'not this adapter\'s run {pinned!r}; let the factory leave run_name unset (or pass '
+                    'the same one) so one adapter logs one run',
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return logger
         run_name = pinned if pinned is not None else self._run_name
         overrides = {'run_name': run_name} if run_name is not None else {}
@@ -242,8 +255,11 @@ def advance_to(logger: 'Logger', step: Any) -> None:
         return
     if behind > MAX_REPLAYED_BATCHES:
         skipped = behind - MAX_REPLAYED_BATCHES
-        state.timestamp = dataclasses.replace(state.timestamp, batch=state.timestamp.batch + skipped,
-                                              batch_in_epoch=state.timestamp.batch_in_epoch + skipped)
+        state.timestamp = dataclasses.replace(
+            state.timestamp,
+            batch=state.timestamp.batch + skipped,
+            batch_in_epoch=state.timestamp.batch_in_epoch + skipped,
+        )
         behind = MAX_REPLAYED_BATCHES
     for _ in range(behind):
         state.advance_batch()
@@ -277,8 +293,10 @@ class CheckpointNamer:
         used = validate_template(template, DIST_PLACEHOLDERS + TIME_PLACEHOLDERS + fields)
         missing = [field for field in fields if field not in used]
         if missing:
-            raise ValueError(f'{owner}: checkpoint_name {template!r} must contain '
-                             f'{", ".join("{" + f + "}" for f in missing)}, or every checkpoint file lands on one name')
+            raise ValueError(
+                f'{owner}: checkpoint_name {template!r} must contain '
+                f'{", ".join("{" + f + "}" for f in missing)}, or every checkpoint file lands on one name'
+            )
         if os.path.isabs(template) or template.startswith('\\'):
             raise ValueError(f'{owner}: checkpoint_name {template!r} is absolute; use a name relative to the bucket')
         self.template = template
@@ -290,7 +308,8 @@ class CheckpointNamer:
         """
         from dist_logging.naming import format_name_with_dist_and_time, validate_object_name
 
-        name = validate_object_name(format_name_with_dist_and_time(
-            self.template, logger.run_name, logger.state.timestamp, **fields))
+        name = validate_object_name(
+            format_name_with_dist_and_time(self.template, logger.run_name, logger.state.timestamp, **fields)
+        )
         logger.upload_file(_escape(name), _escape(os.fspath(path)), overwrite=overwrite, copy=True)
         return name

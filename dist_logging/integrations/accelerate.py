@@ -121,6 +121,8 @@ def _split_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 # Accelerate 1.x's register_tracker_class makes the name usable in log_with; older releases only
 # take instances (log_with=[DistLoggingTracker(...)]). Re-importing this module must not warn.
-if (hasattr(_tracking, 'register_tracker_class')
-        and getattr(_tracking, 'LOGGER_TYPE_TO_CLASS', {}).get(DistLoggingTracker.name) is not DistLoggingTracker):
+if (
+    hasattr(_tracking, 'register_tracker_class')
+    and getattr(_tracking, 'LOGGER_TYPE_TO_CLASS', {}).get(DistLoggingTracker.name) is not DistLoggingTracker
+):
     _tracking.register_tracker_class(DistLoggingTracker)

@@ -103,14 +103,22 @@ class DistLoggingLogger(_pl.loggers.Logger):
         FileNotFoundError: the config file does not exist.
     """
 
-    def __init__(self, logger: Any = None, *, config: Any = None, upload_checkpoints: bool = True,
-                 checkpoint_name: str = '{run_name}/checkpoints/{name}', reduce: Optional[str] = None):
+    def __init__(
+        self,
+        logger: Any = None,
+        *,
+        config: Any = None,
+        upload_checkpoints: bool = True,
+        checkpoint_name: str = '{run_name}/checkpoints/{name}',
+        reduce: Optional[str] = None,
+    ):
         from dist_logging._logger.gather import REDUCTIONS
 
         super().__init__()
         if reduce is not None and reduce not in REDUCTIONS:
-            raise ValueError(f'DistLoggingLogger: unknown reduce {reduce!r}; '
-                             f'expected one of {list(REDUCTIONS)} or None')
+            raise ValueError(
+                f'DistLoggingLogger: unknown reduce {reduce!r}; expected one of {list(REDUCTIONS)} or None'
+            )
         if not isinstance(upload_checkpoints, bool):
             raise TypeError(f'DistLoggingLogger: upload_checkpoints must be a bool, got {upload_checkpoints!r}')
         self._namer = CheckpointNamer(checkpoint_name, ('name',), 'DistLoggingLogger')
@@ -172,8 +180,9 @@ class DistLoggingLogger(_pl.loggers.Logger):
         elif params is None:
             params = {}
         if not isinstance(params, Mapping):
-            raise TypeError(f'DistLoggingLogger.log_hyperparams: expected a dict or argparse.Namespace, '
-                            f'got {type(params).__name__}')
+            raise TypeError(
+                f'DistLoggingLogger.log_hyperparams: expected a dict or argparse.Namespace, got {type(params).__name__}'
+            )
         self._handle.get().log_hyperparameters(dict(params))
 
     def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
@@ -218,8 +227,12 @@ class DistLoggingLogger(_pl.loggers.Logger):
                 self._namer.upload(logger, os.path.realpath(path), overwrite=True, name=os.path.basename(path))
             except Exception as exc:  # noqa: BLE001 - see after_save_checkpoint: never raise on rank zero alone
                 self._upload_errors.append(exc)
-                warnings.warn(f'DistLoggingLogger: checkpoint upload problem ({type(exc).__name__}: {exc}); '
-                              'raised again by finalize()', RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f'DistLoggingLogger: checkpoint upload problem ({type(exc).__name__}: {exc}); '
+                    'raised again by finalize()',
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             self._handed_over[path] = signature
 
     def finalize(self, status: str) -> None:
@@ -373,8 +386,12 @@ def _close_handle(handle: LoggerHandle) -> None:
     try:
         handle.close()
     except Exception as exc:  # noqa: BLE001 - a collector or exit hook has nobody to raise to
-        log.error('DistLoggingLogger: closing the Logger of an adapter that was not finalized: %s: %s',
-                  type(exc).__name__, exc, exc_info=exc)
+        log.error(
+            'DistLoggingLogger: closing the Logger of an adapter that was not finalized: %s: %s',
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
 
 
 def _same_callback(a: Any, b: Any) -> bool:
@@ -388,8 +405,12 @@ def _checkpoint_paths(callback: Any) -> list[str]:
     """The files a checkpoint callback knows of: top-k, best, last and the one it saved last (deduplicated)."""
     paths: list[str] = []
     best_k = getattr(callback, 'best_k_models', None) or {}
-    candidates = [*best_k, getattr(callback, 'best_model_path', ''), getattr(callback, 'last_model_path', ''),
-                  getattr(callback, '_last_checkpoint_saved', '')]
+    candidates = [
+        *best_k,
+        getattr(callback, 'best_model_path', ''),
+        getattr(callback, 'last_model_path', ''),
+        getattr(callback, '_last_checkpoint_saved', ''),
+    ]
     for path in candidates:
         if isinstance(path, (str, os.PathLike)) and os.fspath(path) and os.fspath(path) not in paths:
             paths.append(os.fspath(path))

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     from dist_logging.logger import Logger
 
 _transformers = import_framework(('transformers',), 'transformers', 'dist_logging.integrations.transformers')
-_integration_utils = import_framework(('transformers.integrations.integration_utils',), 'transformers',
-                                      'dist_logging.integrations.transformers')
+_integration_utils = import_framework(
+    ('transformers.integrations.integration_utils',), 'transformers', 'dist_logging.integrations.transformers'
+)
 
 __all__ = ['DistLoggingCallback']
 
@@ -88,8 +89,14 @@ class DistLoggingCallback(_transformers.TrainerCallback):
         FileNotFoundError: the config file does not exist.
     """
 
-    def __init__(self, logger: Any = None, *, config: Any = None, upload_checkpoints: bool = True,
-                 checkpoint_name: str = '{run_name}/checkpoints/{checkpoint}/{name}'):
+    def __init__(
+        self,
+        logger: Any = None,
+        *,
+        config: Any = None,
+        upload_checkpoints: bool = True,
+        checkpoint_name: str = '{run_name}/checkpoints/{checkpoint}/{name}',
+    ):
         if not isinstance(upload_checkpoints, bool):
             raise TypeError(f'DistLoggingCallback: upload_checkpoints must be a bool, got {upload_checkpoints!r}')
         self._namer = CheckpointNamer(checkpoint_name, ('checkpoint', 'name'), 'DistLoggingCallback')
@@ -153,8 +160,9 @@ class DistLoggingCallback(_transformers.TrainerCallback):
             logger.run_event(Event.EPOCH_END)  # not Logger.epoch_end(): that flushes gathered metrics (a collective)
             logger.state.advance_epoch()
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Mapping[str, Any]] = None,
-               **kwargs: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: Optional[Mapping[str, Any]] = None, **kwargs: Any
+    ) -> None:
         if not logs:
             return
         logger = self._handle.get()
@@ -175,19 +183,25 @@ class DistLoggingCallback(_transformers.TrainerCallback):
         folder = os.path.join(args.output_dir, checkpoint)
         if not os.path.isdir(folder):
             # E.g. hyperparameter search trials, which save under a per-trial folder.
-            warnings.warn(f'DistLoggingCallback.on_save: {folder} does not exist; nothing uploaded',
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f'DistLoggingCallback.on_save: {folder} does not exist; nothing uploaded', RuntimeWarning, stacklevel=2
+            )
             return
         logger = self._handle.get()
         advance_to(logger, state.global_step)
         for relative in _own_files(folder, args.process_index, args.process_index == 0 and args.should_save):
             try:
-                self._namer.upload(logger, os.path.join(folder, relative), overwrite=True,
-                                   checkpoint=checkpoint, name=relative)
+                self._namer.upload(
+                    logger, os.path.join(folder, relative), overwrite=True, checkpoint=checkpoint, name=relative
+                )
             except Exception as exc:  # noqa: BLE001 - never raise on one rank mid-training (see the class doc)
                 self._upload_errors.append(exc)
-                warnings.warn(f'DistLoggingCallback: checkpoint upload problem ({type(exc).__name__}: {exc}); '
-                              'raised again by on_train_end', RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f'DistLoggingCallback: checkpoint upload problem ({type(exc).__name__}: {exc}); '
+                    'raised again by on_train_end',
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Close the Logger if this callback built it (waits for uploads), then raise what failed.
@@ -226,8 +240,9 @@ def _own_files(folder: str, rank: int, writes_shared_files: bool) -> list[str]:
         for file_name in sorted(files):
             match = _RNG_STATE.fullmatch(file_name)
             if match is not None and root == folder:
-                mine = (match.group(1) is None and rank == 0
-                        or match.group(1) is not None and int(match.group(1)) == rank)
+                mine = (
+                    match.group(1) is None and rank == 0 or match.group(1) is not None and int(match.group(1)) == rank
+                )
             else:
                 mine = writes_shared_files
             if mine:

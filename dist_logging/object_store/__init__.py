@@ -18,10 +18,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from dist_logging.object_store.base import (LazyClient, ObjectInfo, ObjectStore, ObjectStoreTransientError,
-                                            check_object_name, check_prefix, download_target, supports_overwrite)
-from dist_logging.object_store.registry import (REGISTRY, SCHEMES, get_store_class, persistable_kwargs,
-                                                persistable_uri, split_bucket_uri, store_from_uri)
+from dist_logging.object_store.base import (
+    LazyClient,
+    ObjectInfo,
+    ObjectStore,
+    ObjectStoreTransientError,
+    check_object_name,
+    check_prefix,
+    download_target,
+    supports_overwrite,
+)
+from dist_logging.object_store.registry import (
+    REGISTRY,
+    SCHEMES,
+    get_store_class,
+    persistable_kwargs,
+    persistable_uri,
+    split_bucket_uri,
+    store_from_uri,
+)
 
 #: The scheme registry (also under its earlier name).
 _REGISTRY = REGISTRY
@@ -45,6 +60,7 @@ __all__ = [
     'persistable_uri',
     'persistable_kwargs',
 ]
+
 
 def __getattr__(name: str) -> Any:
     # LocalObjectStore / S3ObjectStore as attributes of the package, imported lazily.

@@ -19,8 +19,16 @@ import threading
 import uuid
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
 
-__all__ = ['ObjectStore', 'ObjectInfo', 'ObjectStoreTransientError', 'LazyClient', 'supports_overwrite',
-           'check_object_name', 'check_prefix', 'download_target']
+__all__ = [
+    'ObjectStore',
+    'ObjectInfo',
+    'ObjectStoreTransientError',
+    'LazyClient',
+    'supports_overwrite',
+    'check_object_name',
+    'check_prefix',
+    'download_target',
+]
 
 
 class ObjectStoreTransientError(RuntimeError):
@@ -68,8 +76,14 @@ class ObjectStore:
 
     bucket_uri: Optional[str] = None
 
-    def upload_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'],
-                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True) -> None:
+    def upload_object(
+        self,
+        object_name: str,
+        filename: Union[str, 'os.PathLike[str]'],
+        callback: Optional[Callable[[int, int], None]] = None,
+        *,
+        overwrite: bool = True,
+    ) -> None:
         """Store the local file ``filename`` as the object ``object_name``.
 
         The object appears whole or not at all (no reader ever sees a torn object).
@@ -91,8 +105,13 @@ class ObjectStore:
         """
         raise NotImplementedError(f'{type(self).__name__}.upload_object is not implemented')
 
-    def download_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'], overwrite: bool = False,
-                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+    def download_object(
+        self,
+        object_name: str,
+        filename: Union[str, 'os.PathLike[str]'],
+        overwrite: bool = False,
+        callback: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
         """Fetch the object ``object_name`` into the local path ``filename``.
 
         Args:
@@ -338,8 +357,10 @@ def supports_overwrite(store: Any) -> bool:
 
         try:
             parameter = inspect.signature(store.upload_object).parameters.get('overwrite')
-            known = parameter is not None and parameter.kind in (inspect.Parameter.KEYWORD_ONLY,
-                                                                 inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            known = parameter is not None and parameter.kind in (
+                inspect.Parameter.KEYWORD_ONLY,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            )
         except (TypeError, ValueError):  # a builtin or C-implemented callable: assume our protocol
             known = True
         _OVERWRITE_SUPPORT[cls] = known

@@ -14,8 +14,9 @@ from typing import Any, Union
 try:
     from crc32c import crc32c as _crc32c
 except ImportError as _exc:
-    raise ImportError('dist_logging needs the crc32c package for checksums: pip install crc32c',
-                      name='crc32c') from _exc
+    raise ImportError(
+        'dist_logging needs the crc32c package for checksums: pip install crc32c', name='crc32c'
+    ) from _exc
 
 __all__ = ['ALGORITHM', 'crc32c', 'combine', 'encode', 'decode', 'b64', 'file_crc32c']
 

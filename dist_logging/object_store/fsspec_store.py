@@ -13,8 +13,14 @@ try:
 except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('FsspecObjectStore needs fsspec: pip install "dist-logging[fsspec]"', name='fsspec') from _exc
 
-from dist_logging.object_store.base import (LazyClient, ObjectInfo, ObjectStore, check_object_name, check_prefix,
-                                            download_target)
+from dist_logging.object_store.base import (
+    LazyClient,
+    ObjectInfo,
+    ObjectStore,
+    check_object_name,
+    check_prefix,
+    download_target,
+)
 
 __all__ = ['FsspecObjectStore', 'filesystem_class']
 
@@ -126,8 +132,14 @@ class FsspecObjectStore(LazyClient, ObjectStore):
     def get_uri(self, object_name: str) -> str:
         return f'{self.bucket_uri}/{object_name}'
 
-    def upload_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'],
-                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True) -> None:
+    def upload_object(
+        self,
+        object_name: str,
+        filename: Union[str, 'os.PathLike[str]'],
+        callback: Optional[Callable[[int, int], None]] = None,
+        *,
+        overwrite: bool = True,
+    ) -> None:
         path = self._path(object_name)
         filename = os.fspath(filename)
         progress = _Progress(callback) if callback is not None else None
@@ -169,8 +181,13 @@ class FsspecObjectStore(LazyClient, ObjectStore):
         if self.fs.exists(path):
             raise FileExistsError(f'{self.get_uri(object_name)} already exists')
 
-    def download_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'], overwrite: bool = False,
-                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+    def download_object(
+        self,
+        object_name: str,
+        filename: Union[str, 'os.PathLike[str]'],
+        overwrite: bool = False,
+        callback: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
         path = self._path(object_name)
         filename = os.fspath(filename)
         if not overwrite and os.path.lexists(filename):
@@ -196,8 +213,10 @@ class FsspecObjectStore(LazyClient, ObjectStore):
         except FileNotFoundError:
             raise FileNotFoundError(f'{self.get_uri(object_name)} does not exist') from None
         if len(data) != len(view):
-            raise EOFError(f'{self.get_uri(object_name)} ends before byte {offset + len(view)} '
-                           f'(got {len(data)} bytes from {offset})')
+            raise EOFError(
+                f'{self.get_uri(object_name)} ends before byte {offset + len(view)} '
+                f'(got {len(data)} bytes from {offset})'
+            )
         view[:] = data
 
     def get_object_size(self, object_name: str) -> int:

@@ -67,13 +67,21 @@ class LocalObjectStore(ObjectStore):
         real_root = os.path.realpath(self.root)
         resolved = os.path.realpath(os.path.dirname(path) if write else path)
         if os.path.commonpath([real_root, resolved]) != real_root:
-            raise ValueError(f'object name {name!r} resolves to {resolved!r}, outside the store root '
-                             f'{self.root!r} (through a symbolic link)')
+            raise ValueError(
+                f'object name {name!r} resolves to {resolved!r}, outside the store root '
+                f'{self.root!r} (through a symbolic link)'
+            )
         return path
 
-    def upload_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'],
-                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True,
-                      owned: bool = False) -> None:
+    def upload_object(
+        self,
+        object_name: str,
+        filename: Union[str, 'os.PathLike[str]'],
+        callback: Optional[Callable[[int, int], None]] = None,
+        *,
+        overwrite: bool = True,
+        owned: bool = False,
+    ) -> None:
         """See :meth:`ObjectStore.upload_object`.
 
         Args:
@@ -142,8 +150,13 @@ class LocalObjectStore(ObjectStore):
                 raise FileExistsError(f'{self.get_uri(name)} already exists')
             os.replace(tmp, path)
 
-    def download_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'], overwrite: bool = False,
-                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+    def download_object(
+        self,
+        object_name: str,
+        filename: Union[str, 'os.PathLike[str]'],
+        overwrite: bool = False,
+        callback: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
         name = object_name
         filename = os.fspath(filename)
         path = self._path(name)
@@ -171,8 +184,9 @@ class LocalObjectStore(ObjectStore):
             while done < len(view):
                 count = os.preadv(fd, [view[done:]], offset + done)
                 if not count:
-                    raise EOFError(f'{self.get_uri(object_name)} ends before byte {offset + len(view)} '
-                                   f'(at {offset + done})')
+                    raise EOFError(
+                        f'{self.get_uri(object_name)} ends before byte {offset + len(view)} (at {offset + done})'
+                    )
                 done += count
         finally:
             os.close(fd)
@@ -243,8 +257,15 @@ def being_written(entry: str) -> bool:
     return entry.startswith('.') and entry.endswith(('.tmp', '.probe'))
 
 
-_LINK_FALLBACK = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP,
-                  getattr(errno, 'ENOTSUP', errno.EOPNOTSUPP)}
+_LINK_FALLBACK = {
+    errno.EXDEV,
+    errno.EPERM,
+    errno.EACCES,
+    errno.EMLINK,
+    errno.ENOSYS,
+    errno.EOPNOTSUPP,
+    getattr(errno, 'ENOTSUP', errno.EOPNOTSUPP),
+}
 
 
 def _link_as_new_file(src: str, tmp: str) -> Optional[int]:

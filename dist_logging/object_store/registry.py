@@ -13,8 +13,15 @@ from typing import Any, Mapping, Optional
 
 from dist_logging.object_store.base import ObjectStore
 
-__all__ = ['REGISTRY', 'SCHEMES', 'split_bucket_uri', 'get_store_class', 'store_from_uri', 'persistable_uri',
-           'persistable_kwargs']
+__all__ = [
+    'REGISTRY',
+    'SCHEMES',
+    'split_bucket_uri',
+    'get_store_class',
+    'store_from_uri',
+    'persistable_uri',
+    'persistable_kwargs',
+]
 
 # scheme -> (module, class name, pip extra or None)
 REGISTRY: dict[str, tuple[str, str, Optional[str]]] = {
@@ -23,18 +30,43 @@ REGISTRY: dict[str, tuple[str, str, Optional[str]]] = {
 }
 SCHEMES = tuple(REGISTRY)
 _LAZY_EXTRA: dict[str, tuple[str, str, Optional[str]]] = {
-    'fsspec': ('dist_logging.object_store.fsspec_store', 'FsspecObjectStore', 'fsspec'),
+    'fsspec': ('dist_logging.object_store.fsspec_store', 'FsspecObjectStore', 'fsspec')
 }
 # Any other scheme goes to FsspecObjectStore when fsspec knows it. Without fsspec installed these
 # common ones are still recognized, so the error is an install hint rather than "unknown scheme".
-_FSSPEC_COMMON = ('gs', 'gcs', 'az', 'abfs', 'abfss', 'adl', 'oci', 'sftp', 'ssh', 'hf', 'memory', 'hdfs',
-                  'webhdfs', 'ftp', 'dbfs', 'oss', 'r2', 'box', 'dropbox', 'gdrive', 'lakefs', 'wandb')
+_FSSPEC_COMMON = (
+    'gs',
+    'gcs',
+    'az',
+    'abfs',
+    'abfss',
+    'adl',
+    'oci',
+    'sftp',
+    'ssh',
+    'hf',
+    'memory',
+    'hdfs',
+    'webhdfs',
+    'ftp',
+    'dbfs',
+    'oss',
+    'r2',
+    'box',
+    'dropbox',
+    'gdrive',
+    'lakefs',
+    'wandb',
+)
 _NATIVE_SCHEME_HINT = 's3://, file://, a local path, or a scheme fsspec implements (gs://, az://, sftp://, ...)'
 
 # Backend kwargs never written to staging journals (boto3's, and fsspec backends': adlfs's account_key /
 # connection_string / sas_token, sftp's pkey / password, gcsfs's token, ...).
-_SECRET_KEY = re.compile(r'secret|token|password|passwd|credential|access_key|session|key_id|account_key|'
-                         r'connection_string|private_key|pkey|^key$|sas', re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r'secret|token|password|passwd|credential|access_key|session|key_id|account_key|'
+    r'connection_string|private_key|pkey|^key$|sas',
+    re.IGNORECASE,
+)
 
 
 def split_bucket_uri(bucket_uri: str) -> tuple[str, str]:
@@ -55,14 +87,16 @@ def split_bucket_uri(bucket_uri: str) -> tuple[str, str]:
     scheme, rest = match.group(1).lower(), match.group(2)
     if scheme not in REGISTRY:
         if not _fsspec_knows(scheme):
-            raise ValueError(f'bucket_uri {uri!r}: unsupported scheme {scheme!r}; supported: {_NATIVE_SCHEME_HINT} '
-                             '(or pass a custom object_store=)')
+            raise ValueError(
+                f'bucket_uri {uri!r}: unsupported scheme {scheme!r}; supported: {_NATIVE_SCHEME_HINT} '
+                '(or pass a custom object_store=)'
+            )
         if not rest.strip('/') and scheme != 'memory':
             raise ValueError(f'bucket_uri {uri!r}: missing a location after {scheme}://')
         return scheme, rest
     if scheme == 'file':
         if rest.startswith('localhost/'):
-            rest = rest[len('localhost'):]
+            rest = rest[len('localhost') :]
         if not rest.startswith('/'):
             raise ValueError(f'bucket_uri {uri!r}: a file:// URI needs an absolute path (file:///abs/path)')
         return scheme, os.path.normpath(rest)
@@ -156,5 +190,3 @@ def persistable_kwargs(backend_kwargs: Optional[Mapping[str, Any]]) -> dict[str,
         if value is None or isinstance(value, (str, int, float, bool)):
             kept[str(key)] = value
     return kept
-
-

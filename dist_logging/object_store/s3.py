@@ -16,8 +16,14 @@ try:
 except ImportError as _exc:  # the registry turns this into an install hint
     raise ImportError('S3ObjectStore needs boto3: pip install "dist-logging[s3]"', name='boto3') from _exc
 
-from dist_logging.object_store.base import (LazyClient, ObjectInfo, ObjectStore, check_object_name, check_prefix,
-                                            download_target)
+from dist_logging.object_store.base import (
+    LazyClient,
+    ObjectInfo,
+    ObjectStore,
+    check_object_name,
+    check_prefix,
+    download_target,
+)
 from dist_logging.object_store.checksums import ALGORITHM, b64, combine, crc32c
 
 __all__ = ['S3ObjectStore']
@@ -83,18 +89,36 @@ def _pread(fd: int, size: int, offset: int, filename: str) -> bytes:
 # Others (SSE-C keys, RequestPayer, ExpectedBucketOwner, a checksum other than CRC32C, a full-object
 # checksum) must also travel with every part or the completion: those uploads go through boto3's
 # transfer manager (upload_file), which knows where each belongs, as Composer's store does.
-_OBJECT_ARGS = frozenset({
-    'ACL', 'CacheControl', 'ContentDisposition', 'ContentEncoding', 'ContentLanguage', 'ContentType', 'Expires',
-    'GrantFullControl', 'GrantRead', 'GrantReadACP', 'GrantWriteACP', 'Metadata', 'ObjectLockLegalHoldStatus',
-    'ObjectLockMode', 'ObjectLockRetainUntilDate', 'ServerSideEncryption', 'StorageClass', 'SSEKMSKeyId',
-    'SSEKMSEncryptionContext', 'Tagging', 'WebsiteRedirectLocation',
-})
+_OBJECT_ARGS = frozenset(
+    {
+        'ACL',
+        'CacheControl',
+        'ContentDisposition',
+        'ContentEncoding',
+        'ContentLanguage',
+        'ContentType',
+        'Expires',
+        'GrantFullControl',
+        'GrantRead',
+        'GrantReadACP',
+        'GrantWriteACP',
+        'Metadata',
+        'ObjectLockLegalHoldStatus',
+        'ObjectLockMode',
+        'ObjectLockRetainUntilDate',
+        'ServerSideEncryption',
+        'StorageClass',
+        'SSEKMSKeyId',
+        'SSEKMSEncryptionContext',
+        'Tagging',
+        'WebsiteRedirectLocation',
+    }
+)
 
 
 def _needs_boto3_upload(extra: Mapping[str, Any]) -> bool:
     """Whether ``ExtraArgs`` hold an argument this store's own upload would not send everywhere it belongs."""
-    return any(key not in _OBJECT_ARGS and not (key == 'ChecksumAlgorithm' and _own_sum(extra))
-               for key in extra)
+    return any(key not in _OBJECT_ARGS and not (key == 'ChecksumAlgorithm' and _own_sum(extra)) for key in extra)
 
 
 def _own_sum(extra: Mapping[str, Any]) -> Optional[str]:
@@ -121,8 +145,10 @@ def _extra_args(kwargs: dict[str, Any]) -> dict[str, Any]:
     extra = dict(extra)
     bad = sorted(k for k in extra if k not in S3Transfer.ALLOWED_UPLOAD_ARGS)
     if bad:
-        raise ValueError(f'S3ObjectStore.upload_object: {", ".join(map(repr, bad))} not allowed in ExtraArgs '
-                         f'(allowed: boto3 S3Transfer.ALLOWED_UPLOAD_ARGS)')
+        raise ValueError(
+            f'S3ObjectStore.upload_object: {", ".join(map(repr, bad))} not allowed in ExtraArgs '
+            f'(allowed: boto3 S3Transfer.ALLOWED_UPLOAD_ARGS)'
+        )
     acl = os.environ.get('S3_CANNED_ACL')
     if acl and 'ACL' not in extra:
         extra['ACL'] = acl
@@ -186,12 +212,22 @@ class S3ObjectStore(LazyClient, ObjectStore):
 
     list_page_size = 1000  # keys per ListObjectsV2 request (S3's maximum)
 
-    def __init__(self, bucket: str, prefix: str = '', region_name: Optional[str] = None,
-                 endpoint_url: Optional[str] = None, aws_access_key_id: Optional[str] = None,
-                 aws_secret_access_key: Optional[str] = None, aws_session_token: Optional[str] = None,
-                 client_config: Optional[Mapping[str, Any]] = None, transfer_config: Optional[Mapping[str, Any]] = None,
-                 *, multipart_threshold: int = 16 * MiB, multipart_chunksize: int = 8 * MiB,
-                 max_concurrency: int = 4):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = '',
+        region_name: Optional[str] = None,
+        endpoint_url: Optional[str] = None,
+        aws_access_key_id: Optional[str] = None,
+        aws_secret_access_key: Optional[str] = None,
+        aws_session_token: Optional[str] = None,
+        client_config: Optional[Mapping[str, Any]] = None,
+        transfer_config: Optional[Mapping[str, Any]] = None,
+        *,
+        multipart_threshold: int = 16 * MiB,
+        multipart_chunksize: int = 8 * MiB,
+        max_concurrency: int = 4,
+    ):
         transfer = dict(transfer_config or {})  # Composer's spelling of the three transfer settings
         multipart_threshold = transfer.pop('multipart_threshold', multipart_threshold)
         multipart_chunksize = transfer.pop('multipart_chunksize', multipart_chunksize)
@@ -199,13 +235,17 @@ class S3ObjectStore(LazyClient, ObjectStore):
         self.transfer_config = transfer
         if not bucket or '/' in bucket:
             raise ValueError(f'S3ObjectStore: bad bucket name {bucket!r}')
-        for label, value in (('multipart_threshold', multipart_threshold),
-                             ('multipart_chunksize', multipart_chunksize), ('max_concurrency', max_concurrency)):
+        for label, value in (
+            ('multipart_threshold', multipart_threshold),
+            ('multipart_chunksize', multipart_chunksize),
+            ('max_concurrency', max_concurrency),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f'S3ObjectStore: {label} must be a positive int, got {value!r}')
         if multipart_chunksize < 5 * MiB:
-            raise ValueError(f'S3ObjectStore: multipart_chunksize must be at least 5 MiB (an S3 limit), '
-                             f'got {multipart_chunksize}')
+            raise ValueError(
+                f'S3ObjectStore: multipart_chunksize must be at least 5 MiB (an S3 limit), got {multipart_chunksize}'
+            )
         try:
             TransferConfig(**transfer)
         except TypeError as exc:
@@ -213,8 +253,12 @@ class S3ObjectStore(LazyClient, ObjectStore):
         self.bucket = bucket
         self.prefix = prefix.strip('/')
         self.bucket_uri = f's3://{bucket}/{self.prefix}' if self.prefix else f's3://{bucket}'
-        self.endpoint_url = (endpoint_url or os.environ.get('AWS_ENDPOINT_URL_S3') or os.environ.get('AWS_ENDPOINT_URL')
-                             or os.environ.get('S3_ENDPOINT_URL'))
+        self.endpoint_url = (
+            endpoint_url
+            or os.environ.get('AWS_ENDPOINT_URL_S3')
+            or os.environ.get('AWS_ENDPOINT_URL')
+            or os.environ.get('S3_ENDPOINT_URL')
+        )
         self.region_name = region_name
         self._credentials = (aws_access_key_id, aws_secret_access_key, aws_session_token)
         self.multipart_threshold = multipart_threshold
@@ -237,8 +281,9 @@ class S3ObjectStore(LazyClient, ObjectStore):
             raise ValueError(f'S3ObjectStore: backend_kwargs bucket={named_bucket!r} contradicts the URI\'s {bucket!r}')
         if named_prefix is not None:
             if prefix.strip('/') and named_prefix.strip('/') != prefix.strip('/'):
-                raise ValueError(f'S3ObjectStore: backend_kwargs prefix={named_prefix!r} contradicts the URI\'s '
-                                 f'{prefix!r}')
+                raise ValueError(
+                    f'S3ObjectStore: backend_kwargs prefix={named_prefix!r} contradicts the URI\'s {prefix!r}'
+                )
             prefix = named_prefix  # Composer takes the prefix from backend_kwargs, not from the URI
         return cls(bucket, prefix, **kwargs)
 
@@ -249,16 +294,25 @@ class S3ObjectStore(LazyClient, ObjectStore):
         return self.lazy_client(self._make_client)
 
     def _make_client(self) -> Any:
-        options: dict[str, Any] = {'retries': {'mode': 'standard', 'total_max_attempts': 3},
-                                   'connect_timeout': 10, 'read_timeout': 60,
-                                   'max_pool_connections': max(32, 2 * self.max_concurrency)}
+        options: dict[str, Any] = {
+            'retries': {'mode': 'standard', 'total_max_attempts': 3},
+            'connect_timeout': 10,
+            'read_timeout': 60,
+            'max_pool_connections': max(32, 2 * self.max_concurrency),
+        }
         options.update(self.client_config)
         options['s3'] = self._s3_options(options.get('s3'))
         key_id, secret, token = self._credentials
         session = boto3.session.Session()
-        return session.client('s3', endpoint_url=self.endpoint_url, region_name=self.region_name,
-                              aws_access_key_id=key_id, aws_secret_access_key=secret, aws_session_token=token,
-                              config=Config(**options))
+        return session.client(
+            's3',
+            endpoint_url=self.endpoint_url,
+            region_name=self.region_name,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
+            aws_session_token=token,
+            config=Config(**options),
+        )
 
     def _s3_options(self, given: Any) -> dict[str, Any]:
         # Over HTTPS botocore sends S3 payloads unsigned when a checksum travels with them (TLS
@@ -271,10 +325,15 @@ class S3ObjectStore(LazyClient, ObjectStore):
         return options
 
     def _transfer_config(self) -> TransferConfig:
-        return TransferConfig(**{'use_threads': True, **self.transfer_config,
-                                 'multipart_threshold': self.multipart_threshold,
-                                 'multipart_chunksize': self.multipart_chunksize,
-                                 'max_concurrency': self.max_concurrency})
+        return TransferConfig(
+            **{
+                'use_threads': True,
+                **self.transfer_config,
+                'multipart_threshold': self.multipart_threshold,
+                'multipart_chunksize': self.multipart_chunksize,
+                'max_concurrency': self.max_concurrency,
+            }
+        )
 
     def _key(self, name: str) -> str:
         check_object_name(name)
@@ -293,9 +352,15 @@ class S3ObjectStore(LazyClient, ObjectStore):
             raise
 
     # ------------------------------------------------------------------ primitives
-    def upload_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'],
-                      callback: Optional[Callable[[int, int], None]] = None, *, overwrite: bool = True,
-                      **kwargs: Any) -> None:
+    def upload_object(
+        self,
+        object_name: str,
+        filename: Union[str, 'os.PathLike[str]'],
+        callback: Optional[Callable[[int, int], None]] = None,
+        *,
+        overwrite: bool = True,
+        **kwargs: Any,
+    ) -> None:
         """Upload ``filename`` as ``object_name`` (see :meth:`ObjectStore.upload_object`).
 
         Like Composer's: one more keyword, ``ExtraArgs``, a dict of S3 upload arguments (``ACL``,
@@ -327,9 +392,14 @@ class S3ObjectStore(LazyClient, ObjectStore):
             if not overwrite and self._exists(key):
                 raise FileExistsError(f'{self.get_uri(name)} already exists')
             extra_kw = {'ExtraArgs': extra} if extra else {}
-            self.client.upload_file(Bucket=self.bucket, Key=key, Filename=given,  # as given, like Composer
-                                    Callback=progress.add if callback else None, Config=self._transfer_config(),
-                                    **extra_kw)
+            self.client.upload_file(
+                Bucket=self.bucket,
+                Key=key,
+                Filename=given,  # as given, like Composer
+                Callback=progress.add if callback else None,
+                Config=self._transfer_config(),
+                **extra_kw,
+            )
             if size == 0:
                 progress.add(0)
             return
@@ -357,8 +427,15 @@ class S3ObjectStore(LazyClient, ObjectStore):
     def _needs_transfer_manager(self) -> bool:
         return any(k not in _OWN_TRANSFER_KEYS for k in self.transfer_config)
 
-    def _multipart(self, key: str, filename: str, size: int, callback: Optional[Callable[[int], None]],
-                   extra: dict[str, Any], condition: dict[str, str]) -> None:
+    def _multipart(
+        self,
+        key: str,
+        filename: str,
+        size: int,
+        callback: Optional[Callable[[int], None]],
+        extra: dict[str, Any],
+        condition: dict[str, str],
+    ) -> None:
         # A multipart loop of its own rather than boto3's managed transfer: that one cannot send
         # If-None-Match on CompleteMultipartUpload, reads each part in 256 KiB pieces and hands
         # botocore a file-like body (measured: ~20 % more CPU per GiB). Here each part is read
@@ -387,8 +464,9 @@ class S3ObjectStore(LazyClient, ObjectStore):
             elif algorithm is not None:
                 field, compute = _OWN_SUMS[algorithm]
                 part[field] = compute(body)
-            part['ETag'] = client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, Body=body,
-                                              **part)['ETag']
+            part['ETag'] = client.upload_part(Bucket=self.bucket, Key=key, UploadId=upload_id, Body=body, **part)[
+                'ETag'
+            ]
             del body  # the part's memory goes back before the callback runs
             if callback is not None:
                 callback(length)
@@ -410,8 +488,9 @@ class S3ObjectStore(LazyClient, ObjectStore):
                 for number in range(1, count + 1):
                     value = combine(value, sums[number], min(chunk, size - (number - 1) * chunk))
                 whole = {'ChecksumCRC32C': b64(value), 'ChecksumType': 'FULL_OBJECT'}
-            client.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id,
-                                             MultipartUpload={'Parts': parts}, **condition, **whole)
+            client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={'Parts': parts}, **condition, **whole
+            )
         except BaseException:
             try:
                 client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
@@ -419,8 +498,13 @@ class S3ObjectStore(LazyClient, ObjectStore):
                 pass
             raise
 
-    def download_object(self, object_name: str, filename: Union[str, 'os.PathLike[str]'], overwrite: bool = False,
-                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+    def download_object(
+        self,
+        object_name: str,
+        filename: Union[str, 'os.PathLike[str]'],
+        overwrite: bool = False,
+        callback: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
         name = object_name
         filename = os.fspath(filename)
         key = self._key(name)
@@ -430,8 +514,9 @@ class S3ObjectStore(LazyClient, ObjectStore):
         progress = _Progress(callback, size)
         try:
             with download_target(filename, overwrite) as tmp:
-                self.client.download_file(self.bucket, key, tmp, Callback=progress.add if callback else None,
-                                          Config=self._transfer_config())
+                self.client.download_file(
+                    self.bucket, key, tmp, Callback=progress.add if callback else None, Config=self._transfer_config()
+                )
                 if size == 0:
                     progress.add(0)
         except ClientError as exc:
@@ -455,8 +540,9 @@ class S3ObjectStore(LazyClient, ObjectStore):
             return
         end = offset + len(view)
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(object_name),
-                                              Range=f'bytes={offset}-{end - 1}')
+            response = self.client.get_object(
+                Bucket=self.bucket, Key=self._key(object_name), Range=f'bytes={offset}-{end - 1}'
+            )
         except ClientError as exc:
             code = _error_code(exc)
             if code in _MISSING_CODES:
@@ -468,8 +554,10 @@ class S3ObjectStore(LazyClient, ObjectStore):
         released = False
         try:
             if int(response.get('ContentLength', -1)) != len(view):
-                raise EOFError(f'{self.get_uri(object_name)} ends before byte {end} (the server sent '
-                               f'{response.get("ContentLength")} bytes from {offset})')
+                raise EOFError(
+                    f'{self.get_uri(object_name)} ends before byte {end} (the server sent '
+                    f'{response.get("ContentLength")} bytes from {offset})'
+                )
             raw = getattr(body, '_raw_stream', None)  # urllib3's response
             # http.client's response under it reads straight into the buffer (urllib3's readinto reads into
             # new bytes, then copies); only for a plain body (no content encoding to undo).
@@ -483,10 +571,11 @@ class S3ObjectStore(LazyClient, ObjectStore):
                 else:
                     data = body.read(len(view) - done)
                     count = len(data)
-                    view[done:done + count] = data
+                    view[done : done + count] = data
                 if not count:
-                    raise EOFError(f'{self.get_uri(object_name)}: the body ended at byte {offset + done} of '
-                                   f'{offset}-{end - 1}')
+                    raise EOFError(
+                        f'{self.get_uri(object_name)}: the body ended at byte {offset + done} of {offset}-{end - 1}'
+                    )
                 done += count
             release = getattr(raw, 'release_conn', None)
             if release is not None:  # the body was read to its end: the connection goes back to the pool
@@ -532,7 +621,8 @@ class S3ObjectStore(LazyClient, ObjectStore):
         skip = len(base)
         found = []
         pages = self.client.get_paginator('list_objects_v2').paginate(
-            Bucket=self.bucket, Prefix=base + prefix, PaginationConfig={'PageSize': self.list_page_size})
+            Bucket=self.bucket, Prefix=base + prefix, PaginationConfig={'PageSize': self.list_page_size}
+        )
         for page in pages:
             found += [ObjectInfo(item['Key'][skip:], int(item['Size'])) for item in page.get('Contents', [])]
         return sorted(found)

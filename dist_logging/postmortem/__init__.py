@@ -15,8 +15,19 @@ from dist_logging.postmortem.capture import FR_PREFIX, attempt_prefix, object_na
 from dist_logging.postmortem.diagnose import RankSet, Verdict, analyse, rank_of_path
 from dist_logging.postmortem.trigger import DELIVERY_SECONDS, Recorder
 
-__all__ = ['Recorder', 'DELIVERY_SECONDS', 'FR_PREFIX', 'attempt_prefix', 'rank_prefix', 'object_names',
-           'RankSet', 'Verdict', 'analyse', 'rank_of_path', 'diagnose_uri']
+__all__ = [
+    'Recorder',
+    'DELIVERY_SECONDS',
+    'FR_PREFIX',
+    'attempt_prefix',
+    'rank_prefix',
+    'object_names',
+    'RankSet',
+    'Verdict',
+    'analyse',
+    'rank_of_path',
+    'diagnose_uri',
+]
 
 
 def diagnose_uri(uri: str, run_name: str | None = None, attempt: str | None = None) -> Verdict:

@@ -31,8 +31,17 @@ import time
 import traceback
 from typing import Any, Mapping, Optional
 
-__all__ = ['FR_PREFIX', 'SET_FILES', 'object_names', 'rank_prefix', 'attempt_prefix', 'write_set',
-           'python_stacks', 'flight_recorder_dump', 'process_groups']
+__all__ = [
+    'FR_PREFIX',
+    'SET_FILES',
+    'object_names',
+    'rank_prefix',
+    'attempt_prefix',
+    'write_set',
+    'python_stacks',
+    'flight_recorder_dump',
+    'process_groups',
+]
 
 #: The name prefix of flight-recorder dumps in an attempt's ``fr/`` folder (torch's loader takes it as ``prefix``).
 FR_PREFIX = 'fr_trace_rank_'
@@ -68,11 +77,19 @@ def python_stacks(skip: Optional[int] = None) -> list[dict[str, Any]]:
         if ident == skip:
             continue
         thread = threads.get(ident)
-        frames = [{'file': entry.filename, 'line': entry.lineno, 'function': entry.name}
-                  for entry in traceback.extract_stack(frame)]
-        stacks.append({'ident': ident, 'name': thread.name if thread is not None else f'thread-{ident}',
-                       'daemon': bool(thread.daemon) if thread is not None else None, 'main': ident == main,
-                       'frames': frames})
+        frames = [
+            {'file': entry.filename, 'line': entry.lineno, 'function': entry.name}
+            for entry in traceback.extract_stack(frame)
+        ]
+        stacks.append(
+            {
+                'ident': ident,
+                'name': thread.name if thread is not None else f'thread-{ident}',
+                'daemon': bool(thread.daemon) if thread is not None else None,
+                'main': ident == main,
+                'frames': frames,
+            }
+        )
     stacks.sort(key=lambda item: (not item['main'], item['name']))
     return stacks
 
@@ -99,7 +116,8 @@ def flight_recorder_dump() -> tuple[Optional[bytes], str]:
     try:
         import torch
 
-        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)  # type: ignore[attr-defined]  # no public API
+        # No public API; collectives and their Python frames, without C++ stacks (those take seconds per rank).
+        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - an older torch or a build without it: the rest of the set stands
         return None, f'unavailable: {type(exc).__name__}: {exc}'
     try:
@@ -140,10 +158,21 @@ def _write(folder: str, name: str, data: bytes) -> str:
     return path
 
 
-def write_set(folder: str, *, reason: str, rank: int, world_size: int, attempt: Any, run_name: str,
-              roster: Mapping[int, Any], logging_group: Optional[str] = None,
-              exception: Optional[BaseException] = None, events: Optional[Mapping[str, Any]] = None,
-              training_thread: Optional[int] = None, skip_thread: Optional[int] = None) -> dict[str, str]:
+def write_set(
+    folder: str,
+    *,
+    reason: str,
+    rank: int,
+    world_size: int,
+    attempt: Any,
+    run_name: str,
+    roster: Mapping[int, Any],
+    logging_group: Optional[str] = None,
+    exception: Optional[BaseException] = None,
+    events: Optional[Mapping[str, Any]] = None,
+    training_thread: Optional[int] = None,
+    skip_thread: Optional[int] = None,
+) -> dict[str, str]:
     """Write a rank's set into ``folder`` and return local file name -> path (``'fr'`` for the dump).
 
     Args:
@@ -179,13 +208,24 @@ def write_set(folder: str, *, reason: str, rank: int, world_size: int, attempt: 
             error['where'] = f'{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}'
     files['events.json'] = _write(folder, 'events.json', json.dumps(events or {}, default=str).encode())
     header = {
-        'format': FORMAT_VERSION, 'rank': rank, 'host': socket.gethostname(), 'pid': os.getpid(),
-        'attempt': attempt, 'run_name': run_name, 'reason': reason, 'time': started,
-        'time_iso': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(started)), 'world_size': world_size,
-        'groups': process_groups(rank), 'logging_group': logging_group,
+        'format': FORMAT_VERSION,
+        'rank': rank,
+        'host': socket.gethostname(),
+        'pid': os.getpid(),
+        'attempt': attempt,
+        'run_name': run_name,
+        'reason': reason,
+        'time': started,
+        'time_iso': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(started)),
+        'world_size': world_size,
+        'groups': process_groups(rank),
+        'logging_group': logging_group,
         'roster': {str(r): list(v) for r, v in sorted(roster.items())},
-        'flight_recorder': recorder, 'fr_buffer_size': os.environ.get('TORCH_FR_BUFFER_SIZE'),
-        'training_thread': training_thread, 'exception': error, 'files': sorted(files),
+        'flight_recorder': recorder,
+        'fr_buffer_size': os.environ.get('TORCH_FR_BUFFER_SIZE'),
+        'training_thread': training_thread,
+        'exception': error,
+        'files': sorted(files),
         'capture_seconds': round(time.time() - started, 4),
     }
     files['header.json'] = _write(folder, 'header.json', json.dumps(header, indent=1, default=str).encode())

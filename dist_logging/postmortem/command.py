@@ -36,11 +36,14 @@ _ATTEMPT = re.compile(r'(?:^|/)postmortem/attempt-([^/]+)/')
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``diagnose`` subcommand to the ``dist-logging`` parser's subparsers."""
-    p = sub.add_parser('diagnose', help="read a run's postmortem and name the rank that hung, desynced or crashed",
-                       description='Read the postmortem sets the ranks of a run left in the bucket (see '
-                                   'docs/postmortem.md) and print a one-line verdict naming the culprit as '
-                                   '"rank N (host H)", then the evidence. Exit status: 1 a culprit is named, 0 the '
-                                   'run has no postmortem or it shows nothing wrong, 2 cannot tell (says why).')
+    p = sub.add_parser(
+        'diagnose',
+        help="read a run's postmortem and name the rank that hung, desynced or crashed",
+        description='Read the postmortem sets the ranks of a run left in the bucket (see '
+        'docs/postmortem.md) and print a one-line verdict naming the culprit as '
+        '"rank N (host H)", then the evidence. Exit status: 1 a culprit is named, 0 the '
+        'run has no postmortem or it shows nothing wrong, 2 cannot tell (says why).',
+    )
     p.add_argument('uri', metavar='URI', help="the run's prefix in the bucket, or the bucket with --run")
     p.add_argument('--run', default=None, metavar='RUN_NAME', help='the run, when URI is the bucket')
     p.add_argument('--attempt', default=None, help='which torchrun attempt (default: the latest with a postmortem)')
@@ -59,8 +62,7 @@ def _find_prefix(store: Any, run_name: Optional[str]) -> tuple[Optional[str], st
         return f'{run_name.strip("/")}/postmortem/', ''
     if store.list('postmortem/'):
         return 'postmortem/', ''
-    runs = sorted({name.split('/postmortem/', 1)[0] for name, _ in store.list('')
-                   if '/postmortem/attempt-' in name})
+    runs = sorted({name.split('/postmortem/', 1)[0] for name, _ in store.list('') if '/postmortem/attempt-' in name})
     if len(runs) == 1:
         return f'{runs[0]}/postmortem/', f'run {runs[0]}'
     if len(runs) > 1:
@@ -68,8 +70,9 @@ def _find_prefix(store: Any, run_name: Optional[str]) -> tuple[Optional[str], st
     return None, ''
 
 
-def read_sets(store: Any, prefix: str, attempt: Optional[str] = None,
-              scratch: Optional[str] = None) -> tuple[Optional[str], dict[int, RankSet], list[str]]:
+def read_sets(
+    store: Any, prefix: str, attempt: Optional[str] = None, scratch: Optional[str] = None
+) -> tuple[Optional[str], dict[int, RankSet], list[str]]:
     """Read every rank's set of one attempt under ``prefix`` (``.../postmortem/``).
 
     Returns:
@@ -77,8 +80,10 @@ def read_sets(store: Any, prefix: str, attempt: Optional[str] = None,
         None when there is no postmortem), the sets, and what could not be read.
     """
     objects = [name for name, _ in store.list(prefix)]
-    attempts = sorted({m.group(1) for m in (_ATTEMPT.search(name) for name in objects) if m},
-                      key=lambda a: (not a.isdigit(), int(a) if a.isdigit() else 0, a))
+    attempts = sorted(
+        {m.group(1) for m in (_ATTEMPT.search(name) for name in objects) if m},
+        key=lambda a: (not a.isdigit(), int(a) if a.isdigit() else 0, a),
+    )
     if attempt is None:
         if not attempts:
             return None, {}, []
@@ -103,7 +108,7 @@ def read_sets(store: Any, prefix: str, attempt: Optional[str] = None,
                 problems.append(f'{name}: {type(exc).__name__}: {exc}')
                 continue
             header = parse_header(data) if leaf == 'header.json' else {}
-            rank = rank_of_path(name[len(base):])
+            rank = rank_of_path(name[len(base) :])
             if rank is None and isinstance(header.get('rank'), int):
                 rank = header['rank']
             if rank is None:
@@ -140,8 +145,7 @@ def diagnose_uri(uri: str, run_name: Optional[str] = None, attempt: Optional[str
             if note:
                 return Verdict('unknown', f'cannot tell: {note}', code=EXIT_UNKNOWN)
             where = f'run {run_name} in {uri}' if run_name else uri
-            return Verdict('none', f'no postmortem: nothing under {where} (no rank captured one)',
-                           code=EXIT_NOTHING)
+            return Verdict('none', f'no postmortem: nothing under {where} (no rank captured one)', code=EXIT_NOTHING)
         found_attempt, sets, problems = read_sets(store, prefix, attempt)
     finally:
         store.close()
@@ -152,9 +156,15 @@ def diagnose_uri(uri: str, run_name: Optional[str] = None, attempt: Optional[str
     verdict.facts['attempt'] = found_attempt
     verdict.facts['prefix'] = prefix
     verdict.facts['ranks'] = {
-        str(rank): {'host': s.host, 'reason': s.header.get('reason'), 'error': s.error_line(),
-                    'location': s.location(), 'flight_recorder': s.header.get('flight_recorder')}
-        for rank, s in sorted(sets.items())}
+        str(rank): {
+            'host': s.host,
+            'reason': s.header.get('reason'),
+            'error': s.error_line(),
+            'location': s.location(),
+            'flight_recorder': s.header.get('flight_recorder'),
+        }
+        for rank, s in sorted(sets.items())
+    }
     return verdict
 
 
@@ -172,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
         error = f'; {facts["error"]}' if facts.get('error') else ''
         print(f'  [{rank}] host {facts["host"]}: {facts["reason"]}{where}{error}')
     if verdict.facts.get('prefix'):
-        print(f'  evidence: {verdict.facts["prefix"]}attempt-{verdict.facts["attempt"]}/ (stacks.txt per rank; '
-              f'fr/ is a set torch.distributed.flight_recorder loads)')
+        print(
+            f'  evidence: {verdict.facts["prefix"]}attempt-{verdict.facts["attempt"]}/ (stacks.txt per rank; '
+            f'fr/ is a set torch.distributed.flight_recorder loads)'
+        )
     return verdict.code

@@ -26,8 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ['RankSet', 'Verdict', 'analyse', 'rank_of_path', 'load_dump', 'EXIT_CULPRIT', 'EXIT_NOTHING',
-           'EXIT_UNKNOWN']
+__all__ = ['RankSet', 'Verdict', 'analyse', 'rank_of_path', 'load_dump', 'EXIT_CULPRIT', 'EXIT_NOTHING', 'EXIT_UNKNOWN']
 
 EXIT_NOTHING = 0  # no postmortem, or nothing wrong
 EXIT_CULPRIT = 1  # a culprit is named
@@ -35,9 +34,12 @@ EXIT_UNKNOWN = 2  # cannot tell (the verdict says why)
 
 _RANK_IN_PATH = re.compile(r'rank[-_]?(\d+)(?!\d)')
 # Errors that follow another rank's end or stall, not a cause of their own.
-_CONSEQUENCE = re.compile(r'Connection closed by peer|Connection reset|Broken pipe|Timed out waiting|timed out|'
-                          r'Connection refused|ECONNRESET|EPIPE|DistributedLoggingError|abandoned|'
-                          r'NCCL communicator was aborted|Watchdog caught collective operation timeout', re.I)
+_CONSEQUENCE = re.compile(
+    r'Connection closed by peer|Connection reset|Broken pipe|Timed out waiting|timed out|'
+    r'Connection refused|ECONNRESET|EPIPE|DistributedLoggingError|abandoned|'
+    r'NCCL communicator was aborted|Watchdog caught collective operation timeout',
+    re.I,
+)
 _LIBRARY = re.compile(r'(site-packages|dist-packages|/lib/python\d[\d.]*/|<frozen |/dist_logging/)')
 _COLLECTIVE_FRAME = re.compile(r'torch/distributed/|distributed_c10d')
 _RANK_WORD = re.compile(r'(?<!\w)rank (\d+)', re.I)
@@ -126,8 +128,14 @@ class Verdict:
 
     def as_json(self) -> dict[str, Any]:
         """The verdict as a JSON-serializable dict."""
-        return {'kind': self.kind, 'verdict': self.line, 'culprits': self.culprits, 'details': self.details,
-                'exit_code': self.code, 'facts': self.facts}
+        return {
+            'kind': self.kind,
+            'verdict': self.line,
+            'culprits': self.culprits,
+            'details': self.details,
+            'exit_code': self.code,
+            'facts': self.facts,
+        }
 
 
 def _quiet(text: Any) -> str:
@@ -186,8 +194,9 @@ def _first_mismatch(entries: dict[int, list[dict[str, Any]]]) -> Optional[int]:
     return min((seq for seq, names in ops.items() if len(names) > 1), default=None)
 
 
-def _collective_verdict(sets: dict[int, RankSet], world: int, roster: dict[int, str],
-                        missing: set[int]) -> Optional[Verdict]:
+def _collective_verdict(
+    sets: dict[int, RankSet], world: int, roster: dict[int, str], missing: set[int]
+) -> Optional[Verdict]:
     """A desync or a hang read from the flight-recorder dumps (None when they show neither)."""
     per_rank = {rank: _entries_by_group(s.dump) for rank, s in sets.items() if s.dump is not None}
     if not per_rank:
@@ -196,8 +205,11 @@ def _collective_verdict(sets: dict[int, RankSet], world: int, roster: dict[int, 
     for name in names:
         seen = {rank for rank, groups in per_rank.items() if name in groups}
         members = _members(name, sets, world, seen)
-        last = {r: max((e.get('collective_seq_id') or 0 for e in per_rank[r].get(name, [])), default=0)
-                for r in members if r in per_rank}
+        last = {
+            r: max((e.get('collective_seq_id') or 0 for e in per_rank[r].get(name, [])), default=0)
+            for r in members
+            if r in per_rank
+        }
         pending = {}
         for rank in last:
             waiting = [e for e in per_rank[rank].get(name, []) if not e.get('retired')]
@@ -209,8 +221,9 @@ def _collective_verdict(sets: dict[int, RankSet], world: int, roster: dict[int, 
         seq: int = min(e.get('collective_seq_id') or 0 for e in pending.values()) if pending else (mismatch or 0)
         if mismatch is not None and mismatch < seq:
             seq = mismatch  # collectives that paired up wrongly (and even completed) before the wait
-        at_seq = {r: next((e for e in per_rank[r].get(name, []) if e.get('collective_seq_id') == seq), None)
-                  for r in last}
+        at_seq = {
+            r: next((e for e in per_rank[r].get(name, []) if e.get('collective_seq_id') == seq), None) for r in last
+        }
         ops: dict[str, set[int]] = {}
         for rank, entry in at_seq.items():
             if entry is not None:
@@ -220,22 +233,28 @@ def _collective_verdict(sets: dict[int, RankSet], world: int, roster: dict[int, 
             majority = max(ops, key=lambda op: (len(ops[op]), -min(ops[op])))
             culprits = sorted(r for op, ranks in ops.items() if op != majority for r in ranks)
             theirs = ' / '.join(sorted({op for op in ops if op != majority}))
-            line = (f'desync: {_culprits(sets, culprits, roster)} called {theirs} #{seq} where '
-                    f'{_ranks(ops[majority])} called {majority} (process group {name})')
+            line = (
+                f'desync: {_culprits(sets, culprits, roster)} called {theirs} #{seq} where '
+                f'{_ranks(ops[majority])} called {majority} (process group {name})'
+            )
             return Verdict('desync', line, culprits, code=EXIT_CULPRIT, facts=facts)
         op = next(iter(ops)) if ops else '?'
         behind = sorted(r for r in members - missing if r in last and last[r] < seq)
         absent = sorted(members & missing)
         waiting_ranks = sorted(pending)
         if behind:
-            line = (f'hang: {_culprits(sets, behind, roster, with_location=True)} did not enter {op} #{seq} '
-                    f'(process group {name}) that {_ranks(waiting_ranks)} wait in')
+            line = (
+                f'hang: {_culprits(sets, behind, roster, with_location=True)} did not enter {op} #{seq} '
+                f'(process group {name}) that {_ranks(waiting_ranks)} wait in'
+            )
             details = [f'rank {r} last completed #{last[r]}; its stack: see rank-{r}/stacks.txt' for r in behind]
             return Verdict('hang', line, behind, details, EXIT_CULPRIT, facts)
         if absent:
-            line = (f'missing: {_culprits(sets, absent, roster)} left no postmortem while {_ranks(waiting_ranks)} wait '
-                    f'in {op} #{seq} (process group {name}): its process ended before it could write one '
-                    '(killed, e.g. SIGKILL or the OOM killer) or its host is gone')
+            line = (
+                f'missing: {_culprits(sets, absent, roster)} left no postmortem while {_ranks(waiting_ranks)} wait '
+                f'in {op} #{seq} (process group {name}): its process ended before it could write one '
+                '(killed, e.g. SIGKILL or the OOM killer) or its host is gone'
+            )
             return Verdict('missing', line, absent, code=EXIT_CULPRIT, facts=facts)
     return None
 
@@ -245,8 +264,10 @@ def _stack_verdict(sets: dict[int, RankSet], roster: dict[int, str]) -> Optional
     inside = {r for r, s in sets.items() if s.stacks and s.in_collective()}
     outside = {r for r, s in sets.items() if s.stacks and not s.in_collective()}
     if inside and outside:
-        line = (f'hang: {_culprits(sets, outside, roster, with_location=True)} not in a collective while '
-                f'{_ranks(inside)} wait in one (read from the stacks: no flight-recorder entries)')
+        line = (
+            f'hang: {_culprits(sets, outside, roster, with_location=True)} not in a collective while '
+            f'{_ranks(inside)} wait in one (read from the stacks: no flight-recorder entries)'
+        )
         return Verdict('hang', line, sorted(outside), code=EXIT_CULPRIT)
     return None
 
@@ -272,19 +293,24 @@ def analyse(sets: dict[int, RankSet], world_size: Optional[int] = None) -> Verdi
     reasons = {r: str(s.header.get('reason', '?')) for r, s in sets.items()}
     details = []
     if missing:
-        details.append(f'no postmortem from {_ranks(missing)} (hosts: '
-                       f'{", ".join(roster.get(r, "?") for r in sorted(missing))})')
+        details.append(
+            f'no postmortem from {_ranks(missing)} (hosts: {", ".join(roster.get(r, "?") for r in sorted(missing))})'
+        )
     off = sorted(r for r, s in sets.items() if s.dump is None or s.header.get('flight_recorder') != 'on')
     if off:
         details.append(f'flight recorder off or unavailable on {_ranks(off)}')
 
-    causes = {r for r, s in sets.items() if reasons[r] == 'exception' and s.error_line()
-              and not _CONSEQUENCE.search(s.error_line() or '')}
+    causes = {
+        r
+        for r, s in sets.items()
+        if reasons[r] == 'exception' and s.error_line() and not _CONSEQUENCE.search(s.error_line() or '')
+    }
     if causes:
         first = min(causes, key=lambda r: sets[r].header.get('time') or 0)
         others = sorted(set(sets) - causes)
-        line = (f'crash: {_culprits(sets, [first], roster, with_location=False)} raised '
-                f'{_quiet(sets[first].error_line())}')
+        line = (
+            f'crash: {_culprits(sets, [first], roster, with_location=False)} raised {_quiet(sets[first].error_line())}'
+        )
         where = (sets[first].header.get('exception') or {}).get('where')
         if where:
             line += f' at {_quiet(where)}'
@@ -301,16 +327,20 @@ def analyse(sets: dict[int, RankSet], world_size: Optional[int] = None) -> Verdi
         found.facts['reasons'] = reasons
         return found
     if missing:
-        line = (f'missing: {_culprits(sets, missing, roster)} left no postmortem: its process ended before it '
-                f'could write one (killed, e.g. SIGKILL or the OOM killer) or its host is gone')
+        line = (
+            f'missing: {_culprits(sets, missing, roster)} left no postmortem: its process ended before it '
+            f'could write one (killed, e.g. SIGKILL or the OOM killer) or its host is gone'
+        )
         return Verdict('missing', line, sorted(missing), details, EXIT_CULPRIT, {'reasons': reasons})
     kinds = set(reasons.values())
     if kinds <= {'manual', 'sigterm'} or all(r not in ('hang', 'exception', 'logging_error') for r in kinds):
         why = ', '.join(sorted(kinds))
         line = f'no culprit: {_ranks(sets)} captured ({why}) and show nothing wrong'
         return Verdict('none', line, [], details, EXIT_NOTHING, {'reasons': reasons})
-    line = (f'cannot tell: {_ranks(sets)} captured ({", ".join(sorted(kinds))}) but their dumps show every rank '
-            'at the same collective and no rank raised an error of its own (a network or backend stall?)')
+    line = (
+        f'cannot tell: {_ranks(sets)} captured ({", ".join(sorted(kinds))}) but their dumps show every rank '
+        'at the same collective and no rank raised an error of its own (a network or backend stall?)'
+    )
     return Verdict('unknown', line, [], details, EXIT_UNKNOWN, {'reasons': reasons})
 
 

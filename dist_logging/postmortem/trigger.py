@@ -65,11 +65,21 @@ class Recorder:
         ValueError: ``hang_timeout`` is not a positive number.
     """
 
-    def __init__(self, *, run_name: str, rank: int, world_size: int, attempt: Any,
-                 deliver: Callable[[str, str], None], wait_delivered: Callable[[float], bool],
-                 events: Callable[[], Mapping[str, Any]], progress: Callable[[], Any],
-                 hang_timeout: Optional[float] = None,
-                 roster: Callable[[], Mapping[int, Any]] = dict, logging_group: Optional[str] = None):
+    def __init__(
+        self,
+        *,
+        run_name: str,
+        rank: int,
+        world_size: int,
+        attempt: Any,
+        deliver: Callable[[str, str], None],
+        wait_delivered: Callable[[float], bool],
+        events: Callable[[], Mapping[str, Any]],
+        progress: Callable[[], Any],
+        hang_timeout: Optional[float] = None,
+        roster: Callable[[], Mapping[int, Any]] = dict,
+        logging_group: Optional[str] = None,
+    ):
         if hang_timeout is not None and (isinstance(hang_timeout, bool) or not hang_timeout > 0):
             raise ValueError(f'hang_timeout must be a positive number of seconds or None, got {hang_timeout!r}')
         self.run_name, self.rank, self.world_size, self.attempt = run_name, rank, world_size, attempt
@@ -110,13 +120,15 @@ class Recorder:
         """Start the capture on a thread of its own (``dist_logging-postmortem``); False if one was made already."""
         if not self._claim():
             return False
-        self._thread = threading.Thread(target=self._capture, args=(reason, exception, None),
-                                        name='dist_logging-postmortem', daemon=True)
+        self._thread = threading.Thread(
+            target=self._capture, args=(reason, exception, None), name='dist_logging-postmortem', daemon=True
+        )
         self._thread.start()
         return True
 
-    def capture(self, reason: str, exception: Optional[BaseException] = None,
-                wait: Optional[float] = None) -> Optional[str]:
+    def capture(
+        self, reason: str, exception: Optional[BaseException] = None, wait: Optional[float] = None
+    ) -> Optional[str]:
         """Capture this rank's set now, on the calling thread, and hand it to the upload path.
 
         Args:
@@ -175,11 +187,20 @@ class Recorder:
                 roster = dict(self._roster())
             except Exception:  # noqa: BLE001 - the header says what it knows
                 roster = {}
-            files = write_set(folder, reason=reason, rank=self.rank, world_size=self.world_size,
-                              attempt=self.attempt, run_name=self.run_name, roster=roster,
-                              logging_group=self._logging_group, exception=exception, events=events,
-                              training_thread=self.training_thread,
-                              skip_thread=threading.get_ident() if self._ours() else None)
+            files = write_set(
+                folder,
+                reason=reason,
+                rank=self.rank,
+                world_size=self.world_size,
+                attempt=self.attempt,
+                run_name=self.run_name,
+                roster=roster,
+                logging_group=self._logging_group,
+                exception=exception,
+                events=events,
+                training_thread=self.training_thread,
+                skip_thread=threading.get_ident() if self._ours() else None,
+            )
             names = object_names(self.run_name, self.attempt, self.rank)
             order = ['fr'] + [name for name in names if name != 'fr']  # the header last
             for name in order:
@@ -290,8 +311,9 @@ class _ProcessHooks:
                 os.close(write_fd)
             else:
                 self._wakeup = (read_fd, write_fd)
-                self._signal_thread = threading.Thread(target=self._signal_loop, args=(read_fd,),
-                                                       name='dist_logging-postmortem-signal', daemon=True)
+                self._signal_thread = threading.Thread(
+                    target=self._signal_loop, args=(read_fd,), name='dist_logging-postmortem-signal', daemon=True
+                )
                 self._signal_thread.start()
             signal.signal(signal.SIGTERM, self._sigterm_handler)
         except (ValueError, OSError):  # no signals here (an embedded interpreter)
@@ -342,8 +364,7 @@ class _ProcessHooks:
             first = not self._sigterm_started.is_set()
             self._sigterm_started.set()
         if first:
-            threading.Thread(target=self._sigterm_capture, name='dist_logging-postmortem-sigterm',
-                             daemon=True).start()
+            threading.Thread(target=self._sigterm_capture, name='dist_logging-postmortem-sigterm', daemon=True).start()
         self._sigterm_done.wait(DELIVERY_SECONDS + 2.0)
         if from_main:
             return

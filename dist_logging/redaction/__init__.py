@@ -37,5 +37,14 @@ from dist_logging.redaction._keys import DEFAULT_SECRET_PATTERN, is_secret_key, 
 from dist_logging.redaction._redactor import RedactOption, Redactor, build_redactor
 from dist_logging.redaction._text import redact_text
 
-__all__ = ['DEFAULT_SECRET_PATTERN', 'FORMAT_SOURCES', 'REDACTED', 'RedactOption', 'Redactor', 'build_redactor',
-           'is_secret_key', 'key_words', 'redact_text']
+__all__ = [
+    'DEFAULT_SECRET_PATTERN',
+    'FORMAT_SOURCES',
+    'REDACTED',
+    'RedactOption',
+    'Redactor',
+    'build_redactor',
+    'is_secret_key',
+    'key_words',
+    'redact_text',
+]

@@ -25,14 +25,16 @@ def any_of(fragments: Iterable[str]) -> Callable[[str], bool]:
 
 
 # Values that hold no secret (JSON/YAML/Python literals, already redacted, empty).
-NOT_SECRET_VALUES = frozenset({REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False',
-                                '~', '"***"', "'***'"})
+NOT_SECRET_VALUES = frozenset(
+    {REDACTED, '', '""', "''", 'null', 'None', 'none', 'true', 'false', 'True', 'False', '~', '"***"', "'***'"}
+)
 # A reference to where the secret is, not the secret: ``$VAR``, ``${VAR}``, ``%VAR%``, ``{{ .Values.x }}``,
 # ``${{ secrets.HF_TOKEN }}`` (gitleaks' global allowlist), quoted or not. ``${VAR:-default}`` is not one.
 _REFERENCE_VALUE = re.compile(
     r'''(["']?)(?:\$(?:[A-Z_][A-Z0-9_]*|[a-z_][a-z0-9_]*)|\$\{(?:[A-Z_][A-Z0-9_]*|[a-z_][a-z0-9_]*)\}'''
     r'''|%(?:[A-Z_]+|[a-z_]+)%|\{\{[ \t]*[\w ().|]+[ \t]*\}\}'''
-    r'''|\$\{\{[ \t]*(?:env|github|secrets|vars|inputs)(?:\.[A-Za-z]\w*)+[ \t]*\}\})\1''')
+    r'''|\$\{\{[ \t]*(?:env|github|secrets|vars|inputs)(?:\.[A-Za-z]\w*)+[ \t]*\}\})\1'''
+)
 
 
 def is_reference(value: str) -> bool:
@@ -42,15 +44,17 @@ def is_reference(value: str) -> bool:
 def is_placeholder(value: str) -> bool:
     """A header or ``--user`` value that is a template: a reference, ``$1``, ``$(command)``, ``${...}``,
     ``<token>``, ``[PASSWORD]``, ``{base64(...)}`` (gitleaks' curl rules skip these too)."""
-    return value.startswith(('$(', '${', '<', '[', '{')) or is_reference(value) or (
-        value[:1] == '$' and value[1:].isdigit())
+    return (
+        value.startswith(('$(', '${', '<', '[', '{'))
+        or is_reference(value)
+        or (value[:1] == '$' and value[1:].isdigit())
+    )
 
 
 def quoted_or_bare(value: str) -> str:
     if len(value) >= 2 and value[0] in '"\'`' and value[-1] == value[0]:
         return value[0] + REDACTED + value[0]
     return REDACTED
-
 
 
 def shannon_entropy(text: str) -> float:

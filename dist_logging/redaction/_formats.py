@@ -26,7 +26,6 @@ class _Format(NamedTuple):
     group: Union[int, str]  # the part of a match that is the secret
 
 
-
 def _keyword_regex(words: Iterable[str]) -> str:
     """One regex finding any of ``words`` (a trie, so a position costs one test per distinct next character)."""
     trie: dict = {}
@@ -70,9 +69,10 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple
             by_keyword.setdefault(keyword.lower(), []).append(rule)
     # The scan reports one keyword per position, the longest: let it also run the rules of the keywords
     # inside it (``sk_live`` also runs the rules of ``sk``, ``xoxe.xoxb-`` those of ``xoxb``).
-    expanded = {keyword: tuple(dict.fromkeys(rule for other, rules in by_keyword.items()
-                                             if other in keyword for rule in rules))
-                for keyword in by_keyword}
+    expanded = {
+        keyword: tuple(dict.fromkeys(rule for other, rules in by_keyword.items() if other in keyword for rule in rules))
+        for keyword in by_keyword
+    }
     # Keywords are looked for where a word starts (the scan then tests few positions); the few that
     # sit inside a word (``...T3BlbkFJ...``, ``abc8Q~``, ``..._mmk``) are looked for by substring.
     inner = tuple(sorted(k for k in by_keyword if not k[0].isalnum() or k in _INNER_KEYWORDS or k.startswith('xox')))
@@ -83,7 +83,6 @@ def _load_formats() -> tuple[dict[str, tuple[_Format, ...]], Pattern[str], tuple
     # (``ghp_sk...``) are all found. A region that starts the text is scanned with a space before it.
     trie = _keyword_regex(starts)
     return expanded, re.compile('[^a-z0-9](?=' + trie + ')'), _inner_gates(inner)
-
 
 
 def _inner_gates(inner: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -98,13 +97,33 @@ def _inner_gates(inner: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...
 
 # Keywords inside a word, or far from the secret's run (a webhook URL's host), or before a short
 # secret (``SG.``): looked for by substring.
-_INNER_KEYWORDS = frozenset({'t3blbkfj', 'q~', 'hooks.slack.com', 'webhook.office.com', 'webhookb2',
-                             'incomingwebhook', 'discord', 'sig=', 'sg.', 'gems.contribsys.com',
-                             'enterprise.contribsys.com',
-                             # secrets whose alphabet breaks the run (``= . + /``): PlanetScale, Fly.io,
-                             # Frame.io, Authress (``sc_<id>.<id>.acc_...``)
-                             'pscale_tkn_', 'pscale_pw_', 'pscale_oauth_', 'fm1', 'fm2_', 'fio-u-', 'sc_', 'ext_',
-                             'scauth_', 'authress_'})
+_INNER_KEYWORDS = frozenset(
+    {
+        't3blbkfj',
+        'q~',
+        'hooks.slack.com',
+        'webhook.office.com',
+        'webhookb2',
+        'incomingwebhook',
+        'discord',
+        'sig=',
+        'sg.',
+        'gems.contribsys.com',
+        'enterprise.contribsys.com',
+        # secrets whose alphabet breaks the run (``= . + /``): PlanetScale, Fly.io,
+        # Frame.io, Authress (``sc_<id>.<id>.acc_...``)
+        'pscale_tkn_',
+        'pscale_pw_',
+        'pscale_oauth_',
+        'fm1',
+        'fm2_',
+        'fio-u-',
+        'sc_',
+        'ext_',
+        'scauth_',
+        'authress_',
+    }
+)
 # Shared parts of those keywords (a webhook host's ``.com``, ``webhook``, ``=``, Slack's ``xox``, ``pscale_``).
 _INNER_GATES = ('.com', 'webhook', '=', 'xox', 'pscale_')
 # Substrings of the secrets that hold no run of 18 (see ``RUN`` below), tested on every string: Slack's
@@ -118,8 +137,9 @@ FORMAT_SOURCES = (_gitleaks_formats.SOURCE, _extra_formats.SOURCE)
 
 # Every format's secret holds a run of 18 or more of these characters, except the few with their own
 # check below: one C-level translate and substring search tells a plain line holds none.
-_RUN_TABLE = bytes(ord('a') if chr(b).isascii() and (chr(b).isalnum() or chr(b) in '_-') else ord(' ')
-                   for b in range(256))
+_RUN_TABLE = bytes(
+    ord('a') if chr(b).isascii() and (chr(b).isalnum() or chr(b) in '_-') else ord(' ') for b in range(256)
+)
 RUN = b'a' * 18
 
 
@@ -161,15 +181,19 @@ def apply_formats(text: str, found: set[str]) -> str:
     """Run the rules of the keywords ``found`` in ``text`` (gitleaks' keyword gate), each with entropy and allowlist."""
     rules = sorted({rule for keyword in found for rule in _RULES_BY_KEYWORD[keyword]})
     for rule in rules:
+
         def replace(match: re.Match, rule: _Format = rule) -> str:
             secret = match.group(rule.group)
-            if (not secret or REDACTED in secret or (rule.entropy and shannon_entropy(secret) <= rule.entropy)
-                    or any(allow.search(secret) for allow in rule.allow)):
+            if (
+                not secret
+                or REDACTED in secret
+                or (rule.entropy and shannon_entropy(secret) <= rule.entropy)
+                or any(allow.search(secret) for allow in rule.allow)
+            ):
                 return match.group(0)
             start, end = match.span(rule.group)
             whole = match.group(0)
-            return whole[:start - match.start()] + REDACTED + whole[end - match.start():]
+            return whole[: start - match.start()] + REDACTED + whole[end - match.start() :]
 
         text = rule.regex.sub(replace, text)
     return text
-

@@ -14,57 +14,343 @@ import re
 from dist_logging.redaction._common import shannon_entropy
 
 #: Words (after splitting a key) that name a credential wherever they stand.
-DEFAULT_SECRET_PATTERN = (r'^(?:\w*password\w*|\w*passwd\w*|pwd|passphrase|\w*secrets?\w*|\w*credentials?|creds'
-                          r'|auth|oauth|\w+auth|authorization|authn|authz|cookies?)$')
+DEFAULT_SECRET_PATTERN = (
+    r'^(?:\w*password\w*|\w*passwd\w*|pwd|passphrase|\w*secrets?\w*|\w*credentials?|creds'
+    r'|auth|oauth|\w+auth|authorization|authn|authz|cookies?)$'
+)
 _SECRET_WORD = re.compile(DEFAULT_SECRET_PATTERN)
 # ``secret`` as part of a protocol's name (federated learning's secret sharing) names no credential.
 _NOT_SECRET_AFTER = frozenset({'sharing', 'shares', 'share', 'santa'})
 
 # ``<qualifier> key`` (and ``<qualifier>key`` written as one word) is a credential.
-_KEY_QUALIFIERS = frozenset({
-    'api', 'access', 'private', 'session', 'secret', 'client', 'signing', 'encryption', 'master', 'license',
-    'subscription', 'account', 'storage', 'service', 'auth', 'ssh', 'deploy', 'admin', 'app', 'consumer',
-    'application', 'integration', 'developer', 'dev', 'project', 'user', 'upload', 'write', 'read', 'personal',
-})
+_KEY_QUALIFIERS = frozenset(
+    {
+        'api',
+        'access',
+        'private',
+        'session',
+        'secret',
+        'client',
+        'signing',
+        'encryption',
+        'master',
+        'license',
+        'subscription',
+        'account',
+        'storage',
+        'service',
+        'auth',
+        'ssh',
+        'deploy',
+        'admin',
+        'app',
+        'consumer',
+        'application',
+        'integration',
+        'developer',
+        'dev',
+        'project',
+        'user',
+        'upload',
+        'write',
+        'read',
+        'personal',
+    }
+)
 _KEY_WORDS = frozenset({'key', 'keys'})
 
 # ``token`` is a credential alone or right after one of these (``hf_token``, ``GITHUB_TOKEN``); never
 # after a vocabulary word (``pad_token``, ``eos_token``, ``image_token``) and never as ``tokens``.
-_TOKEN_SERVICES = frozenset({
-    'access', 'api', 'auth', 'oauth', 'bearer', 'refresh', 'session', 'id', 'security', 'csrf', 'xsrf', 'jwt',
-    'login', 'client', 'app', 'bot', 'service', 'deploy', 'webhook', 'personal', 'private', 'secret', 'master',
-    'admin', 'root', 'read', 'write', 'upload', 'registry', 'hf', 'hub', 'huggingface', 'github', 'gh', 'gitlab',
-    'bitbucket', 'git', 'wandb', 'comet', 'neptune', 'mlflow', 'databricks', 'kaggle', 'replicate', 'modal',
-    'slack', 'discord', 'telegram', 'twilio', 'sentry', 'npm', 'pypi', 'docker', 'aws', 'azure', 'sas', 'gcp',
-    'google', 'openai', 'anthropic', 'cohere', 'vault', 'okta', 'heroku', 'vercel', 'cloudflare', 'dropbox',
-    'notion', 'jira', 'atlassian', 'ngrok',
-})
+_TOKEN_SERVICES = frozenset(
+    {
+        'access',
+        'api',
+        'auth',
+        'oauth',
+        'bearer',
+        'refresh',
+        'session',
+        'id',
+        'security',
+        'csrf',
+        'xsrf',
+        'jwt',
+        'login',
+        'client',
+        'app',
+        'bot',
+        'service',
+        'deploy',
+        'webhook',
+        'personal',
+        'private',
+        'secret',
+        'master',
+        'admin',
+        'root',
+        'read',
+        'write',
+        'upload',
+        'registry',
+        'hf',
+        'hub',
+        'huggingface',
+        'github',
+        'gh',
+        'gitlab',
+        'bitbucket',
+        'git',
+        'wandb',
+        'comet',
+        'neptune',
+        'mlflow',
+        'databricks',
+        'kaggle',
+        'replicate',
+        'modal',
+        'slack',
+        'discord',
+        'telegram',
+        'twilio',
+        'sentry',
+        'npm',
+        'pypi',
+        'docker',
+        'aws',
+        'azure',
+        'sas',
+        'gcp',
+        'google',
+        'openai',
+        'anthropic',
+        'cohere',
+        'vault',
+        'okta',
+        'heroku',
+        'vercel',
+        'cloudflare',
+        'dropbox',
+        'notion',
+        'jira',
+        'atlassian',
+        'ngrok',
+    }
+)
 # Services and products whose name before a credential word makes it a credential even when the
 # word right before it is not one (``mlflow_tracking_token``, ``kaggle_key``, ``b2_application_key``).
-_SERVICES = _TOKEN_SERVICES | frozenset({
-    'b2', 'backblaze', 'stripe', 'sendgrid', 'mailgun', 'pinecone', 'weaviate', 'qdrant', 'groq', 'mistral',
-    'together', 'fireworks', 'perplexity', 'deepseek', 'langchain', 'langsmith', 'tavily', 'serpapi', 'clearml',
-    'dvc', 'lambda', 'runpod', 'vastai', 'coreweave', 'paperspace', 'sagemaker', 'vertex', 'bedrock', 'minio',
-    'wasabi', 'oci', 'ibm', 'alibaba', 'tencent', 'digitalocean', 'linode', 'supabase', 'firebase', 'redis',
-    'postgres', 'mysql', 'mongo', 'mongodb', 'snowflake', 'bigquery', 'elastic', 'opensearch', 'grafana',
-    'datadog', 'newrelic', 'pagerduty', 'opsgenie', 'teams', 'mattermost', 'zulip', 'smtp', 'email', 'ftp',
-    'sftp', 'ssh', 'gpg', 'pgp', 'nvidia', 'ngc', 'hf', 'xai', 'gemini', 'claude', 'azureml', 'aml', 'lightning',
-})
+_SERVICES = _TOKEN_SERVICES | frozenset(
+    {
+        'b2',
+        'backblaze',
+        'stripe',
+        'sendgrid',
+        'mailgun',
+        'pinecone',
+        'weaviate',
+        'qdrant',
+        'groq',
+        'mistral',
+        'together',
+        'fireworks',
+        'perplexity',
+        'deepseek',
+        'langchain',
+        'langsmith',
+        'tavily',
+        'serpapi',
+        'clearml',
+        'dvc',
+        'lambda',
+        'runpod',
+        'vastai',
+        'coreweave',
+        'paperspace',
+        'sagemaker',
+        'vertex',
+        'bedrock',
+        'minio',
+        'wasabi',
+        'oci',
+        'ibm',
+        'alibaba',
+        'tencent',
+        'digitalocean',
+        'linode',
+        'supabase',
+        'firebase',
+        'redis',
+        'postgres',
+        'mysql',
+        'mongo',
+        'mongodb',
+        'snowflake',
+        'bigquery',
+        'elastic',
+        'opensearch',
+        'grafana',
+        'datadog',
+        'newrelic',
+        'pagerduty',
+        'opsgenie',
+        'teams',
+        'mattermost',
+        'zulip',
+        'smtp',
+        'email',
+        'ftp',
+        'sftp',
+        'ssh',
+        'gpg',
+        'pgp',
+        'nvidia',
+        'ngc',
+        'hf',
+        'xai',
+        'gemini',
+        'claude',
+        'azureml',
+        'aml',
+        'lightning',
+    }
+)
 # Words before ``token``/``key`` that make it a vocabulary or data key, never a credential, even in
 # an environment-style name (``PAD_TOKEN``, ``SORT_KEY``).
-_NOT_CREDENTIAL_BEFORE = frozenset({
-    'pad', 'bos', 'eos', 'unk', 'sep', 'cls', 'mask', 'image', 'video', 'audio', 'start', 'end', 'begin', 'stop',
-    'special', 'added', 'default', 'think', 'tool', 'placeholder', 'vision', 'boi', 'eoi', 'eot', 'pause', 'fim',
-    'prefix', 'suffix', 'middle', 'system', 'user', 'assistant', 'chat', 'next', 'prev', 'last', 'first', 'max',
-    'min', 'num', 'per', 'new', 'input', 'output', 'text', 'label', 'target', 'primary', 'foreign', 'sort',
-    'partition', 'shard', 'sharding', 'cache', 'dict', 'hash', 'lookup', 'routing', 'group', 'join', 'index',
-    'feature', 'column', 'field', 'metric', 'monitor', 'data', 'dataset', 'model', 'layer', 'state', 'config',
-    'record', 'row', 'dedup', 'query', 'value', 'attention', 'attn', 'kv', 'rng', 'random', 'seed', 'lora',
-    'hot', 'sample', 'batch', 'sequence', 'seq', 'sub', 'word', 'byte', 'char', 'cross', 'self', 'memory',
-    'bucket', 'object', 'blob', 'log', 'event', 'message', 'map', 'item', 'entry', 'node', 'section', 'table',
-    'topic', 'queue', 'stream', 'point', 'box', 'region', 'obj', 'frame', 'patch', 'im', 'img', 'vid', 'speech',
-    'time', 'action', 'reward', 'answer', 'question', 'context', 'doc', 'document', 'page', 'turn', 'role',
-})
+_NOT_CREDENTIAL_BEFORE = frozenset(
+    {
+        'pad',
+        'bos',
+        'eos',
+        'unk',
+        'sep',
+        'cls',
+        'mask',
+        'image',
+        'video',
+        'audio',
+        'start',
+        'end',
+        'begin',
+        'stop',
+        'special',
+        'added',
+        'default',
+        'think',
+        'tool',
+        'placeholder',
+        'vision',
+        'boi',
+        'eoi',
+        'eot',
+        'pause',
+        'fim',
+        'prefix',
+        'suffix',
+        'middle',
+        'system',
+        'user',
+        'assistant',
+        'chat',
+        'next',
+        'prev',
+        'last',
+        'first',
+        'max',
+        'min',
+        'num',
+        'per',
+        'new',
+        'input',
+        'output',
+        'text',
+        'label',
+        'target',
+        'primary',
+        'foreign',
+        'sort',
+        'partition',
+        'shard',
+        'sharding',
+        'cache',
+        'dict',
+        'hash',
+        'lookup',
+        'routing',
+        'group',
+        'join',
+        'index',
+        'feature',
+        'column',
+        'field',
+        'metric',
+        'monitor',
+        'data',
+        'dataset',
+        'model',
+        'layer',
+        'state',
+        'config',
+        'record',
+        'row',
+        'dedup',
+        'query',
+        'value',
+        'attention',
+        'attn',
+        'kv',
+        'rng',
+        'random',
+        'seed',
+        'lora',
+        'hot',
+        'sample',
+        'batch',
+        'sequence',
+        'seq',
+        'sub',
+        'word',
+        'byte',
+        'char',
+        'cross',
+        'self',
+        'memory',
+        'bucket',
+        'object',
+        'blob',
+        'log',
+        'event',
+        'message',
+        'map',
+        'item',
+        'entry',
+        'node',
+        'section',
+        'table',
+        'topic',
+        'queue',
+        'stream',
+        'point',
+        'box',
+        'region',
+        'obj',
+        'frame',
+        'patch',
+        'im',
+        'img',
+        'vid',
+        'speech',
+        'time',
+        'action',
+        'reward',
+        'answer',
+        'question',
+        'context',
+        'doc',
+        'document',
+        'page',
+        'turn',
+        'role',
+    }
+)
 # An earlier word that makes the whole name a vocabulary constant (LLaVA's ``DEFAULT_POINT_TOKEN``).
 _VOCABULARY_CONTEXT = frozenset({'default', 'special', 'vocab', 'tokenizer', 'im', 'ignore'})
 # A key ending in one of these names a reference to a credential (Kubernetes ``secretKeyRef``,
@@ -126,15 +412,18 @@ def is_secret_key(key: str) -> bool:
         if word in _KEY_WORDS and previous in _KEY_QUALIFIERS:
             return True
         if word == 'token' or (word in _KEY_WORDS and index == len(words) - 1):
-            rest = words[index + 1:]
+            rest = words[index + 1 :]
             if word == 'token' and not all(w.isdigit() or w in _TOKEN_SUFFIXES for w in rest):
                 previous = word
                 continue
             if word == 'token' and (index == 0 or previous in _TOKEN_SERVICES):
                 return True
-            if (index > 0 and previous not in _NOT_CREDENTIAL_BEFORE
-                    and not any(w in _VOCABULARY_CONTEXT for w in words[:index])
-                    and (_environment_style(key) or any(w in _SERVICES for w in words[:index]))):
+            if (
+                index > 0
+                and previous not in _NOT_CREDENTIAL_BEFORE
+                and not any(w in _VOCABULARY_CONTEXT for w in words[:index])
+                and (_environment_style(key) or any(w in _SERVICES for w in words[:index]))
+            ):
                 return True
         previous = word
     return False
@@ -146,12 +435,33 @@ def is_secret_key(key: str) -> bool:
 # ``codecov_token``, ``bittrex_key``) or a vocabulary entry (``pad_token: "<pad>"``): the value decides,
 # as gitleaks' generic rule decides by its keyword list and entropy floor.
 # (Each holds a fragment of ``_text._CREDENTIAL_FRAGMENTS``, which the pair pre-check looks for.)
-_CREDENTIAL_LAST = ('token', 'key', 'secret', 'password', 'passwd', 'pwd', 'pass', 'auth', 'credential',
-                    'credentials', 'creds', 'apikey')
+_CREDENTIAL_LAST = (
+    'token',
+    'key',
+    'secret',
+    'password',
+    'passwd',
+    'pwd',
+    'pass',
+    'auth',
+    'credential',
+    'credentials',
+    'creds',
+    'apikey',
+)
 # A last word written as one (``apitoken``, ``ACCESSTOKEN``, ``secretkey``); not any word ending in ``key``
 # or ``pass`` (``passkey``, ``monkey``, ``bypass``, ``compat``).
-_CREDENTIAL_ENDINGS = ('token', 'secret', 'password', 'passwd', 'apikey', 'accesskey', 'secretkey', 'privatekey',
-                       'authkey')
+_CREDENTIAL_ENDINGS = (
+    'token',
+    'secret',
+    'password',
+    'passwd',
+    'apikey',
+    'accesskey',
+    'secretkey',
+    'privatekey',
+    'authkey',
+)
 # Characters no credential of this kind holds but vocabulary entries do (``<pad>``, ``</s>``, ``[PAD]``,
 # ``<|endoftext|>``, XML-escaped ``&lt;pad&gt;``), nor a value of several words or a list.
 _NOT_CREDENTIAL_CHARS = frozenset('<>[]{}()|&;,"\'` \t\r\n$')
@@ -213,13 +523,20 @@ def credential_value(value: str) -> bool:
         return size >= 12
     if '://' in value or (value[1:3] == ':\\' and value[0].isalpha()):
         return False  # a URL (its password and query secrets are the shapes' and pairs' job), a Windows path
-    if '/' in value and '+' not in value and '=' not in value and not (
-            _BASE64_WITH_SLASH.fullmatch(value) and any(c.isupper() for c in value)
-            and any(c.islower() for c in value) and any(c.isdigit() for c in value)):
+    if (
+        '/' in value
+        and '+' not in value
+        and '=' not in value
+        and not (
+            _BASE64_WITH_SLASH.fullmatch(value)
+            and any(c.isupper() for c in value)
+            and any(c.islower() for c in value)
+            and any(c.isdigit() for c in value)
+        )
+    ):
         return False  # a path (``data/train_v2``), unless base64 says otherwise (``+``, ``=``, mixed case)
     if value.isascii() and value.isalpha():
         return _random_letters(value)
     if value.replace('_', '').replace('.', '').replace('-', '').isalpha() or _IDENTIFIER.fullmatch(value):
         return False  # words and names (``jetbrains.mps.v8_elimination``, ``encoder.layer.11.output``)
     return shannon_entropy(value) >= (3.0 if size >= 12 else 2.5)
-

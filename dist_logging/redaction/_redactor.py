@@ -12,6 +12,7 @@ from dist_logging.redaction._common import REDACTED, is_reference
 from dist_logging.redaction._keys import credential_value, is_secret_key, names_credential_by_value
 from dist_logging.redaction._text import redact_string
 
+
 def _by_value(key: str, value: str) -> bool:
     """A value under a credential-ending key (``asana_token``) that reads as a credential (not ``<pad>``)."""
     return names_credential_by_value(key) and credential_value(value)
@@ -83,8 +84,13 @@ class Redactor:
         if not self.enabled:
             return rows
         secret_columns = [self.is_secret_key(column) for column in columns]
-        return [[self._conceal(cell) if secret else self._cell(column, cell)
-                 for cell, secret, column in zip(row, secret_columns, columns)] for row in rows]
+        return [
+            [
+                self._conceal(cell) if secret else self._cell(column, cell)
+                for cell, secret, column in zip(row, secret_columns, columns)
+            ]
+            for row in rows
+        ]
 
     def _cell(self, column: Any, cell: Any) -> Any:
         """A cell of a column not named as a credential: by value, and by the column name's last word."""
@@ -101,8 +107,11 @@ class Redactor:
         secret_manifest = isinstance(data.get('kind'), str) and data['kind'].lower() == 'secret'
         out = {}
         for key, value in data.items():
-            if ((isinstance(key, str) and self.is_secret_key(key)) or (named is not None and key == named)
-                    or (secret_manifest and key in _SECRET_MANIFEST_FIELDS)):
+            if (
+                (isinstance(key, str) and self.is_secret_key(key))
+                or (named is not None and key == named)
+                or (secret_manifest and key in _SECRET_MANIFEST_FIELDS)
+            ):
                 out[self._key(key)] = self._conceal(value)
             elif type(value) is str and type(key) is str and _by_value(key, value):
                 out[self._key(key)] = REDACTED
@@ -186,8 +195,9 @@ class Redactor:
         if fields is not None:
             return {k: self._conceal(v) for k, v in fields.items()}
         if isinstance(value, (list, tuple)):
-            return [self._conceal(v) for v in value] if isinstance(value, list) else tuple(
-                self._conceal(v) for v in value)
+            return (
+                [self._conceal(v) for v in value] if isinstance(value, list) else tuple(self._conceal(v) for v in value)
+            )
         return REDACTED
 
 

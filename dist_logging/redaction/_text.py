@@ -9,8 +9,14 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
-from dist_logging.redaction._common import (REDACTED, any_of, is_placeholder, is_reference, NOT_SECRET_VALUES,
-                                            quoted_or_bare)
+from dist_logging.redaction._common import (
+    REDACTED,
+    any_of,
+    is_placeholder,
+    is_reference,
+    NOT_SECRET_VALUES,
+    quoted_or_bare,
+)
 from dist_logging.redaction._formats import RUN, apply_formats, found_keywords, map_runs, may_hold_runless_secret
 from dist_logging.redaction._keys import credential_value, is_secret_key, names_credential_by_value
 
@@ -38,8 +44,12 @@ _FLAG_VALUE = re.compile(r'[\s="\']+')
 def _shape_replacement(match: re.Match) -> str:
     if match.group('pem_begin') is not None:
         return f'{match.group("pem_begin")}{REDACTED}{match.group("pem_end")}'
-    for head, value in (('url_head', 'url_password'), ('auth_head', 'auth_value'), ('scheme', 'credential'),
-                        ('user_head', 'user_password')):
+    for head, value in (
+        ('url_head', 'url_password'),
+        ('auth_head', 'auth_value'),
+        ('scheme', 'credential'),
+        ('user_head', 'user_password'),
+    ):
         if match.group(head) is not None:
             secret = match.group(value)
             if secret in NOT_SECRET_VALUES or REDACTED in secret or is_placeholder(secret):
@@ -52,8 +62,14 @@ def _shape_replacement(match: re.Match) -> str:
 
 def _may_hold_shape(text: str) -> bool:
     """Cheap pre-check: False means no shape above can match (plain ``in`` tests, no regex)."""
-    return ('://' in text or 'earer' in text or 'Basic' in text or 'UTHORIZATION' in text
-            or 'uthorization' in text or ('-' in text and ('PRIVATE KEY' in text or '-u' in text)))
+    return (
+        '://' in text
+        or 'earer' in text
+        or 'Basic' in text
+        or 'UTHORIZATION' in text
+        or 'uthorization' in text
+        or ('-' in text and ('PRIVATE KEY' in text or '-u' in text))
+    )
 
 
 # A credential-named pair inside a string; each alternative is ``head<N>`` (holding ``name<N>``) then ``value<N>``:
@@ -140,9 +156,12 @@ def _may_hold_pair(text: str, is_secret: Callable[[str], bool], any_name: bool, 
             while after < size and text[after] in ' \t':
                 after += 1
             follows = text[after] if after < size else ''
-            if (follows in ('=', ':', '?', ',', '>', '.') or (text[start] == '-' and after > end)
-                    or text.startswith(_TYPE_WORDS, after) or text.startswith('value', after)) and (
-                        is_secret(text[start:end]) or names_credential_by_value(text[start:end])):
+            if (
+                follows in ('=', ':', '?', ',', '>', '.')
+                or (text[start] == '-' and after > end)
+                or text.startswith(_TYPE_WORDS, after)
+                or text.startswith('value', after)
+            ) and (is_secret(text[start:end]) or names_credential_by_value(text[start:end])):
                 return True
             index = lower.find(fragment, end)
     return False
@@ -176,7 +195,7 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
         elif head_group == 'head8' and (is_placeholder(value) or name.lower().endswith('authorization')):
             pass  # a header template (``<token>``, ``$(cmd)``); ``Authorization`` values are the shapes' job
         elif is_secret(name):
-            parts.append(text[position:match.start()] + match.group(head_group) + quoted_or_bare(value))
+            parts.append(text[position : match.start()] + match.group(head_group) + quoted_or_bare(value))
             position = match.end()
             if head_group == 'head3' and value[:1] not in '"\'`':  # the rest of a long ``name: many words`` value
                 position = _MORE_WORDS.match(text, position).end()
@@ -185,10 +204,10 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
             # ``name: value`` reads up to 8 words; a credential decided by its value is the first one.
             word = value if value[:1] in '"\'`' else value.split(None, 1)[0]
             if credential_value(_unquoted(word)):
-                parts.append(text[position:match.start()] + match.group(head_group) + quoted_or_bare(word))
+                parts.append(text[position : match.start()] + match.group(head_group) + quoted_or_bare(word))
                 position = match.start(value_group) + len(word)
                 continue
-        parts.append(text[position:match.end(head_group)])
+        parts.append(text[position : match.end(head_group)])
         position = match.end(head_group)
     parts.append(text[position:])
     return ''.join(parts)
@@ -239,4 +258,3 @@ def redact_text(text: str) -> str:
         The redacted string; ``text`` itself (the same object) when nothing was found.
     """
     return redact_string(text, is_secret_key)
-

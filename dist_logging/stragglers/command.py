@@ -22,15 +22,22 @@ _USAGE_ERROR = 2
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``stragglers`` subcommand to the ``dist-logging`` parser's subparsers."""
-    p = sub.add_parser('stragglers', help="summarize a run's rank report history and draw its heatmap",
-                       description='Read the per-rank history a run with rank_report_every= kept '
-                                   f'({HISTORY_NAME}, uploaded with its logs), print which ranks were slow, on which '
-                                   'host, since when, and write a PNG heatmap: one row per rank (rank 0 on top), one '
-                                   "column per report (oldest left), a cell's brightness its busy time over the "
-                                   "report's median (dark: at or below the median; bright: slow).")
+    p = sub.add_parser(
+        'stragglers',
+        help="summarize a run's rank report history and draw its heatmap",
+        description='Read the per-rank history a run with rank_report_every= kept '
+        f'({HISTORY_NAME}, uploaded with its logs), print which ranks were slow, on which '
+        'host, since when, and write a PNG heatmap: one row per rank (rank 0 on top), one '
+        "column per report (oldest left), a cell's brightness its busy time over the "
+        "report's median (dark: at or below the median; bright: slow).",
+    )
     p.add_argument('run', metavar='RUN', help=f'a run folder, a {HISTORY_NAME} file, or a bucket URI holding one')
-    p.add_argument('--out', default=None, metavar='PNG',
-                   help='where to write the heatmap (default: stragglers-<run name>.png in the current folder)')
+    p.add_argument(
+        '--out',
+        default=None,
+        metavar='PNG',
+        help='where to write the heatmap (default: stragglers-<run name>.png in the current folder)',
+    )
     p.add_argument('--series', default='busy', help="what to draw: busy (default), step, or a section's name")
     p.add_argument('--top', type=int, default=5, help='how many flagged ranks to list (default 5)')
     p.set_defaults(func=run)
@@ -98,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
             print(f'dist-logging stragglers: error: {exc.args[0]}', file=sys.stderr)
             return _USAGE_ERROR
     ranks, windows = history.series[args.series].shape
-    print(f'heatmap ({args.series}): {out} ({image.shape[1]}x{image.shape[0]} px; rows: ranks 0-{ranks - 1} top to '
-          f'bottom; columns: {windows} reports, batch {history.batches[0]} left to {history.batches[-1]} right)')
+    print(
+        f'heatmap ({args.series}): {out} ({image.shape[1]}x{image.shape[0]} px; rows: ranks 0-{ranks - 1} top to '
+        f'bottom; columns: {windows} reports, batch {history.batches[0]} left to {history.batches[-1]} right)'
+    )
     return 0
 
 

@@ -40,8 +40,9 @@ def ratio_grid(history: History, series: str = 'busy') -> np.ndarray:
         return values / np.where(medians > 0, medians, np.nan)
 
 
-def heatmap_image(history: History, series: str = 'busy', slow_ratio: Optional[float] = None,
-                  max_pixels: int = 1 << 22) -> np.ndarray:
+def heatmap_image(
+    history: History, series: str = 'busy', slow_ratio: Optional[float] = None, max_pixels: int = 1 << 22
+) -> np.ndarray:
     """The heatmap as an HWC uint8 RGB array (each cell a block of pixels, at most ``max_pixels``).
 
     Args:
@@ -72,7 +73,7 @@ def heatmap_image(history: History, series: str = 'busy', slow_ratio: Optional[f
     while ranks * cell_h * windows * cell_w > max_pixels and (cell_w > 1 or cell_h > 1):
         cell_w, cell_h = max(cell_w // 2, 1), max(cell_h // 2, 1)
     if ranks * windows > max_pixels:  # keep the latest reports that fit
-        rgb = rgb[:, -max(max_pixels // ranks, 1):]
+        rgb = rgb[:, -max(max_pixels // ranks, 1) :]
     return np.repeat(np.repeat(rgb, cell_h, axis=0), cell_w, axis=1)
 
 

@@ -26,8 +26,7 @@ import numpy as np
 
 from dist_logging.stragglers.report import RankReport, per_step
 
-__all__ = ['HISTORY_NAME', 'FORMAT', 'HistoryWriter', 'History', 'read_history', 'summary_text',
-           'private_history_path']
+__all__ = ['HISTORY_NAME', 'FORMAT', 'HistoryWriter', 'History', 'read_history', 'summary_text', 'private_history_path']
 
 HISTORY_NAME = 'rank_history.jsonl'
 FORMAT = 'dist_logging.rank_history'
@@ -65,10 +64,15 @@ class HistoryWriter:
         """Write one report: every rank's per-step values of each series."""
         values = per_step(table, layout)
         memory = values.pop('memory')
-        line = {'window': report.window, 'batch': report.batch, 'time': round(when, 3), 'steps': report.steps,
-                'reference_ms': None if report.reference_s is None else round(report.reference_s * 1e3, 3),
-                'ms': {name: _ms(column) for name, column in values.items()},
-                'verdicts': {str(e.rank): e.verdict for e in report.stragglers}}
+        line = {
+            'window': report.window,
+            'batch': report.batch,
+            'time': round(when, 3),
+            'steps': report.steps,
+            'reference_ms': None if report.reference_s is None else round(report.reference_s * 1e3, 3),
+            'ms': {name: _ms(column) for name, column in values.items()},
+            'verdicts': {str(e.rank): e.verdict for e in report.stragglers},
+        }
         if not np.all(np.isnan(memory)):
             line['memory'] = [None if math.isnan(v) else int(v) for v in memory.tolist()]
         self._write(line)
@@ -147,23 +151,28 @@ def read_history(path: str) -> History:
             array = np.array([np.nan if v is None else v / 1e3 for v in values], dtype=np.float64)
             series[name][: len(array), column] = array[:world]
     verdicts = [{int(rank): verdict for rank, verdict in line.get('verdicts', {}).items()} for line in windows]
-    return History(header=header, batches=[int(line.get('batch', 0)) for line in windows], series=series,
-                   verdicts=verdicts)
+    return History(
+        header=header, batches=[int(line.get('batch', 0)) for line in windows], series=series, verdicts=verdicts
+    )
 
 
 def summary_text(history: History, top: int = 5) -> str:
     """A human summary: the run, the busy time's spread, and each rank ever flagged (chronic first)."""
-    lines = [f"run {history.header.get('run_name', '?')}: {history.world_size} ranks, {len(history.batches)} "
-             f'reports' + (f' (batches {history.batches[0]}-{history.batches[-1]})' if history.batches else '')]
+    lines = [
+        f"run {history.header.get('run_name', '?')}: {history.world_size} ranks, {len(history.batches)} "
+        f'reports' + (f' (batches {history.batches[0]}-{history.batches[-1]})' if history.batches else '')
+    ]
     busy = history.series.get('busy')
     if busy is None or busy.size == 0:
         lines.append('no reports yet')
         return '\n'.join(lines)
     last = busy[:, -1]
     if not np.all(np.isnan(last)):
-        lines.append(f'last report: busy per step min {np.nanmin(last) * 1e3:.2f} ms, median '
-                     f'{np.nanmedian(last) * 1e3:.2f} ms, max {np.nanmax(last) * 1e3:.2f} ms '
-                     f'(rank {int(np.nanargmax(last))})')
+        lines.append(
+            f'last report: busy per step min {np.nanmin(last) * 1e3:.2f} ms, median '
+            f'{np.nanmedian(last) * 1e3:.2f} ms, max {np.nanmax(last) * 1e3:.2f} ms '
+            f'(rank {int(np.nanargmax(last))})'
+        )
     flagged: dict[int, dict[str, int]] = {}
     for window in history.verdicts:
         for rank, verdict in window.items():
@@ -183,9 +192,11 @@ def summary_text(history: History, top: int = 5) -> str:
         with np.errstate(invalid='ignore', divide='ignore'):
             ratio = np.nanmedian(busy[rank] / medians) if rank < busy.shape[0] else float('nan')
         host = f' on {hosts[rank]}' if rank < len(hosts) and hosts[rank] else ''
-        lines.append(f'  rank {rank}{host}: chronic in {counts.get("chronic", 0)}, one-off in '
-                     f'{counts.get("one-off", 0)} of {len(history.batches)} reports, first at batch '
-                     f'{history.batches[first]}; busy {ratio:.2f}x the median (median over reports)')
+        lines.append(
+            f'  rank {rank}{host}: chronic in {counts.get("chronic", 0)}, one-off in '
+            f'{counts.get("one-off", 0)} of {len(history.batches)} reports, first at batch '
+            f'{history.batches[first]}; busy {ratio:.2f}x the median (median over reports)'
+        )
     if len(order) > top:
         lines.append(f'  ... and {len(order) - top} more')
     return '\n'.join(lines)

@@ -14,13 +14,40 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from dist_logging.stragglers.stats import (CHRONIC, OK, ONE_OFF, SeriesStats, VerdictTracker, Verdicts,
-                                           individual_scores, reference, relative_scores, series_table, slow_mask)
+from dist_logging.stragglers.stats import (
+    CHRONIC,
+    OK,
+    ONE_OFF,
+    SeriesStats,
+    VerdictTracker,
+    Verdicts,
+    individual_scores,
+    reference,
+    relative_scores,
+    series_table,
+    slow_mask,
+)
 from dist_logging.stragglers.timer import WindowTotals
 
-__all__ = ['RankEntry', 'RankReport', 'STEPS', 'WALL', 'BUSY', 'COLLECTIVE', 'MEMORY', 'JITTER', 'FIXED', 'record_of',
-           'per_step', 'build_report', 'build_partial', 'report_metrics', 'TABLE_COLUMNS', 'table_rows',
-           'straggler_line']
+__all__ = [
+    'RankEntry',
+    'RankReport',
+    'STEPS',
+    'WALL',
+    'BUSY',
+    'COLLECTIVE',
+    'MEMORY',
+    'JITTER',
+    'FIXED',
+    'record_of',
+    'per_step',
+    'build_report',
+    'build_partial',
+    'report_metrics',
+    'TABLE_COLUMNS',
+    'table_rows',
+    'straggler_line',
+]
 
 # Columns of a record: totals over the window, except BUSY (seconds per step, the median step) and
 # JITTER (the median absolute deviation of the window's steps' busy seconds, NaN when not known).
@@ -115,8 +142,11 @@ def record_of(totals: WindowTotals, layout: Sequence[str]) -> np.ndarray:
     jitter = nan if totals.busy_mad_s is None else totals.busy_mad_s
     sections = totals.sections
     # One list, one array: a report runs on the training thread, where each small numpy call costs.
-    return np.array([totals.steps, totals.wall_s, busy, totals.collective_s, memory, jitter]
-                    + [sections.get(name, nan) for name in layout], dtype=np.float64)
+    return np.array(
+        [totals.steps, totals.wall_s, busy, totals.collective_s, memory, jitter]
+        + [sections.get(name, nan) for name in layout],
+        dtype=np.float64,
+    )
 
 
 def own_series(record: np.ndarray, layout: Sequence[str]) -> list[float]:
@@ -126,8 +156,11 @@ def own_series(record: np.ndarray, layout: Sequence[str]) -> list[float]:
     steps = values[STEPS]
     if not steps > 0:  # no step in the window (or NaN): nothing per step
         return [math.nan] * (2 + len(layout)) + [values[MEMORY]]
-    return ([values[BUSY], values[WALL] / steps] + [values[FIXED + index] / steps for index in range(len(layout))]
-            + [values[MEMORY]])
+    return (
+        [values[BUSY], values[WALL] / steps]
+        + [values[FIXED + index] / steps for index in range(len(layout))]
+        + [values[MEMORY]]
+    )
 
 
 def per_step(table: np.ndarray, layout: Sequence[str]) -> dict[str, np.ndarray]:
@@ -146,22 +179,43 @@ def _float(value: Any) -> Optional[float]:
     return None if np.isnan(value) else value
 
 
-def _entry(rank: int, host: str, values: Mapping[str, np.ndarray], layout: Sequence[str], fields: dict[str, Any],
-           medians: Mapping[str, Optional[float]]) -> RankEntry:
+def _entry(
+    rank: int,
+    host: str,
+    values: Mapping[str, np.ndarray],
+    layout: Sequence[str],
+    fields: dict[str, Any],
+    medians: Mapping[str, Optional[float]],
+) -> RankEntry:
     sections = {name: float(values[name][rank]) for name in layout if not np.isnan(values[name][rank])}
     slowest_section, worst = None, 1.0  # only a section above its median
     for name, seconds in sections.items():
         median = medians.get(name)
         if median and seconds / median > worst:
             slowest_section, worst = name, seconds / median
-    return RankEntry(rank=rank, host=host, busy_s=_float(values['busy'][rank]), step_s=_float(values['step'][rank]),
-                     sections=sections, memory_bytes=_float(values['memory'][rank]), slowest_section=slowest_section,
-                     **fields)
+    return RankEntry(
+        rank=rank,
+        host=host,
+        busy_s=_float(values['busy'][rank]),
+        step_s=_float(values['step'][rank]),
+        sections=sections,
+        memory_bytes=_float(values['memory'][rank]),
+        slowest_section=slowest_section,
+        **fields,
+    )
 
 
-def build_report(table: np.ndarray, layout: Sequence[str], hosts: Sequence[str], tracker: VerdictTracker,
-                 previous_ratio: Optional[np.ndarray], batch: int, window: int, top_k: int,
-                 own_rank: int = 0) -> tuple[RankReport, np.ndarray]:
+def build_report(
+    table: np.ndarray,
+    layout: Sequence[str],
+    hosts: Sequence[str],
+    tracker: VerdictTracker,
+    previous_ratio: Optional[np.ndarray],
+    batch: int,
+    window: int,
+    top_k: int,
+    own_rank: int = 0,
+) -> tuple[RankReport, np.ndarray]:
     """Rank zero's full report from every rank's record (row = rank).
 
     Args:
@@ -196,10 +250,15 @@ def build_report(table: np.ndarray, layout: Sequence[str], hosts: Sequence[str],
         if previous_ratio is not None and previous_ratio.shape == ratio.shape:
             before, now = previous_ratio[rank], ratio[rank]
             trend = _float(now / before) if before and not np.isnan(before) else None
-        return {'ratio': _float(ratio[rank]), 'relative_score': _float(relative[rank]),
-                'individual_score': _float(individual[rank]), 'verdict': str(verdict[rank]),
-                'slow_reports': int(count[rank]), 'since_batch': int(since[rank]) if since[rank] >= 0 else None,
-                'trend': trend}
+        return {
+            'ratio': _float(ratio[rank]),
+            'relative_score': _float(relative[rank]),
+            'individual_score': _float(individual[rank]),
+            'verdict': str(verdict[rank]),
+            'slow_reports': int(count[rank]),
+            'since_batch': int(since[rank]) if since[rank] >= 0 else None,
+            'trend': trend,
+        }
 
     def entry(rank: int) -> RankEntry:
         return _entry(rank, hosts[rank] if rank < len(hosts) else '', values, layout, fields(rank), medians)
@@ -210,15 +269,33 @@ def build_report(table: np.ndarray, layout: Sequence[str], hosts: Sequence[str],
     flagged = np.flatnonzero(verdict != OK)
     flagged = sorted(flagged, key=lambda r: (verdict[r] != CHRONIC, -(ratio[r] if not np.isnan(ratio[r]) else 0)))
     stragglers = [entry(int(rank)) for rank in flagged]
-    report = RankReport(batch=batch, window=window, steps=int(np.nanmax(table[:, STEPS])), world_size=world,
-                        series=series, reference_s=ref, slowest=slowest, stragglers=stragglers,
-                        own=entry(own_rank), complete=True)
+    report = RankReport(
+        batch=batch,
+        window=window,
+        steps=int(np.nanmax(table[:, STEPS])),
+        world_size=world,
+        series=series,
+        reference_s=ref,
+        slowest=slowest,
+        stragglers=stragglers,
+        own=entry(own_rank),
+        complete=True,
+    )
     return report, ratio
 
 
-def build_partial(record: np.ndarray, layout: Sequence[str], minima: np.ndarray, maxima: np.ndarray,
-                  tracker: VerdictTracker, host: str, rank: int, world_size: int, batch: int,
-                  window: int) -> RankReport:
+def build_partial(
+    record: np.ndarray,
+    layout: Sequence[str],
+    minima: np.ndarray,
+    maxima: np.ndarray,
+    tracker: VerdictTracker,
+    host: str,
+    rank: int,
+    world_size: int,
+    batch: int,
+    window: int,
+) -> RankReport:
     """A report for a rank other than zero: its own entry and each series' min and max.
 
     Args:
@@ -235,12 +312,26 @@ def build_partial(record: np.ndarray, layout: Sequence[str], minima: np.ndarray,
     relative = None
     if not np.isnan(busy[0]) and not np.isnan(low):
         relative = min(low / busy[0], 1.0) if busy[0] > 0 else 1.0
-    fields = {'ratio': None, 'relative_score': relative, 'individual_score': _float(individual_scores(best, busy)[0]),
-              'verdict': None}
+    fields = {
+        'ratio': None,
+        'relative_score': relative,
+        'individual_score': _float(individual_scores(best, busy)[0]),
+        'verdict': None,
+    }
     own = _entry(0, host, values, layout, fields, {})
     own = dataclasses.replace(own, rank=rank)
-    return RankReport(batch=batch, window=window, steps=int(record[STEPS]), world_size=world_size, series=series,
-                      reference_s=None, slowest=(), stragglers=(), own=own, complete=False)
+    return RankReport(
+        batch=batch,
+        window=window,
+        steps=int(record[STEPS]),
+        world_size=world_size,
+        series=series,
+        reference_s=None,
+        slowest=(),
+        stragglers=(),
+        own=own,
+        complete=False,
+    )
 
 
 def report_metrics(report: RankReport) -> dict[str, float]:
@@ -271,8 +362,18 @@ def report_metrics(report: RankReport) -> dict[str, float]:
     return metrics
 
 
-TABLE_COLUMNS = ('rank', 'host', 'busy_s', 'ratio', 'relative_score', 'individual_score', 'verdict', 'slow_reports',
-                 'since_batch', 'slowest_section')
+TABLE_COLUMNS = (
+    'rank',
+    'host',
+    'busy_s',
+    'ratio',
+    'relative_score',
+    'individual_score',
+    'verdict',
+    'slow_reports',
+    'since_batch',
+    'slowest_section',
+)
 
 
 def table_rows(report: RankReport) -> list[list[Any]]:
@@ -283,9 +384,20 @@ def table_rows(report: RankReport) -> list[list[Any]]:
         if entry.rank in seen:
             continue
         seen.add(entry.rank)
-        rows.append([entry.rank, entry.host, _round(entry.busy_s), _round(entry.ratio, 3),
-                     _round(entry.relative_score, 3), _round(entry.individual_score, 3), entry.verdict,
-                     entry.slow_reports, entry.since_batch, entry.slowest_section])
+        rows.append(
+            [
+                entry.rank,
+                entry.host,
+                _round(entry.busy_s),
+                _round(entry.ratio, 3),
+                _round(entry.relative_score, 3),
+                _round(entry.individual_score, 3),
+                entry.verdict,
+                entry.slow_reports,
+                entry.since_batch,
+                entry.slowest_section,
+            ]
+        )
     return rows
 
 
@@ -300,9 +412,11 @@ def straggler_line(report: RankReport, verdicts: Verdicts) -> Optional[str]:
         return None
     worst = chronic[0]
     where = f' on {worst.host}' if worst.host else ''
-    parts = [f'rank {worst.rank}{where} is a chronic straggler: busy {worst.busy_s * 1e3:.2f} ms/step, '
-             f'{worst.ratio:.2f}x the lower quartile (relative score {worst.relative_score:.2f}), '
-             f'slow in {worst.slow_reports} of the last {verdicts.chronic_window} reports']
+    parts = [
+        f'rank {worst.rank}{where} is a chronic straggler: busy {worst.busy_s * 1e3:.2f} ms/step, '
+        f'{worst.ratio:.2f}x the lower quartile (relative score {worst.relative_score:.2f}), '
+        f'slow in {worst.slow_reports} of the last {verdicts.chronic_window} reports'
+    ]
     if worst.since_batch is not None:
         parts.append(f' since batch {worst.since_batch}')
     if worst.trend is not None and abs(worst.trend - 1) >= 0.02:

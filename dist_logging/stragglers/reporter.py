@@ -39,8 +39,17 @@ from dist_logging import dist
 from dist_logging.stragglers._core import NullSectionCore
 from dist_logging.stragglers._report_thread import ReportThread
 from dist_logging.stragglers.history import HISTORY_NAME, HistoryWriter, private_history_path, read_history
-from dist_logging.stragglers.report import (TABLE_COLUMNS, RankReport, build_partial, build_report, own_series,
-                                            record_of, report_metrics, straggler_line, table_rows)
+from dist_logging.stragglers.report import (
+    TABLE_COLUMNS,
+    RankReport,
+    build_partial,
+    build_report,
+    own_series,
+    record_of,
+    report_metrics,
+    straggler_line,
+    table_rows,
+)
 from dist_logging.stragglers.stats import VerdictTracker, Verdicts
 from dist_logging.stragglers.timer import Section, SectionTimer, WindowTotals, check_section_name
 
@@ -48,8 +57,16 @@ from dist_logging.stragglers.timer import Section, SectionTimer, WindowTotals, c
 # has_file_upload_destination); not imported, so the Logger can import this module.
 LoggerLike = Any
 
-__all__ = ['RankReportOptions', 'RankReporter', 'check_report_every', 'check_report_options', 'make_reporter',
-           'NullSection', 'MAX_SECTIONS', 'HOST_BYTES']
+__all__ = [
+    'RankReportOptions',
+    'RankReporter',
+    'check_report_every',
+    'check_report_options',
+    'make_reporter',
+    'NullSection',
+    'MAX_SECTIONS',
+    'HOST_BYTES',
+]
 
 log = logging.getLogger('dist_logging.ranks')
 
@@ -190,9 +207,30 @@ class RankReporter:
         ValueError: a bad ``every`` or option.
     """
 
-    __slots__ = ('every', 'options', 'timer', '_group', '_run_name', '_rank', '_world', '_verdicts', '_tracker',
-                 '_layout', '_hosts', '_previous_ratio', '_last', '_window', '_calls', '_started', '_named',
-                 '_history', '_history_failed', '_warned_sections', '_jobs', '_history_lock')
+    __slots__ = (
+        'every',
+        'options',
+        'timer',
+        '_group',
+        '_run_name',
+        '_rank',
+        '_world',
+        '_verdicts',
+        '_tracker',
+        '_layout',
+        '_hosts',
+        '_previous_ratio',
+        '_last',
+        '_window',
+        '_calls',
+        '_started',
+        '_named',
+        '_history',
+        '_history_failed',
+        '_warned_sections',
+        '_jobs',
+        '_history_lock',
+    )
 
     def __init__(self, every: int, options: RankReportOptions, group: dist.LoggingGroup, run_name: str):
         self.every = check_report_every(every)
@@ -299,8 +337,9 @@ class RankReporter:
                 group.give_back()  # the training thread's collectives may go on
         return self._build(record, rows, reduced, batch, window)
 
-    def _exchange(self, record: np.ndarray, new: bool,
-                  hosts: bool) -> tuple[torch.Tensor, Union[np.ndarray, list[torch.Tensor]]]:
+    def _exchange(
+        self, record: np.ndarray, new: bool, hosts: bool
+    ) -> tuple[torch.Tensor, Union[np.ndarray, list[torch.Tensor]]]:
         """The report's all-reduce and gather (and, with ``hosts``, the host names' gather), started
         together and completed together: ``(reduced, gathered rows or this rank's record)``; with one
         process, the same without communicating."""
@@ -324,42 +363,64 @@ class RankReporter:
             self._hosts = [bytes(row.numpy().tobytes()).rstrip(b'\0').decode(errors='replace') for row in host_rows]
         return reduced, (rows or record[None, :])
 
-    def _build(self, record: np.ndarray, rows: Union[np.ndarray, list[torch.Tensor]], reduced: torch.Tensor,
-               batch: int, window: int) -> tuple[RankReport, Optional[_Output]]:
+    def _build(
+        self,
+        record: np.ndarray,
+        rows: Union[np.ndarray, list[torch.Tensor]],
+        reduced: torch.Tensor,
+        batch: int,
+        window: int,
+    ) -> tuple[RankReport, Optional[_Output]]:
         """Build one report and, on rank zero, what it emits and the history line (``rows``: the gathered
         records, or a table already)."""
         layout, hosts = self._layout, self._hosts
         minima, maxima, _ = self._reduce_output(reduced)
         table = rows if isinstance(rows, np.ndarray) else torch.stack(rows).numpy()
         if self._rank != 0:
-            report = build_partial(record, layout, minima, maxima, self._tracker, _HOST, self._rank, self._world,
-                                   batch, window)
+            report = build_partial(
+                record, layout, minima, maxima, self._tracker, _HOST, self._rank, self._world, batch, window
+            )
             self._last = report
             return report, None
-        report, self._previous_ratio = build_report(table, layout, hosts, self._tracker, self._previous_ratio,
-                                                    batch, window, self.options.top_k)
+        report, self._previous_ratio = build_report(
+            table, layout, hosts, self._tracker, self._previous_ratio, batch, window, self.options.top_k
+        )
         chronic = frozenset(entry.rank for entry in report.chronic)
         # A console line when a rank turns chronic, not at every report; another when one recovers.
         line = straggler_line(report, self._verdicts) if chronic - self._named else None
         recovered = sorted(self._named - chronic)
         self._named = chronic
-        output = _Output(batch, report_metrics(report), table_rows(report), line, recovered,
-                         self._write_history(report, table, layout, hosts))
+        output = _Output(
+            batch,
+            report_metrics(report),
+            table_rows(report),
+            line,
+            recovered,
+            self._write_history(report, table, layout, hosts),
+        )
         self._last = report
         return report, output
 
-    def _write_history(self, report: RankReport, table: np.ndarray, layout: Sequence[str],
-                       hosts: Sequence[str]) -> bool:
+    def _write_history(
+        self, report: RankReport, table: np.ndarray, layout: Sequence[str], hosts: Sequence[str]
+    ) -> bool:
         """Append the report to the history file; whether it is due for an upload."""
         if not self.options.history or self._history_failed:
             return False
         try:
             with self._history_lock:
                 if self._history is None:
-                    self._history = HistoryWriter(private_history_path(self._run_name), {
-                        'run_name': self._run_name, 'world_size': self._world, 'hosts': list(hosts),
-                        'slow_ratio': self._verdicts.slow_ratio, 'chronic_reports': self._verdicts.chronic_reports,
-                        'chronic_window': self._verdicts.chronic_window})
+                    self._history = HistoryWriter(
+                        private_history_path(self._run_name),
+                        {
+                            'run_name': self._run_name,
+                            'world_size': self._world,
+                            'hosts': list(hosts),
+                            'slow_ratio': self._verdicts.slow_ratio,
+                            'chronic_reports': self._verdicts.chronic_reports,
+                            'chronic_window': self._verdicts.chronic_window,
+                        },
+                    )
                 self._history.append(report, table, layout, time.time())
         except OSError as exc:  # the report itself goes out; the file is a convenience
             self._history_failed = True
@@ -385,8 +446,11 @@ class RankReporter:
         """``[v, -v, new-names flag]`` for one MAX all-reduce: every series' max and min on every rank."""
         column = own_series(record, self._layout)
         inf = math.inf  # a rank without a value (NaN) must not win the MAX
-        both = ([-inf if v != v else v for v in column] + [-inf if v != v else -v for v in column]
-                + [1.0 if has_new else 0.0])
+        both = (
+            [-inf if v != v else v for v in column]
+            + [-inf if v != v else -v for v in column]
+            + [1.0 if has_new else 0.0]
+        )
         return torch.from_numpy(np.array(both, dtype=np.float64))  # a third of torch.tensor(list)'s time
 
     @staticmethod
@@ -394,7 +458,7 @@ class RankReporter:
         out = tensor.numpy()
         count = (len(out) - 1) // 2
         maxima = np.where(np.isinf(out[:count]), np.nan, out[:count])
-        minima = np.where(np.isinf(out[count:2 * count]), np.nan, -out[count:2 * count])
+        minima = np.where(np.isinf(out[count : 2 * count]), np.nan, -out[count : 2 * count])
         return minima, maxima, bool(out[-1] > 0)
 
     def _agree_on(self, unknown: list[str]) -> None:

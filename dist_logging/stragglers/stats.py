@@ -33,8 +33,20 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ['Verdicts', 'SeriesStats', 'series_stats', 'series_table', 'relative_scores', 'individual_scores',
-           'reference', 'slow_mask', 'VerdictTracker', 'CHRONIC', 'ONE_OFF', 'OK']
+__all__ = [
+    'Verdicts',
+    'SeriesStats',
+    'series_stats',
+    'series_table',
+    'relative_scores',
+    'individual_scores',
+    'reference',
+    'slow_mask',
+    'VerdictTracker',
+    'CHRONIC',
+    'ONE_OFF',
+    'OK',
+]
 
 CHRONIC, ONE_OFF, OK = 'chronic', 'one-off', 'ok'
 _VERDICTS = np.array([OK, ONE_OFF, CHRONIC])  # indexed by 0 ok, 1 slow now, 2 chronic
@@ -75,8 +87,10 @@ class Verdicts:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f'{field} must be an int >= 1, got {value!r}')
         if self.chronic_reports > self.chronic_window:
-            raise ValueError(f'chronic_reports ({self.chronic_reports}) must be <= chronic_window '
-                             f'({self.chronic_window}): slow in m of the last n reports')
+            raise ValueError(
+                f'chronic_reports ({self.chronic_reports}) must be <= chronic_window '
+                f'({self.chronic_window}): slow in m of the last n reports'
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,15 +157,24 @@ def series_table(names: Sequence[str], matrix: np.ndarray) -> dict[str, SeriesSt
         high = np.minimum(low + 1, last)
         below, above = ordered[low, columns], ordered[high, columns]
         quantiles.append(below + (above - below) * (position - low))
-    rows = zip(names, counts.tolist(), ordered[0, columns].tolist(), quantiles[0].tolist(), quantiles[1].tolist(),
-               ordered[last, columns].tolist(), order[last, columns].tolist(), order[0, columns].tolist())
+    rows = zip(
+        names,
+        counts.tolist(),
+        ordered[0, columns].tolist(),
+        quantiles[0].tolist(),
+        quantiles[1].tolist(),
+        ordered[last, columns].tolist(),
+        order[last, columns].tolist(),
+        order[0, columns].tolist(),
+    )
     out = {}
     for name, count, low_s, median, p90, high_s, slowest, fastest in rows:
         if count == 0:
             out[name] = SeriesStats(name, None, None, None, None, ranks=0)
         else:
-            out[name] = SeriesStats(name, low_s, median, p90, high_s, slowest, fastest,
-                                    high_s / median if median > 0 else None, count)
+            out[name] = SeriesStats(
+                name, low_s, median, p90, high_s, slowest, fastest, high_s / median if median > 0 else None, count
+            )
     return out
 
 

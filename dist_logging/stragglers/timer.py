@@ -68,12 +68,29 @@ class WindowTotals:
         per_step_s: each step's busy seconds (wall clock only; None on CUDA, where only the sum is known).
     """
 
-    __slots__ = ('steps', 'wall_s', 'busy_s', 'wait_s', 'collective_s', 'sections', 'memory_bytes', 'per_step_s',
-                 '_jitter')
+    __slots__ = (
+        'steps',
+        'wall_s',
+        'busy_s',
+        'wait_s',
+        'collective_s',
+        'sections',
+        'memory_bytes',
+        'per_step_s',
+        '_jitter',
+    )
 
-    def __init__(self, steps: int, wall_s: float, busy_s: float, wait_s: float, collective_s: float,
-                 sections: dict[str, float], memory_bytes: Optional[float],
-                 per_step_s: Optional[list[float]] = None):
+    def __init__(
+        self,
+        steps: int,
+        wall_s: float,
+        busy_s: float,
+        wait_s: float,
+        collective_s: float,
+        sections: dict[str, float],
+        memory_bytes: Optional[float],
+        per_step_s: Optional[list[float]] = None,
+    ):
         self.steps = steps
         self.wall_s = wall_s
         self.busy_s = busy_s
@@ -107,8 +124,10 @@ class WindowTotals:
         return self._jitter
 
     def __repr__(self) -> str:
-        return (f'WindowTotals(steps={self.steps}, wall_s={self.wall_s:.6f}, busy_s={self.busy_s:.6f}, '
-                f'sections={self.sections})')
+        return (
+            f'WindowTotals(steps={self.steps}, wall_s={self.wall_s:.6f}, busy_s={self.busy_s:.6f}, '
+            f'sections={self.sections})'
+        )
 
 
 class Section(SectionCore):
@@ -153,6 +172,7 @@ class Section(SectionCore):
                 return fn(*args, **kwargs)
             finally:
                 timer.exit(section)
+
         return timed
 
     def start(self) -> None:
@@ -198,8 +218,23 @@ class SectionTimer(TimerCore):
     """
 
     # _busy, _wait and work_marked are the core's (TimerCore), where the compiled sections add to them.
-    __slots__ = ('_device', '_memory', '_clock', '_sections', '_late', '_stack', '_collective', '_steps',
-                 '_window_start', '_per_step', '_mark', '_mark_busy', '_cuda', '_events', '_resident')
+    __slots__ = (
+        '_device',
+        '_memory',
+        '_clock',
+        '_sections',
+        '_late',
+        '_stack',
+        '_collective',
+        '_steps',
+        '_window_start',
+        '_per_step',
+        '_mark',
+        '_mark_busy',
+        '_cuda',
+        '_events',
+        '_resident',
+    )
 
     def __init__(self, device: str = 'auto', memory: bool = True, clock: Optional[Callable[[], float]] = None):
         if device not in ('auto', 'cpu', 'cuda'):
@@ -278,8 +313,10 @@ class SectionTimer(TimerCore):
         stack = self._stack
         if not stack or stack[-1][0] is not section:
             open_names = [frame[0].name for frame in stack]
-            raise RuntimeError(f'section {section.name!r} closed while {open_names or "no section"} is open; '
-                               'sections must nest (close the innermost first)')
+            raise RuntimeError(
+                f'section {section.name!r} closed while {open_names or "no section"} is open; '
+                'sections must nest (close the innermost first)'
+            )
         _, start, contribution, inside_wait, event = stack.pop()
         if event is not None:
             self._device_events().finish(event, section.name, contribution, inside_wait and not stack)
@@ -356,8 +393,16 @@ class SectionTimer(TimerCore):
             if section._entered:
                 seconds[section.name] = seconds.get(section.name, 0.0) + section._seconds
                 section._seconds, section._entered = 0.0, False
-        totals = WindowTotals(self._steps, wall, busy, self._wait, self._collective, seconds,
-                              self._read_memory() if self._memory else None, per_step)
+        totals = WindowTotals(
+            self._steps,
+            wall,
+            busy,
+            self._wait,
+            self._collective,
+            seconds,
+            self._read_memory() if self._memory else None,
+            per_step,
+        )
         self._late = {}
         self._busy = self._wait = self._collective = 0.0
         self.work_marked = False
@@ -454,6 +499,7 @@ class _DeviceEvents:
 
             def event_factory() -> Any:
                 return torch.cuda.Event(enable_timing=True)
+
         self._factory = event_factory
         self._pool: list[Any] = []
         self._pending: list[tuple[Any, Any, str, int, bool]] = []

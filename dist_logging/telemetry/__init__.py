@@ -9,5 +9,15 @@ from dist_logging.telemetry.heartbeats import RankRecord, StoreBoard
 from dist_logging.telemetry.hub import Telemetry, TelemetryOptions, check_options
 from dist_logging.telemetry.sampler import SYSTEM_METRICS, NodeSampler, sample_once
 
-__all__ = ['Telemetry', 'TelemetryOptions', 'check_options', 'MetricsExporter', 'Sample', 'RankRecord', 'StoreBoard',
-           'SYSTEM_METRICS', 'NodeSampler', 'sample_once']
+__all__ = [
+    'Telemetry',
+    'TelemetryOptions',
+    'check_options',
+    'MetricsExporter',
+    'Sample',
+    'RankRecord',
+    'StoreBoard',
+    'SYSTEM_METRICS',
+    'NodeSampler',
+    'sample_once',
+]

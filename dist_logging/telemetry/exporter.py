@@ -40,8 +40,9 @@ def import_prometheus_client() -> Any:
     try:
         import prometheus_client
     except ImportError as exc:
-        raise ImportError('metrics_port= serves Prometheus metrics with prometheus_client: '
-                          'pip install "dist-logging[prometheus]"') from exc
+        raise ImportError(
+            'metrics_port= serves Prometheus metrics with prometheus_client: pip install "dist-logging[prometheus]"'
+        ) from exc
     return prometheus_client
 
 
@@ -79,8 +80,9 @@ def _collector(prometheus_client: Any, read: Callable[[], Iterable[Sample]]) -> 
             for sample in read():
                 family = families.get(sample.name)
                 if family is None:
-                    family = families[sample.name] = GaugeMetricFamily(sample.name, sample.help,
-                                                                       labels=list(sample.labels))
+                    family = families[sample.name] = GaugeMetricFamily(
+                        sample.name, sample.help, labels=list(sample.labels)
+                    )
                 family.add_metric(list(sample.labels.values()), sample.value)
             return list(families.values())
 
@@ -135,18 +137,26 @@ class MetricsExporter:
         if ':' in host:
             import socket
 
-            server_class = type('ThreadingHTTPServer6', (http.server.ThreadingHTTPServer,),
-                                {'address_family': socket.AF_INET6})
+            server_class = type(
+                'ThreadingHTTPServer6', (http.server.ThreadingHTTPServer,), {'address_family': socket.AF_INET6}
+            )
         try:
             self._server = server_class((host, port), Handler)
         except OSError as exc:
-            raise OSError(exc.errno, f'the Prometheus endpoint (metrics_port={port}, metrics_host={host!r}) '
-                          f'cannot bind {host}:{port}: {exc.strerror or exc}; pick a free port or '
-                          'metrics_port=0 for any') from exc
+            raise OSError(
+                exc.errno,
+                f'the Prometheus endpoint (metrics_port={port}, metrics_host={host!r}) '
+                f'cannot bind {host}:{port}: {exc.strerror or exc}; pick a free port or '
+                'metrics_port=0 for any',
+            ) from exc
         self._server.daemon_threads = True
         self.host, self.port = host, self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={'poll_interval': 0.2},
-                                        name='dist_logging-metrics-http', daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={'poll_interval': 0.2},
+            name='dist_logging-metrics-http',
+            daemon=True,
+        )
         self._thread.start()
 
     @property

@@ -48,8 +48,10 @@ class RankRecord(NamedTuple):
 
 def format_rank_record(record: RankRecord) -> str:
     """The store value of ``record`` (host names hold no spaces)."""
-    return (f'{record.step} {record.wall:.3f} {record.host} {record.pending} {record.pending_bytes} '
-            f'{record.oldest_wall:.3f}')
+    return (
+        f'{record.step} {record.wall:.3f} {record.host} {record.pending} {record.pending_bytes} '
+        f'{record.oldest_wall:.3f}'
+    )
 
 
 def parse_rank_record(text: str) -> RankRecord:

@@ -50,8 +50,9 @@ class TelemetryOptions:
         return self.system_metrics_every is not None or self.metrics_port is not None
 
 
-def check_options(system_metrics_every: Any = None, metrics_port: Any = None,
-                  metrics_host: Any = '0.0.0.0') -> TelemetryOptions:
+def check_options(
+    system_metrics_every: Any = None, metrics_port: Any = None, metrics_host: Any = '0.0.0.0'
+) -> TelemetryOptions:
     """Check the telemetry keywords (config loading calls it with the keys found).
 
     Raises:
@@ -63,7 +64,7 @@ def check_options(system_metrics_every: Any = None, metrics_port: Any = None,
 _HELP = {
     'step': 'the last batch count the rank completed (Logger.batch_end)',
     'last_progress_age_seconds': 'seconds since the rank last returned from Logger.batch_end (its heartbeat; '
-                                 'resolution: one beat period)',
+    'resolution: one beat period)',
     'uploads_pending': 'uploads the rank queued that have not landed or failed yet (count)',
     'uploads_pending_bytes': 'bytes of those uploads (bytes)',
     'oldest_pending_upload_age_seconds': 'seconds since the oldest pending upload was queued (0: none pending)',
@@ -71,15 +72,16 @@ _HELP = {
     'last_committed_checkpoint_age_seconds': 'seconds since the last checkpoint commit',
     'straggler': '1 when the last rank report calls the rank a chronic straggler, else 0',
     'store_read_ok': '1 when the last scrape read every rank from the rendezvous store in time, 0 when it '
-                     'served the previous values',
+    'served the previous values',
     'gathered': "the latest per-rank value of a metric logged with reduce='gather'",
 }
 
 
 def _help(metric: str) -> str:
     for pattern, meaning in SYSTEM_METRICS.items():
-        if pattern == metric or ('{i}' in pattern and metric.startswith('gpu') and
-                                 metric.endswith(pattern.split('{i}')[1])):
+        if pattern == metric or (
+            '{i}' in pattern and metric.startswith('gpu') and metric.endswith(pattern.split('{i}')[1])
+        ):
             return meaning
     return 'a system metric of the node'
 
@@ -105,10 +107,20 @@ class Telemetry:
         OSError: the endpoint's port is in use.
     """
 
-    def __init__(self, options: TelemetryOptions, line: Any, rank: int, world_size: int, local_rank: int,
-                 node_rank: int, num_nodes: int, uploaders: Callable[[], Iterable[Any]],
-                 checkpoint: Callable[[], Optional[tuple[int, float]]] = lambda: None,
-                 stragglers: Callable[[], Optional[Mapping[int, int]]] = lambda: None, host: Optional[str] = None):
+    def __init__(
+        self,
+        options: TelemetryOptions,
+        line: Any,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        node_rank: int,
+        num_nodes: int,
+        uploaders: Callable[[], Iterable[Any]],
+        checkpoint: Callable[[], Optional[tuple[int, float]]] = lambda: None,
+        stragglers: Callable[[], Optional[Mapping[int, int]]] = lambda: None,
+        host: Optional[str] = None,
+    ):
         self.options = options
         self.host = host or HOST
         self.rank, self.world_size, self.node_rank, self.num_nodes = rank, world_size, node_rank, num_nodes
@@ -216,40 +228,81 @@ class Telemetry:
             record = records[rank]
             labels = {'rank': str(rank), 'host': record.host}
             out.append(Sample('dist_logging_step', _HELP['step'], labels, float(record.step)))
-            out.append(Sample('dist_logging_last_progress_age_seconds', _HELP['last_progress_age_seconds'], labels,
-                              max(now - record.wall, 0.0)))
+            out.append(
+                Sample(
+                    'dist_logging_last_progress_age_seconds',
+                    _HELP['last_progress_age_seconds'],
+                    labels,
+                    max(now - record.wall, 0.0),
+                )
+            )
         for rank in sorted(records):
             record, labels = records[rank], {'rank': str(rank)}
             out.append(Sample('dist_logging_uploads_pending', _HELP['uploads_pending'], labels, float(record.pending)))
-            out.append(Sample('dist_logging_uploads_pending_bytes', _HELP['uploads_pending_bytes'], labels,
-                              float(record.pending_bytes)))
+            out.append(
+                Sample(
+                    'dist_logging_uploads_pending_bytes',
+                    _HELP['uploads_pending_bytes'],
+                    labels,
+                    float(record.pending_bytes),
+                )
+            )
             age = max(now - record.oldest_wall, 0.0) if record.pending and record.oldest_wall else 0.0
-            out.append(Sample('dist_logging_oldest_pending_upload_age_seconds',
-                              _HELP['oldest_pending_upload_age_seconds'], labels, age))
+            out.append(
+                Sample(
+                    'dist_logging_oldest_pending_upload_age_seconds',
+                    _HELP['oldest_pending_upload_age_seconds'],
+                    labels,
+                    age,
+                )
+            )
         out.append(Sample('dist_logging_store_read_ok', _HELP['store_read_ok'], {}, 1.0 if ok else 0.0))
         with self._lock:
             nodes = list(self._nodes.values())
             gathered = {key: dict(values) for key, values in self._gathered.items()}
         for node in nodes:
             for metric, value in node.items():
-                out.append(Sample(_prom_name(metric), f'{_help(metric)} (sampled every '
-                                  f'{self.options.system_metrics_every:g} s)', {'host': node.host}, float(value)))
+                out.append(
+                    Sample(
+                        _prom_name(metric),
+                        f'{_help(metric)} (sampled every {self.options.system_metrics_every:g} s)',
+                        {'host': node.host},
+                        float(value),
+                    )
+                )
         checkpoint = self._checkpoint()
         if checkpoint is not None:
             step, wall = checkpoint
-            out.append(Sample('dist_logging_last_committed_checkpoint_step', _HELP['last_committed_checkpoint_step'],
-                              {}, float(step)))
-            out.append(Sample('dist_logging_last_committed_checkpoint_age_seconds',
-                              _HELP['last_committed_checkpoint_age_seconds'], {}, max(now - wall, 0.0)))
+            out.append(
+                Sample(
+                    'dist_logging_last_committed_checkpoint_step',
+                    _HELP['last_committed_checkpoint_step'],
+                    {},
+                    float(step),
+                )
+            )
+            out.append(
+                Sample(
+                    'dist_logging_last_committed_checkpoint_age_seconds',
+                    _HELP['last_committed_checkpoint_age_seconds'],
+                    {},
+                    max(now - wall, 0.0),
+                )
+            )
         stragglers = self._stragglers()
         if stragglers is not None:
             for rank in range(self.world_size):
-                out.append(Sample('dist_logging_straggler', _HELP['straggler'], {'rank': str(rank)},
-                                  float(stragglers.get(rank, 0))))
+                out.append(
+                    Sample(
+                        'dist_logging_straggler',
+                        _HELP['straggler'],
+                        {'rank': str(rank)},
+                        float(stragglers.get(rank, 0)),
+                    )
+                )
         for key in sorted(gathered):
             for rank, value in sorted(gathered[key].items()):
-                out.append(Sample('dist_logging_gathered', _HELP['gathered'], {'key': key, 'rank': str(rank)},
-                                  value))
+                out.append(Sample('dist_logging_gathered', _HELP['gathered'], {'key': key, 'rank': str(rank)}, value))
         return out
 
     @property

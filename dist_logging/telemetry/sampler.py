@@ -42,8 +42,9 @@ def import_psutil() -> Any:
     try:
         import psutil
     except ImportError as exc:
-        raise ImportError('system_metrics_every= samples the node with psutil: pip install "dist-logging[system]"'
-                          ) from exc
+        raise ImportError(
+            'system_metrics_every= samples the node with psutil: pip install "dist-logging[system]"'
+        ) from exc
     return psutil
 
 
@@ -82,10 +83,12 @@ class _Nvml:
     def sample(self, out: dict[str, float]) -> None:
         lib = self.lib
         for i, handle in enumerate(self.handles):
-            for name, read in (('utilization_percent', lambda h: lib.nvmlDeviceGetUtilizationRates(h).gpu),
-                               ('memory_used_bytes', lambda h: lib.nvmlDeviceGetMemoryInfo(h).used),
-                               ('temperature_celsius', lambda h: lib.nvmlDeviceGetTemperature(h, 0)),
-                               ('power_watts', lambda h: lib.nvmlDeviceGetPowerUsage(h) / 1000.0)):
+            for name, read in (
+                ('utilization_percent', lambda h: lib.nvmlDeviceGetUtilizationRates(h).gpu),
+                ('memory_used_bytes', lambda h: lib.nvmlDeviceGetMemoryInfo(h).used),
+                ('temperature_celsius', lambda h: lib.nvmlDeviceGetTemperature(h, 0)),
+                ('power_watts', lambda h: lib.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            ):
                 try:
                     out[f'gpu{i}_{name}'] = float(read(handle))
                 except Exception:  # noqa: BLE001 - a reading this GPU does not support

@@ -96,11 +96,18 @@ def _size(record: QueuedRecord, path: str) -> int:
 def _pending(rank: int, folder: str, record: QueuedRecord, stores: dict) -> PendingUpload:
     store = stores.get(record.sid)
     path = record.src if record.src is not None else os.path.join(folder, FILES_FOLDER, str(record.id))
-    return PendingUpload(rank=rank, remote_name=record.name, size=_size(record, path),
-                         bucket_uri=store.uri if store is not None else None, snapshot_path=path,
-                         overwrite=record.overwrite, upload_id=record.id, queued_at=record.time,
-                         custom_store=(store.custom if store is not None else 'unknown'),
-                         backend_kwargs=dict(store.kwargs) if store is not None else {})
+    return PendingUpload(
+        rank=rank,
+        remote_name=record.name,
+        size=_size(record, path),
+        bucket_uri=store.uri if store is not None else None,
+        snapshot_path=path,
+        overwrite=record.overwrite,
+        upload_id=record.id,
+        queued_at=record.time,
+        custom_store=(store.custom if store is not None else 'unknown'),
+        backend_kwargs=dict(store.kwargs) if store is not None else {},
+    )
 
 
 def list_pending(staging_folder: str) -> list[PendingUpload]:
@@ -118,8 +125,9 @@ def list_pending(staging_folder: str) -> list[PendingUpload]:
     return found
 
 
-def drain(staging_folder: str, *, object_store: Any = None, num_workers: int = 4,
-          progress_bar: bool = True) -> DrainReport:
+def drain(
+    staging_folder: str, *, object_store: Any = None, num_workers: int = 4, progress_bar: bool = True
+) -> DrainReport:
     """Upload every pending upload in ``staging_folder``.
 
     Each upload goes to the store recorded with it, rebuilt from its bucket URI (plus the
@@ -164,8 +172,9 @@ def drain(staging_folder: str, *, object_store: Any = None, num_workers: int = 4
             staging.close()
 
 
-def _drain(stagings: list[RankStaging], object_store: Any, num_workers: int, progress_bar: bool,
-           store_from_uri: Any) -> DrainReport:
+def _drain(
+    stagings: list[RankStaging], object_store: Any, num_workers: int, progress_bar: bool, store_from_uri: Any
+) -> DrainReport:
     report = DrainReport()
     built: dict[str, Any] = {}
     build_errors: dict[str, BaseException] = {}
@@ -198,13 +207,24 @@ def _drain(stagings: list[RankStaging], object_store: Any, num_workers: int, pro
                     continue
                 store = built[key]
             path = staging.path_of(record)
-            task = UploadTask(record.id, record.name, path, _size(record, path), record.overwrite,
-                              resumed=True, store=store, owned=record.owned and record.src is None,
-                              staging_folder=staging.root)
+            task = UploadTask(
+                record.id,
+                record.name,
+                path,
+                _size(record, path),
+                record.overwrite,
+                resumed=True,
+                store=store,
+                owned=record.owned and record.src is None,
+                staging_folder=staging.root,
+            )
             work.append((staging, task))
     if report.skipped_custom_store:
-        log.warning('drain: %d upload(s) were queued through a custom object_store and need it passed to drain: %s',
-                    len(report.skipped_custom_store), report.skipped_custom_store)
+        log.warning(
+            'drain: %d upload(s) were queued through a custom object_store and need it passed to drain: %s',
+            len(report.skipped_custom_store),
+            report.skipped_custom_store,
+        )
     if work:
         _run(work, num_workers, progress_bar, report)
     for store in built.values():
@@ -220,8 +240,7 @@ def _drain(stagings: list[RankStaging], object_store: Any, num_workers: int, pro
     return report
 
 
-def _run(work: list[tuple[RankStaging, UploadTask]], num_workers: int, progress_bar: bool,
-         report: DrainReport) -> None:
+def _run(work: list[tuple[RankStaging, UploadTask]], num_workers: int, progress_bar: bool, report: DrainReport) -> None:
     owners = {(task.path, task.id): staging for staging, task in work}
     bar = None
     if progress_bar:
@@ -241,8 +260,9 @@ def _run(work: list[tuple[RankStaging, UploadTask]], num_workers: int, progress_
     def superseded(task: UploadTask) -> None:  # cannot happen: one task per name and rank
         owners[(task.path, task.id)].finish(task.id, task.path)
 
-    scheduler = UploadScheduler(None, RetryPolicy(), num_workers, on_done=done, on_failed=failed,
-                                on_superseded=superseded, name='drain')
+    scheduler = UploadScheduler(
+        None, RetryPolicy(), num_workers, on_done=done, on_failed=failed, on_superseded=superseded, name='drain'
+    )
     try:
         for _, task in work:
             scheduler.submit(task)

@@ -61,8 +61,13 @@ class StoreRecord:
     custom: Optional[str] = None
 
     def to_json(self) -> str:
-        return json.dumps({'op': 's', 'sid': self.sid, 'uri': self.uri, 'kwargs': self.kwargs,
-                           'custom': self.custom}, sort_keys=True) + '\n'
+        return (
+            json.dumps(
+                {'op': 's', 'sid': self.sid, 'uri': self.uri, 'kwargs': self.kwargs, 'custom': self.custom},
+                sort_keys=True,
+            )
+            + '\n'
+        )
 
 
 @dataclass(frozen=True)
@@ -82,13 +87,23 @@ class QueuedRecord:
         return _queued_line(self.id, self.name, self.size, self.overwrite, self.sid, self.src, self.time, self.owned)
 
 
-def _queued_line(upload_id: int, name: str, size: int, overwrite: bool, sid: str, src: Optional[str],
-                 when: float, owned: bool = False) -> str:
+def _queued_line(
+    upload_id: int,
+    name: str,
+    size: int,
+    overwrite: bool,
+    sid: str,
+    src: Optional[str],
+    when: float,
+    owned: bool = False,
+) -> str:
     # Hand-built (one C-level string quote per field): json.dumps of a dict costs several microseconds.
     src_part = f',"src":{_quote(src)}' if src is not None else ''
     own_part = ',"own":1' if owned else ''
-    return (f'{{"op":"q","id":{upload_id},"name":{_quote(name)},"size":{size},"ow":{1 if overwrite else 0},'
-            f'"s":{_quote(sid)}{src_part}{own_part},"t":{when:.3f}}}\n')
+    return (
+        f'{{"op":"q","id":{upload_id},"name":{_quote(name)},"size":{size},"ow":{1 if overwrite else 0},'
+        f'"s":{_quote(sid)}{src_part}{own_part},"t":{when:.3f}}}\n'
+    )
 
 
 @dataclass
@@ -117,10 +132,14 @@ class Journal:
         self.fsync = fsync
         self._can_restart = state is not None
         self._open_ids: set[int] = set(state.pending) if state is not None else set()
-        self._store_lines: dict[str, str] = ({sid: record.to_json() for sid, record in state.stores.items()}
-                                             if state is not None else {})
-        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0)
-                                          | getattr(os, 'O_CLOEXEC', 0), 0o600)
+        self._store_lines: dict[str, str] = (
+            {sid: record.to_json() for sid, record in state.stores.items()} if state is not None else {}
+        )
+        self._fd: Optional[int] = os.open(
+            path,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0),
+            0o600,
+        )
         if os.fstat(self._fd).st_mode & 0o077:  # written by an older version under a loose umask
             os.fchmod(self._fd, 0o600)
         self._lock = threading.Lock()
@@ -132,8 +151,9 @@ class Journal:
                 if handle.read(1) != b'\n':
                     os.write(self._fd, b'\n')
 
-    def _write(self, line: str, *, queued: Optional[int] = None, done: Optional[int] = None,
-               store: Optional[str] = None) -> None:
+    def _write(
+        self, line: str, *, queued: Optional[int] = None, done: Optional[int] = None, store: Optional[str] = None
+    ) -> None:
         data = line.encode('utf-8')
         with self._lock:
             if self._fd is None:
@@ -182,8 +202,16 @@ class Journal:
         """Record a store that later ``queued`` lines refer to by ``sid``."""
         self._write(record.to_json(), store=record.sid)
 
-    def append_queued(self, upload_id: int, name: str, size: int, overwrite: bool, sid: str,
-                      src: Optional[str] = None, owned: bool = False) -> None:
+    def append_queued(
+        self,
+        upload_id: int,
+        name: str,
+        size: int,
+        overwrite: bool,
+        sid: str,
+        src: Optional[str] = None,
+        owned: bool = False,
+    ) -> None:
         """Record that upload ``upload_id`` is queued (its snapshot is already complete)."""
         self._write(_queued_line(upload_id, name, size, overwrite, sid, src, time.time(), owned), queued=upload_id)
 
@@ -214,15 +242,23 @@ def read_journal(path: str) -> JournalState:
             op = record['op']
             if op == 'q':
                 upload_id = int(record['id'])
-                state.pending[upload_id] = QueuedRecord(upload_id, str(record['name']), int(record['size']),
-                                                        bool(record['ow']), str(record['s']), record.get('src'),
-                                                        float(record.get('t', 0.0)), bool(record.get('own', 0)))
+                state.pending[upload_id] = QueuedRecord(
+                    upload_id,
+                    str(record['name']),
+                    int(record['size']),
+                    bool(record['ow']),
+                    str(record['s']),
+                    record.get('src'),
+                    float(record.get('t', 0.0)),
+                    bool(record.get('own', 0)),
+                )
                 state.max_id = max(state.max_id, upload_id)
             elif op == 'd':
                 state.pending.pop(int(record['id']), None)
             elif op == 's':
-                state.stores[str(record['sid'])] = StoreRecord(str(record['sid']), record.get('uri'),
-                                                               dict(record.get('kwargs') or {}), record.get('custom'))
+                state.stores[str(record['sid'])] = StoreRecord(
+                    str(record['sid']), record.get('uri'), dict(record.get('kwargs') or {}), record.get('custom')
+                )
         except (ValueError, KeyError, TypeError):
             state.torn_lines += 1
     return state
@@ -247,8 +283,9 @@ def compact(path: str, state: JournalState, *, fsync: bool = False) -> None:
         os.unlink(tmp)  # left by a killed process of the same pid: O_EXCL below must not trip on it
     except FileNotFoundError:
         pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0),
-                 0o600)  # private whatever the umask, like the journal itself
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_CLOEXEC', 0), 0o600
+    )  # private whatever the umask, like the journal itself
     with open(fd, 'w', encoding='utf-8') as handle:
         handle.write(''.join(lines))
         if fsync:

@@ -64,8 +64,9 @@ class NodeUploadSlots:
         while True:
             for offset in range(self.slots):
                 index = (first + offset) % self.slots
-                lock = filelock.FileLock(os.path.join(self.folder, f'slot-{index}.lock'), mode=0o600,
-                                         thread_local=False)
+                lock = filelock.FileLock(
+                    os.path.join(self.folder, f'slot-{index}.lock'), mode=0o600, thread_local=False
+                )
                 try:
                     lock.acquire(timeout=0)
                 except filelock.Timeout:

@@ -44,8 +44,18 @@ import sys
 import threading
 from typing import Optional
 
-__all__ = ['PRIORITIES', 'LOWERED', 'WORKER_NICE', 'IOPRIO_CLASS_BE', 'IOPRIO_LOWEST_LEVEL', 'check_priority',
-           'lower_current_thread', 'get_ioprio', 'thread_nice', 'thread_policy']
+__all__ = [
+    'PRIORITIES',
+    'LOWERED',
+    'WORKER_NICE',
+    'IOPRIO_CLASS_BE',
+    'IOPRIO_LOWEST_LEVEL',
+    'check_priority',
+    'lower_current_thread',
+    'get_ioprio',
+    'thread_nice',
+    'thread_policy',
+]
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +125,9 @@ def get_ioprio(tid: int = 0) -> Optional[tuple[int, int]]:
 def _set_ioprio(ioprio_class: int, level: int) -> None:
     numbers = _syscall_numbers()
     if numbers is None:
-        _debug_once('ioprio', 'upload workers keep their I/O priority: no ioprio_set on %s/%s',
-                    sys.platform, platform.machine())
+        _debug_once(
+            'ioprio', 'upload workers keep their I/O priority: no ioprio_set on %s/%s', sys.platform, platform.machine()
+        )
         return
     try:
         _call_libc_syscall(numbers[0], _IOPRIO_WHO_PROCESS, 0, (ioprio_class << _IOPRIO_CLASS_SHIFT) | level)
@@ -161,7 +172,11 @@ def lower_current_thread(level: str = 'low', *, whole_process: bool = False) -> 
         elif whole_process and hasattr(os, 'setpriority'):
             os.setpriority(os.PRIO_PROCESS, 0, max(WORKER_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
         else:
-            _debug_once('platform', 'upload worker threads keep their priority on %s (priorities are per '
-                        'process there; the training process is not slowed down)', sys.platform)
+            _debug_once(
+                'platform',
+                'upload worker threads keep their priority on %s (priorities are per '
+                'process there; the training process is not slowed down)',
+                sys.platform,
+            )
     except Exception as exc:  # noqa: BLE001 - priority is an optimisation, never a failure
         _debug_once('nice-failed', 'upload workers keep their CPU priority: %s', exc)

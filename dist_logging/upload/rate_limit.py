@@ -41,8 +41,7 @@ BURST_SECONDS = 0.25
 # The machine's schedule: when the monotonic clock started (wall time, to tell another boot's
 # file) and when the bytes granted so far are paid for (monotonic).
 _STATE = struct.Struct('<dd')
-_UNITS = {'': 1, 'k': 10**3, 'm': 10**6, 'g': 10**9, 't': 10**12,
-          'ki': 2**10, 'mi': 2**20, 'gi': 2**30, 'ti': 2**40}
+_UNITS = {'': 1, 'k': 10**3, 'm': 10**6, 'g': 10**9, 't': 10**12, 'ki': 2**10, 'mi': 2**20, 'gi': 2**30, 'ti': 2**40}
 _RATE = re.compile(r'^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kmgt]i?)?b?\s*$', re.IGNORECASE)
 
 
@@ -92,8 +91,7 @@ class NodeUploadRate:
         self._state_path = os.path.join(self.folder, 'schedule.bin')
         # filelock excludes processes; threads of one process share its lock object, so they
         # also queue on this one first.
-        self._file_lock = filelock.FileLock(os.path.join(self.folder, 'schedule.lock'), mode=0o600,
-                                            thread_local=False)
+        self._file_lock = filelock.FileLock(os.path.join(self.folder, 'schedule.lock'), mode=0o600, thread_local=False)
         self._thread_lock = threading.Lock()
 
     def reserve(self, nbytes: int) -> float:
@@ -133,8 +131,7 @@ class NodeUploadRate:
         if stop is None:
             time.sleep(delay)
         elif stop.wait(delay):
-            raise Interrupted('upload stopped while waiting under the machine upload bandwidth cap '
-                              f'({ENV_VAR})')
+            raise Interrupted(f'upload stopped while waiting under the machine upload bandwidth cap ({ENV_VAR})')
 
     def progress_callback(self, stop: Optional[threading.Event] = None) -> 'ChargingProgress':
         """A ``callback(transferred_so_far, total)`` for one upload attempt that charges what it is told."""
@@ -196,4 +193,3 @@ def node_rate_from_env(staging_folder: Optional[str] = None) -> Optional[NodeUpl
 @functools.lru_cache(maxsize=8)
 def _rate_for(rate: float, folder: str) -> NodeUploadRate:
     return NodeUploadRate(rate, folder)
-

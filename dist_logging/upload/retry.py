@@ -14,22 +14,75 @@ from typing import Any, Callable, Optional
 
 __all__ = ['RetryPolicy', 'is_transient', 'call_with_retries', 'Interrupted']
 
-_TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
-                     errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.EAGAIN, errno.EBUSY}
+_TRANSIENT_ERRNOS = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ETIMEDOUT,
+    errno.EPIPE,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ENETDOWN,
+    errno.EAGAIN,
+    errno.EBUSY,
+}
 # Builtin errors that say the request itself is wrong: retrying cannot help.
-_PERMANENT_TYPES = (FileExistsError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
-                    ValueError, TypeError, KeyError, AttributeError, NotImplementedError, ImportError)
+_PERMANENT_TYPES = (
+    FileExistsError,
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    NotImplementedError,
+    ImportError,
+)
 # botocore / urllib3 / requests exceptions, by class name so this module never imports them.
-_TRANSIENT_NAMES = {'EndpointConnectionError', 'ConnectionClosedError', 'ReadTimeoutError', 'ConnectTimeoutError',
-                    'ConnectionError', 'HTTPClientError', 'ProxyConnectionError', 'ResponseStreamingError',
-                    'IncompleteReadError', 'ProtocolError', 'RemoteDisconnected', 'IncompleteRead',
-                    'Timeout', 'ReadTimeout', 'ConnectTimeout', 'ChunkedEncodingError'}
-_PERMANENT_NAMES = {'NoCredentialsError', 'PartialCredentialsError', 'ParamValidationError',
-                    'InvalidRegionError', 'UnknownServiceError', 'NoRegionError'}
-_TRANSIENT_CODES = {'Throttling', 'ThrottlingException', 'ThrottledException', 'SlowDown', 'RequestTimeout',
-                    'RequestTimeoutException', 'RequestLimitExceeded', 'TooManyRequestsException',
-                    'ProvisionedThroughputExceededException', 'InternalError', 'ServiceUnavailable',
-                    'BandwidthLimitExceeded', 'EC2ThrottledException', 'PriorRequestNotComplete'}
+_TRANSIENT_NAMES = {
+    'EndpointConnectionError',
+    'ConnectionClosedError',
+    'ReadTimeoutError',
+    'ConnectTimeoutError',
+    'ConnectionError',
+    'HTTPClientError',
+    'ProxyConnectionError',
+    'ResponseStreamingError',
+    'IncompleteReadError',
+    'ProtocolError',
+    'RemoteDisconnected',
+    'IncompleteRead',
+    'Timeout',
+    'ReadTimeout',
+    'ConnectTimeout',
+    'ChunkedEncodingError',
+}
+_PERMANENT_NAMES = {
+    'NoCredentialsError',
+    'PartialCredentialsError',
+    'ParamValidationError',
+    'InvalidRegionError',
+    'UnknownServiceError',
+    'NoRegionError',
+}
+_TRANSIENT_CODES = {
+    'Throttling',
+    'ThrottlingException',
+    'ThrottledException',
+    'SlowDown',
+    'RequestTimeout',
+    'RequestTimeoutException',
+    'RequestLimitExceeded',
+    'TooManyRequestsException',
+    'ProvisionedThroughputExceededException',
+    'InternalError',
+    'ServiceUnavailable',
+    'BandwidthLimitExceeded',
+    'EC2ThrottledException',
+    'PriorRequestNotComplete',
+}
 
 
 class Interrupted(Exception):
@@ -134,8 +187,13 @@ def is_transient(exc: BaseException, store: Any = None) -> bool:
     return True
 
 
-def call_with_retries(fn: Callable[[int], Any], policy: RetryPolicy, stop: Optional[threading.Event] = None,
-                      store: Any = None, on_retry: Optional[Callable[[int, BaseException, float], None]] = None) -> Any:
+def call_with_retries(
+    fn: Callable[[int], Any],
+    policy: RetryPolicy,
+    stop: Optional[threading.Event] = None,
+    store: Any = None,
+    on_retry: Optional[Callable[[int, BaseException, float], None]] = None,
+) -> Any:
     """Call ``fn(attempt)`` until it succeeds, fails permanently, or attempts run out.
 
     Raises:

@@ -31,11 +31,26 @@ from typing import Any, Mapping, Optional
 from dist_logging import _private_dirs
 from dist_logging._private_dirs import make_dirs
 from dist_logging.object_store import persistable_kwargs, persistable_uri
-from dist_logging.upload.journal import (JOURNAL_NAME, Journal, JournalState, QueuedRecord, StoreRecord, compact,
-                                         read_journal)
+from dist_logging.upload.journal import (
+    JOURNAL_NAME,
+    Journal,
+    JournalState,
+    QueuedRecord,
+    StoreRecord,
+    compact,
+    read_journal,
+)
 
-__all__ = ['RankStaging', 'StagingBusyError', 'rank_dirs', 'FILES_FOLDER', 'rank_folder_name',
-           'default_staging_folder', 'remove_empty_default_folders', 'store_record']
+__all__ = [
+    'RankStaging',
+    'StagingBusyError',
+    'rank_dirs',
+    'FILES_FOLDER',
+    'rank_folder_name',
+    'default_staging_folder',
+    'remove_empty_default_folders',
+    'store_record',
+]
 
 log = logging.getLogger(__name__)
 FILES_FOLDER = 'files'  # <staging>/rank{r}/files: the snapshots
@@ -177,9 +192,11 @@ class RankStaging:
             try:
                 self._lock.acquire(timeout=lock_timeout)
             except filelock.Timeout:
-                raise StagingBusyError(f'staging folder {self.dir} is in use by another live process (an uploader '
-                                       'or a drain); use a different upload_staging_folder or wait for it to '
-                                       'finish') from None
+                raise StagingBusyError(
+                    f'staging folder {self.dir} is in use by another live process (an uploader '
+                    'or a drain); use a different upload_staging_folder or wait for it to '
+                    'finish'
+                ) from None
             if _holds_current_lock(self._lock, self._lock_path) and os.path.isdir(self.files_dir):
                 break
             self._lock.release()
@@ -189,8 +206,11 @@ class RankStaging:
         try:
             state = read_journal(self.journal_path)
             if state.torn_lines:
-                log.warning('%s: ignored %d unreadable journal line(s) (a process was killed while writing)',
-                            self.journal_path, state.torn_lines)
+                log.warning(
+                    '%s: ignored %d unreadable journal line(s) (a process was killed while writing)',
+                    self.journal_path,
+                    state.torn_lines,
+                )
             self._remove_orphans(state)
             compact(self.journal_path, state, fsync=fsync)
             self.recovered: JournalState = state
@@ -212,8 +232,12 @@ class RankStaging:
                     pass
         for record in state.pending.values():
             if not os.path.exists(self.path_of(record)):
-                log.warning('%s: the file of pending upload %r (%s) is missing; it will fail',
-                            self.dir, record.name, self.path_of(record))
+                log.warning(
+                    '%s: the file of pending upload %r (%s) is missing; it will fail',
+                    self.dir,
+                    record.name,
+                    self.path_of(record),
+                )
 
     def next_id(self) -> int:
         """A fresh upload id (thread-safe)."""
@@ -274,4 +298,3 @@ class RankStaging:
 
     def __repr__(self) -> str:
         return f'RankStaging({self.dir!r})'
-

@@ -23,16 +23,19 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from dist_logging.errors import UploadError
 from dist_logging.object_store import ObjectStore, split_bucket_uri, store_from_uri
-from dist_logging.upload._progress import (FATAL_STALL_SECONDS, process_fatal_error, wait_while_landing,
-                                           wait_with_progress)
+from dist_logging.upload._progress import (
+    FATAL_STALL_SECONDS,
+    process_fatal_error,
+    wait_while_landing,
+    wait_with_progress,
+)
 from dist_logging.upload.journal import StoreRecord
 from dist_logging.upload.node_slots import ENV_VAR as _SLOTS_VAR, parse_slots
 from dist_logging.upload.priority import check_priority
 from dist_logging.upload.rate_limit import ENV_VAR as _RATE_VAR, parse_byte_rate
 from dist_logging.upload.retry import RetryPolicy
 from dist_logging._files import copy_file, fsync_dir, link_file, links_work
-from dist_logging.upload.staging import (RankStaging, default_staging_folder, remove_empty_default_folders,
-                                         store_record)
+from dist_logging.upload.staging import RankStaging, default_staging_folder, remove_empty_default_folders, store_record
 from dist_logging.upload.workers import UploadScheduler, UploadTask
 
 __all__ = ['Uploader', 'UploadCallback', 'default_staging_folder']
@@ -106,12 +109,21 @@ class Uploader:
         ImportError: the store's optional dependency is missing (with an install hint).
     """
 
-    def __init__(self, bucket_uri: Optional[Union[str, 'os.PathLike[str]']] = None, *,
-                 object_store: Optional[ObjectStore] = None, backend_kwargs: Optional[Mapping[str, Any]] = None,
-                 upload_staging_folder: Optional[Union[str, 'os.PathLike[str]']] = None,
-                 num_concurrent_uploads: int = 4, num_attempts: int = 3, use_procs: bool = False,
-                 max_staged_bytes: Optional[int] = None, upload_priority: str = 'idle',
-                 run_name: Optional[str] = None, fsync: Optional[bool] = None):
+    def __init__(
+        self,
+        bucket_uri: Optional[Union[str, 'os.PathLike[str]']] = None,
+        *,
+        object_store: Optional[ObjectStore] = None,
+        backend_kwargs: Optional[Mapping[str, Any]] = None,
+        upload_staging_folder: Optional[Union[str, 'os.PathLike[str]']] = None,
+        num_concurrent_uploads: int = 4,
+        num_attempts: int = 3,
+        use_procs: bool = False,
+        max_staged_bytes: Optional[int] = None,
+        upload_priority: str = 'idle',
+        run_name: Optional[str] = None,
+        fsync: Optional[bool] = None,
+    ):
         self.upload_priority = check_priority(upload_priority)
         if (bucket_uri is None) == (object_store is None):
             raise ValueError('pass exactly one of bucket_uri and object_store')
@@ -120,8 +132,9 @@ class Uploader:
                 raise ValueError('backend_kwargs only applies to a bucket_uri store')
             for method in ('upload_object', 'download_object', 'get_object_size', 'get_uri'):
                 if not callable(getattr(object_store, method, None)):
-                    raise TypeError(f'object_store {object_store!r} has no {method}(); '
-                                    'see dist_logging.object_store.ObjectStore')
+                    raise TypeError(
+                        f'object_store {object_store!r} has no {method}(); see dist_logging.object_store.ObjectStore'
+                    )
             self.object_store = object_store
         else:
             if backend_kwargs is not None and not isinstance(backend_kwargs, Mapping):
@@ -141,16 +154,20 @@ class Uploader:
         if self.use_procs:
             cls = type(self.object_store)
             if cls.__module__ == '__main__':
-                raise ValueError(f'use_procs=True: the store class {cls.__qualname__} is defined in __main__, which '
-                                 'worker processes cannot import; move it to a module')
+                raise ValueError(
+                    f'use_procs=True: the store class {cls.__qualname__} is defined in __main__, which '
+                    'worker processes cannot import; move it to a module'
+                )
             try:
                 pickle.dumps(self.object_store)
             except Exception as exc:  # noqa: BLE001
-                raise ValueError(f'use_procs=True needs a picklable object_store; '
-                                 f'{self.object_store!r}: {exc}') from exc
+                raise ValueError(
+                    f'use_procs=True needs a picklable object_store; {self.object_store!r}: {exc}'
+                ) from exc
         self.num_concurrent_uploads = num_concurrent_uploads
-        self.upload_staging_folder = (os.path.abspath(os.fspath(upload_staging_folder))
-                                      if upload_staging_folder else None)
+        self.upload_staging_folder = (
+            os.path.abspath(os.fspath(upload_staging_folder)) if upload_staging_folder else None
+        )
         self.max_staged_bytes = max_staged_bytes
         self.run_name = run_name
         self.retry_policy = RetryPolicy(num_attempts=num_attempts)
@@ -229,10 +246,17 @@ class Uploader:
             root = self.upload_staging_folder or default_staging_folder(self.run_name or 'standalone')
             staging = RankStaging(root, dist.get_global_rank(), fsync=self.fsync)
             try:
-                scheduler = UploadScheduler(self.object_store, self.retry_policy, self.num_concurrent_uploads,
-                                            use_procs=self.use_procs, on_done=self._on_done,
-                                            on_failed=self._on_failed, on_superseded=self._on_superseded,
-                                            name=f'upload-rank{staging.rank}', priority=self.upload_priority)
+                scheduler = UploadScheduler(
+                    self.object_store,
+                    self.retry_policy,
+                    self.num_concurrent_uploads,
+                    use_procs=self.use_procs,
+                    on_done=self._on_done,
+                    on_failed=self._on_failed,
+                    on_superseded=self._on_superseded,
+                    name=f'upload-rank{staging.rank}',
+                    priority=self.upload_priority,
+                )
             except BaseException:
                 staging.close()
                 raise
@@ -251,9 +275,12 @@ class Uploader:
         mine = {sid for sid, record in recovered.stores.items() if self._matches(record)}
         foreign = [r for r in recovered.pending.values() if r.sid not in mine]
         if foreign:
-            warnings.warn(f'{staging.dir}: {len(foreign)} pending upload(s) queued for another store stay in '
-                          f'staging (use `python -m dist_logging drain`): {sorted(r.name for r in foreign)[:10]}',
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f'{staging.dir}: {len(foreign)} pending upload(s) queued for another store stay in '
+                f'staging (use `python -m dist_logging drain`): {sorted(r.name for r in foreign)[:10]}',
+                RuntimeWarning,
+                stacklevel=4,
+            )
         resumed = [r for r in recovered.pending.values() if r.sid in mine]
         if resumed:
             log.warning('%s: resuming %d upload(s) left by an earlier process', staging.dir, len(resumed))
@@ -261,17 +288,40 @@ class Uploader:
             # Re-point the record at this session's store line, so compaction keeps it.
             if record.sid != self.store_record.sid:
                 staging.journal.append_done(record.id)
-                staging.journal.append_queued(record.id, record.name, record.size, record.overwrite,
-                                              self.store_record.sid, record.src, record.owned)
+                staging.journal.append_queued(
+                    record.id,
+                    record.name,
+                    record.size,
+                    record.overwrite,
+                    self.store_record.sid,
+                    record.src,
+                    record.owned,
+                )
             self._leftover_names.add(record.name)
-            self._scheduler.submit(UploadTask(  # type: ignore[union-attr]
-                record.id, record.name, staging.path_of(record), record.size,  # type: ignore[union-attr]
-                record.overwrite, resumed=True, owned=record.owned and record.src is None,
-                staging_folder=self.upload_staging_folder))
+            self._scheduler.submit(
+                UploadTask(  # type: ignore[union-attr]
+                    record.id,
+                    record.name,
+                    staging.path_of(record),
+                    record.size,  # type: ignore[union-attr]
+                    record.overwrite,
+                    resumed=True,
+                    owned=record.owned and record.src is None,
+                    staging_folder=self.upload_staging_folder,
+                )
+            )
 
     # ------------------------------------------------------------------ enqueue
-    def enqueue(self, path: Union[str, 'os.PathLike[str]'], name: str, *, copy: bool = True, overwrite: bool = False,
-                size: Optional[int] = None, callback: Optional[UploadCallback] = None) -> None:
+    def enqueue(
+        self,
+        path: Union[str, 'os.PathLike[str]'],
+        name: str,
+        *,
+        copy: bool = True,
+        overwrite: bool = False,
+        size: Optional[int] = None,
+        callback: Optional[UploadCallback] = None,
+    ) -> None:
         """Snapshot the complete file ``path`` and queue its upload as the object ``name``; returns at once.
 
         Args:
@@ -327,7 +377,8 @@ class Uploader:
             if self.fsync:
                 fsync_dir(staging.files_dir)  # type: ignore[union-attr]
             staging.journal.append_queued(  # type: ignore[union-attr]
-                upload_id, name, size, overwrite, self.store_record.sid, src, copy)
+                upload_id, name, size, overwrite, self.store_record.sid, src, copy
+            )
         except OSError as exc:
             # E.g. the staging disk is full: nothing may stay half-done (no snapshot without its
             # record, no half record), and the caller learns where and what, then may go on.
@@ -338,8 +389,10 @@ class Uploader:
                     pass
             if exc.filename is None:
                 exc.filename = staging.files_dir  # type: ignore[union-attr]
-            exc.add_note(f'upload of {name!r}: could not stage {path!r} in {staging.dir}; '  # type: ignore[union-attr]
-                         'nothing was queued')
+            exc.add_note(
+                f'upload of {name!r}: could not stage {path!r} in {staging.dir}; '  # type: ignore[union-attr]
+                'nothing was queued'
+            )
             raise
         if not overwrite and name not in self._recent_names:
             # A name claimed with overwrite=False: a repeat is refused at the call (RECENT_NAMES). No lock on
@@ -356,8 +409,17 @@ class Uploader:
             if size > 0:
                 self._staged_bytes += size
                 self._counted[upload_id] = size
-        scheduler.submit(UploadTask(upload_id, name, snapshot, size, overwrite, owned=copy,  # type: ignore[union-attr]
-                                    staging_folder=self.upload_staging_folder))
+        scheduler.submit(
+            UploadTask(
+                upload_id,
+                name,
+                snapshot,
+                size,
+                overwrite,
+                owned=copy,  # type: ignore[union-attr]
+                staging_folder=self.upload_staging_folder,
+            )
+        )
         if self._unraised:
             self._raise_failures()
 
@@ -375,8 +437,12 @@ class Uploader:
                 earlier = None
         if earlier is not None:
             staging.finish(earlier[0].id, earlier[0].path)
-        warnings.warn(f'upload_file({name!r}) supersedes the upload of that name that an earlier process left '
-                      f'queued in {staging.dir}: the new file wins', RuntimeWarning, stacklevel=5)
+        warnings.warn(
+            f'upload_file({name!r}) supersedes the upload of that name that an earlier process left '
+            f'queued in {staging.dir}: the new file wins',
+            RuntimeWarning,
+            stacklevel=5,
+        )
 
     def can_link(self, folder: Union[str, 'os.PathLike[str]']) -> bool:
         """Whether ``enqueue(copy=False)`` of a file in ``folder`` hard-links it into staging (same
@@ -395,8 +461,9 @@ class Uploader:
         with self._budget:
             return self._staged_bytes
 
-    def wait_for_room(self, nbytes: int, limit: Optional[int] = None, *,
-                      on_wait: Optional[Callable[[int, int], None]] = None) -> None:
+    def wait_for_room(
+        self, nbytes: int, limit: Optional[int] = None, *, on_wait: Optional[Callable[[int, int], None]] = None
+    ) -> None:
         """Block while :attr:`staged_bytes` is not 0 and ``staged_bytes + nbytes`` exceeds ``limit``.
 
         Woken by each landing (no polling). Returns at once when ``limit`` and ``max_staged_bytes``
@@ -426,8 +493,12 @@ class Uploader:
     def _warn_full(self, staged: int, limit: int) -> None:
         if not self._warned_full:
             self._warned_full = True
-            warnings.warn(f'upload staging holds {staged} bytes, max_staged_bytes={limit}: upload_file waits for '
-                          'uploads to finish (warned once)', RuntimeWarning, stacklevel=6)
+            warnings.warn(
+                f'upload staging holds {staged} bytes, max_staged_bytes={limit}: upload_file waits for '
+                'uploads to finish (warned once)',
+                RuntimeWarning,
+                stacklevel=6,
+            )
 
     # ------------------------------------------------------------------ results
     def add_landed_listener(self, listener: Callable[[str], None]) -> None:
@@ -505,8 +576,13 @@ class Uploader:
             self._staging.finish(earlier[0].id, earlier[0].path)  # type: ignore[union-attr]
 
     def _on_failed(self, task: UploadTask, error: BaseException) -> None:
-        log.error('upload of %r failed: %s: %s (the file stays in %s)', task.name, type(error).__name__, error,
-                  self.staging_dir)
+        log.error(
+            'upload of %r failed: %s: %s (the file stays in %s)',
+            task.name,
+            type(error).__name__,
+            error,
+            self.staging_dir,
+        )
         with self._names_lock:
             self._failed[task.name] = (task, error)
             self._unraised[task.name] = error
@@ -521,8 +597,12 @@ class Uploader:
             return
         with self._names_lock:
             failures, self._unraised = self._unraised, {}
-        where = f'; their files stay in {self.staging_dir} (retry with `python -m dist_logging drain ' \
-                f'{os.path.dirname(self.staging_dir)}`)' if self.staging_dir else ''
+        where = (
+            f'; their files stay in {self.staging_dir} (retry with `python -m dist_logging drain '
+            f'{os.path.dirname(self.staging_dir)}`)'
+            if self.staging_dir
+            else ''
+        )
         error = UploadError(failures)
         error.add_note(f'{len(failures)} upload(s) to {self.bucket_uri or self.object_store!r} failed{where}')
         if not final:
@@ -558,10 +638,15 @@ class Uploader:
             try:
                 fatal = process_fatal_error()
                 if fatal is not None and not wait_while_landing(scheduler, lambda: self.uploaded_count):
-                    log.warning('%s: no upload landed for %g s after a fatal error in this process (%s): the '
-                                '%d upload(s) left stay in staging; deliver them with `dist-logging drain %s`',
-                                self.bucket_uri or self.object_store, FATAL_STALL_SECONDS, type(fatal).__name__,
-                                scheduler.outstanding, os.path.dirname(self.staging_dir or '') or '<staging folder>')
+                    log.warning(
+                        '%s: no upload landed for %g s after a fatal error in this process (%s): the '
+                        '%d upload(s) left stay in staging; deliver them with `dist-logging drain %s`',
+                        self.bucket_uri or self.object_store,
+                        FATAL_STALL_SECONDS,
+                        type(fatal).__name__,
+                        scheduler.outstanding,
+                        os.path.dirname(self.staging_dir or '') or '<staging folder>',
+                    )
                     raise _GaveUp()
                 wait_with_progress(scheduler)
                 for hook in self._close_hooks:
@@ -604,8 +689,13 @@ class Uploader:
 
     # ------------------------------------------------------------------ a dead process's staging
     @staticmethod
-    def drain(staging_folder: Union[str, 'os.PathLike[str]'], *, object_store: Any = None, num_workers: int = 4,
-              progress_bar: bool = True) -> Any:
+    def drain(
+        staging_folder: Union[str, 'os.PathLike[str]'],
+        *,
+        object_store: Any = None,
+        num_workers: int = 4,
+        progress_bar: bool = True,
+    ) -> Any:
         """Upload what dead processes left pending in ``staging_folder``, without a job (the folder's
         ranks must not be held by a live uploader). See :func:`dist_logging.upload.drain.drain`, whose
         :class:`~dist_logging.upload.drain.DrainReport` this returns.
@@ -618,8 +708,9 @@ class Uploader:
         """
         from dist_logging.upload.drain import drain
 
-        return drain(os.fspath(staging_folder), object_store=object_store, num_workers=num_workers,
-                     progress_bar=progress_bar)
+        return drain(
+            os.fspath(staging_folder), object_store=object_store, num_workers=num_workers, progress_bar=progress_bar
+        )
 
     def __repr__(self) -> str:
         return f'Uploader({self.bucket_uri or self.object_store!r}, staging={self.staging_folder!r})'

@@ -97,8 +97,10 @@ def _check_then_put(store: Any, task: UploadTask, put_started: list[bool], callb
         except FileNotFoundError:
             pass
         else:
-            raise FileExistsError(f'{store.get_uri(task.name)} already exists and overwrite=False (checked before '
-                                  'the upload: this store has no atomic overwrite=False)')
+            raise FileExistsError(
+                f'{store.get_uri(task.name)} already exists and overwrite=False (checked before '
+                'the upload: this store has no atomic overwrite=False)'
+            )
     put_started.append(True)
     if callback is None:
         store.upload_object(task.name, task.path)
@@ -208,8 +210,15 @@ class ThreadExecutor:
     starts (:mod:`dist_logging.upload.priority`).
     """
 
-    def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, on_result: ResultCallback,
-                 name: str = 'upload', priority: str = 'normal'):
+    def __init__(
+        self,
+        store: Any,
+        policy: RetryPolicy,
+        num_workers: int,
+        on_result: ResultCallback,
+        name: str = 'upload',
+        priority: str = 'normal',
+    ):
         self._store, self._policy, self._on_result, self._name = store, policy, on_result, name
         self._priority = priority
         self._queue: 'queue.SimpleQueue[Optional[UploadTask]]' = queue.SimpleQueue()
@@ -321,8 +330,15 @@ class ProcessExecutor:
     With ``priority='low'`` or ``'idle'`` each child lowers its own CPU and I/O priority as it starts.
     """
 
-    def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, on_result: ResultCallback,
-                 name: str = 'upload', priority: str = 'normal'):
+    def __init__(
+        self,
+        store: Any,
+        policy: RetryPolicy,
+        num_workers: int,
+        on_result: ResultCallback,
+        name: str = 'upload',
+        priority: str = 'normal',
+    ):
         self._payload = pickle.dumps((store, policy))
         self._priority = priority
         self._on_result = on_result
@@ -344,9 +360,11 @@ class ProcessExecutor:
     def _spawn(self, slot: _Slot) -> None:
         parent_sock, child_sock = socket.socketpair()
         try:
-            slot.proc = subprocess.Popen([sys.executable, '-c', _BOOT, self._root, str(child_sock.fileno()),
-                                          self._priority],
-                                         pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL)
+            slot.proc = subprocess.Popen(
+                [sys.executable, '-c', _BOOT, self._root, str(child_sock.fileno()), self._priority],
+                pass_fds=(child_sock.fileno(),),
+                stdin=subprocess.DEVNULL,
+            )
         finally:
             child_sock.close()
         slot.conn = Connection(parent_sock.detach())
@@ -501,9 +519,19 @@ class UploadScheduler:
         priority: ``'idle'`` or ``'low'`` (workers lower their CPU and I/O priority) or ``'normal'``.
     """
 
-    def __init__(self, store: Any, policy: RetryPolicy, num_workers: int, *, use_procs: bool = False,
-                 on_done: Callable[[UploadTask], None], on_failed: Callable[[UploadTask, BaseException], None],
-                 on_superseded: Callable[[UploadTask], None], name: str = 'upload', priority: str = 'normal'):
+    def __init__(
+        self,
+        store: Any,
+        policy: RetryPolicy,
+        num_workers: int,
+        *,
+        use_procs: bool = False,
+        on_done: Callable[[UploadTask], None],
+        on_failed: Callable[[UploadTask, BaseException], None],
+        on_superseded: Callable[[UploadTask], None],
+        name: str = 'upload',
+        priority: str = 'normal',
+    ):
         self.policy = policy
         self._on_done, self._on_failed, self._on_superseded = on_done, on_failed, on_superseded
         self._cond = threading.Condition(threading.Lock())
@@ -560,8 +588,12 @@ class UploadScheduler:
         if error is None:
             self._safe(self._on_done, task)
         elif stale:
-            log.warning('upload of %r left by an earlier process failed (%s: %s); a newer upload of that name '
-                        'replaces it', task.name, type(error).__name__, error)
+            log.warning(
+                'upload of %r left by an earlier process failed (%s: %s); a newer upload of that name replaces it',
+                task.name,
+                type(error).__name__,
+                error,
+            )
             self._safe(self._on_superseded, task)
         else:
             self._safe(self._on_failed, task, error)
@@ -600,4 +632,3 @@ class UploadScheduler:
     def shutdown(self, abort: bool = False, timeout: Optional[float] = None) -> None:
         """Stop the executor: after the outstanding uploads, or at once (``abort``; they fail as interrupted)."""
         self.executor.shutdown(abort=abort, timeout=timeout)
-

@@ -20,12 +20,13 @@ BENCH = REPO_ROOT / 'benchmarks'
 
 def _run(tmp_path, name, *args, timeout=300):
     out = tmp_path / f'{name}.json'
-    result = run_torchrun(BENCH / f'{name}.py', 2, tmp_path / 'out', args=['--quick', '--out-json', str(out), *args],
-                          timeout=timeout)
+    result = run_torchrun(
+        BENCH / f'{name}.py', 2, tmp_path / 'out', args=['--quick', '--out-json', str(out), *args], timeout=timeout
+    )
     doc = json.loads(out.read_text())  # written by rank zero
     assert doc['benchmark'] == name
     assert doc['environment']['world_size'] == 2
-    assert json.loads(result.stdout[result.stdout.index('{'):])['benchmark'] == name  # also printed on rank zero
+    assert json.loads(result.stdout[result.stdout.index('{') :])['benchmark'] == name  # also printed on rank zero
     assert out.with_suffix('.png').stat().st_size > 0
     return doc
 
@@ -58,8 +59,16 @@ def test_upload_latency(tmp_path):
     doc = _run(tmp_path, 'upload_latency', '--sizes', '4KiB', '--stores', 'local,s3', timeout=400)
     for store in ('local', 's3'):
         modes = doc['results'][store]['4KiB']['modes']
-        for mode in ('ours_copy', 'ours_nocopy', 'ours_procs', 'floor_cfr', 'floor_copy2', 'floor_link',
-                     'sync_upload', 'composer_design'):
+        for mode in (
+            'ours_copy',
+            'ours_nocopy',
+            'ours_procs',
+            'floor_cfr',
+            'floor_copy2',
+            'floor_link',
+            'sync_upload',
+            'composer_design',
+        ):
             _finite_summary(modes[mode]['blocking_us'])
         for mode in ('ours_copy', 'ours_nocopy', 'ours_procs', 'sync_upload', 'composer_design'):
             _finite_summary(modes[mode]['end_to_end_ms'])
@@ -111,11 +120,19 @@ def test_soak(tmp_path):
 def test_checkpoint_stall(tmp_path):
     doc = _run(tmp_path, 'checkpoint_stall', timeout=400)
     assert doc['skipped'] == {}  # every mode ran, s3torchconnector and s3fs included (the bench extra)
-    (label, exp), = doc['experiments'].items()
+    ((label, exp),) = doc['experiments'].items()
     assert label == '4MiB/cpu-bound' and exp['checkpoint_bytes'] >= 4 << 20
     modes = exp['modes']
-    assert set(modes) == {'none', 'ours_save', 'ours_async', 'fs_upload', 'fs_async_local', 'fsspec_async',
-                          's3tc_save', 's3tc_async'}
+    assert set(modes) == {
+        'none',
+        'ours_save',
+        'ours_async',
+        'fs_upload',
+        'fs_async_local',
+        'fsspec_async',
+        's3tc_save',
+        's3tc_async',
+    }
     for name, mode in modes.items():
         _finite_summary(mode['step_ms'])
         if name == 'none':
@@ -135,9 +152,12 @@ def test_checkpoint_stall(tmp_path):
         else:
             assert io['write_bytes'] < 0.1
     _finite_summary(modes['fs_upload']['save_call_ms'])
-    assert set(doc['targets'][label]) >= {'ours_save_blocking_le_1.1x_filesystemwriter_save',
-                                          'ours_async_blocking_le_1.1x_dcp_async_local',
-                                          'ours_save_commit_le_best_of_modes_4_5', 'ours_save_written_once_read_once'}
+    assert set(doc['targets'][label]) >= {
+        'ours_save_blocking_le_1.1x_filesystemwriter_save',
+        'ours_async_blocking_le_1.1x_dcp_async_local',
+        'ours_save_commit_le_best_of_modes_4_5',
+        'ours_save_written_once_read_once',
+    }
     memory = doc['memory']  # --quick: 24 saves through one writer, sampled every 10
     assert memory['saves'] == 24 and memory['committed_at_end'] == ['ckpt/memory/step00022', 'ckpt/memory/step00023']
     for rank in memory['ranks']:

@@ -19,8 +19,7 @@ def launch(tmp: pathlib.Path, nproc: int, plan: dict, *, expect_kill: bool = Fal
     if out.exists():
         shutil.rmtree(out)
     started = time.monotonic()
-    result = run_torchrun(SCENARIO, nproc, out, env={'CKPT_PLAN': json.dumps(plan)}, timeout=150,
-                          check=not expect_kill)
+    result = run_torchrun(SCENARIO, nproc, out, env={'CKPT_PLAN': json.dumps(plan)}, timeout=150, check=not expect_kill)
     if expect_kill:
         assert result.returncode != 0, f'the job was not killed:\n{result.stdout}\n{result.stderr[-4000:]}'
         assert 'SIGKILL' in result.stderr or 'Signal 9' in result.stderr or '-9' in result.stderr, result.stderr[-4000:]

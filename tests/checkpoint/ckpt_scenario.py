@@ -62,8 +62,7 @@ out['latest'] = latest
 if latest is not None:
     step = int(latest.rsplit('step', 1)[1])
     got = blank()
-    with CheckpointReader(bucket, backend_kwargs=kwargs, cache_folder=plan['root'] + '/cache',
-                          run_name='t') as reader:
+    with CheckpointReader(bucket, backend_kwargs=kwargs, cache_folder=plan['root'] + '/cache', run_name='t') as reader:
         dcp.load(got, checkpoint_id=latest, storage_reader=reader)
         out['downloaded_bytes'] = reader.downloaded_bytes
     out['exact'] = exact(got, state(step))
@@ -77,8 +76,11 @@ current = {'step': None}
 
 
 # "all" at a coordinator-only point: the coordinator flags its death so the other ranks die with it
-flag = (f"{plan['root']}/killed-{kill['point']}-step{kill['step']}"
-        if kill and kill['ranks'] == 'all' and kill['point'] in ('commit', 'retention') else None)
+flag = (
+    f"{plan['root']}/killed-{kill['point']}-step{kill['step']}"
+    if kill and kill['ranks'] == 'all' and kill['point'] in ('commit', 'retention')
+    else None
+)
 
 
 def die():
@@ -101,6 +103,7 @@ if kill and (kill['ranks'] == 'all' or rank in kill['ranks']):
     point, at = kill['point'], f"step{kill['step']}"
     if point == 'write':
         import torch.distributed.checkpoint.filesystem as fs
+
         real_write_item, seen = fs._write_item, []
 
         def write_item(*args, **kw):
@@ -109,6 +112,7 @@ if kill and (kill['ranks'] == 'all' or rank in kill['ranks']):
                 if len(seen) == 2:  # the step's first item is in the file, the second is not
                     die()
             return real_write_item(*args, **kw)
+
         fs._write_item = write_item
     elif point == 'local':
         real_hand_over, handed = writer_module.CheckpointWriter._hand_over_file, []
@@ -119,17 +123,26 @@ if kill and (kill['ranks'] == 'all' or rank in kill['ranks']):
                 if len(handed) == 2:
                     die()
             return real_hand_over(self, results)
+
         writer_module.CheckpointWriter._hand_over_file = hand_over
 
 # ---- save
-kill_store = kill and (kill['ranks'] == 'all' or rank in kill['ranks']) and kill['point'] in ('upload', 'commit',
-                                                                                              'retention')
+kill_store = (
+    kill and (kill['ranks'] == 'all' or rank in kill['ranks']) and kill['point'] in ('upload', 'commit', 'retention')
+)
 fail = plan.get('fail_upload')
-writer = CheckpointWriter(bucket, backend_kwargs=kwargs, upload_staging_folder=plan['root'] + '/staging',
-                          keep_last=plan.get('keep_last'), commit_timeout=plan.get('commit_timeout', 60),
-                          num_concurrent_uploads=2, files_per_rank=2)  # 2 files: the per-file hand-over
+writer = CheckpointWriter(
+    bucket,
+    backend_kwargs=kwargs,
+    upload_staging_folder=plan['root'] + '/staging',
+    keep_last=plan.get('keep_last'),
+    commit_timeout=plan.get('commit_timeout', 60),
+    num_concurrent_uploads=2,
+    files_per_rank=2,
+)  # 2 files: the per-file hand-over
 if writer.uploader.retry_policy.initial_backoff > 0.1:
     import dataclasses
+
     writer.uploader.retry_policy = dataclasses.replace(writer.uploader.retry_policy, initial_backoff=0.05)
 store = writer.store
 if kill_store or fail:
@@ -151,6 +164,7 @@ if kill_store or fail:
             if len(deletes) == 2:  # the marker is gone (deletion 1); die before the rest
                 die()
         return real_delete(name)
+
     store.upload_object, store.delete = upload_object, delete
 
 saved, errors = [], None
@@ -172,9 +186,14 @@ finally:
         writer.close()
     except Exception as exc:  # reported to the test
         errors = f'{type(exc).__name__}: {exc}'
-out.update(saved=saved, close_error=errors,
-           timings=[{'id': t.checkpoint_id, 'local_s': t.local_s, 'commit_s': t.commit_s, 'bytes': t.bytes_written}
-                    for t in writer.timings])
+out.update(
+    saved=saved,
+    close_error=errors,
+    timings=[
+        {'id': t.checkpoint_id, 'local_s': t.local_s, 'commit_s': t.commit_s, 'bytes': t.bytes_written}
+        for t in writer.timings
+    ],
+)
 dump_rank_output(out)
 tdist.barrier()
 tdist.destroy_process_group()

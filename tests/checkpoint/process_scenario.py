@@ -54,20 +54,35 @@ def main():
     memory = InMemoryLogger(ranks='all')
     logger = Logger(memory)
     bucket = plan['bucket']
-    writer = CheckpointWriter(bucket, upload_staging_folder=plan['root'] + '/staging', files_per_rank=2,
-                              num_concurrent_uploads=2, logger=logger)
-    kinds = {1: AsyncCheckpointerType.PROCESS, 2: AsyncCheckpointerType.THREAD, 3: AsyncCheckpointerType.PROCESS,
-             4: AsyncCheckpointerType.PROCESS}
+    writer = CheckpointWriter(
+        bucket,
+        upload_staging_folder=plan['root'] + '/staging',
+        files_per_rank=2,
+        num_concurrent_uploads=2,
+        logger=logger,
+    )
+    kinds = {
+        1: AsyncCheckpointerType.PROCESS,
+        2: AsyncCheckpointerType.THREAD,
+        3: AsyncCheckpointerType.PROCESS,
+        4: AsyncCheckpointerType.PROCESS,
+    }
     for step, kind in kinds.items():
-        dcp.async_save(state(step), checkpoint_id=f'run/ckpt/step{step}', storage_writer=writer,
-                       async_checkpointer_type=kind).result(120)
+        dcp.async_save(
+            state(step), checkpoint_id=f'run/ckpt/step{step}', storage_writer=writer, async_checkpointer_type=kind
+        ).result(120)
     try:
-        dcp.async_save(state(5), checkpoint_id='run/ckpt/step5', storage_writer=writer,
-                       async_checkpointer_type=AsyncCheckpointerType.PROCESS).result(120)
+        dcp.async_save(
+            state(5),
+            checkpoint_id='run/ckpt/step5',
+            storage_writer=writer,
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+        ).result(120)
         step5_error = None
     except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException is a BaseException
         step5_error = f'{type(exc).__name__}: {exc}'
     from torch.distributed.checkpoint import _async_process_executor as executor
+
     checkpoint_process = executor._CHECKPOINT_PROCESS  # torch's one checkpoint process of this trainer
     close_error = None
     try:
@@ -83,19 +98,23 @@ def main():
             got = blank()
             dcp.load(got, checkpoint_id=f'run/ckpt/step{step}', storage_reader=reader)
             loaded[step] = exact(got, state(step))
-    dump_rank_output({
-        'close_error': close_error,
-        'step5_error': step5_error,
-        'checkpoint_process_pid': checkpoint_process._save_process.pid if checkpoint_process else None,
-        'pid': os.getpid(),
-        'latest': latest_checkpoint(bucket, 'run/ckpt'),
-        'committed': list_checkpoints(bucket, 'run/ckpt'),
-        'exact': loaded,
-        'timings': [{'id': t.checkpoint_id, 'local_s': t.local_s, 'commit_s': t.commit_s, 'bytes': t.bytes_written}
-                    for t in writer.timings],
-        'local_s_metrics': len(memory.data.get('checkpoint/local_s', [])),
-        'commit_s_metrics': len(memory.data.get('checkpoint/commit_s', [])),
-    })
+    dump_rank_output(
+        {
+            'close_error': close_error,
+            'step5_error': step5_error,
+            'checkpoint_process_pid': checkpoint_process._save_process.pid if checkpoint_process else None,
+            'pid': os.getpid(),
+            'latest': latest_checkpoint(bucket, 'run/ckpt'),
+            'committed': list_checkpoints(bucket, 'run/ckpt'),
+            'exact': loaded,
+            'timings': [
+                {'id': t.checkpoint_id, 'local_s': t.local_s, 'commit_s': t.commit_s, 'bytes': t.bytes_written}
+                for t in writer.timings
+            ],
+            'local_s_metrics': len(memory.data.get('checkpoint/local_s', [])),
+            'commit_s_metrics': len(memory.data.get('checkpoint/commit_s', [])),
+        }
+    )
     tdist.barrier()
     tdist.destroy_process_group()
 

@@ -26,8 +26,14 @@ def make(store, tmp_path, cid, files, *, commit=True, time_ns=None):
     if commit:
         scratch = tmp_path / 'scratch'
         scratch.mkdir(exist_ok=True)
-        return commit_checkpoint(store, cid, {rel: len(d) for rel, d in files.items()}, str(scratch),
-                                 metadata_file=str(meta), time_ns=time_ns)
+        return commit_checkpoint(
+            store,
+            cid,
+            {rel: len(d) for rel, d in files.items()},
+            str(scratch),
+            metadata_file=str(meta),
+            time_ns=time_ns,
+        )
 
 
 def markers(store, cid):
@@ -49,8 +55,9 @@ def test_commit_needs_every_file_with_its_size(tmp_path):
     store.ops.clear()
     meta = tmp_path / 'm'
     meta.write_bytes(b'M' * 7)
-    marker = commit_checkpoint(store, 'c/s1', {'a.distcp': 3, 'b.distcp': 2}, str(tmp_path / 'scratch'),
-                               metadata_file=str(meta))
+    marker = commit_checkpoint(
+        store, 'c/s1', {'a.distcp': 3, 'b.distcp': 2}, str(tmp_path / 'scratch'), metadata_file=str(meta)
+    )
     writes = [op for op in store.ops if op[0] in ('upload', 'delete')]
     assert writes == [('upload', f'c/s1/{METADATA_NAME}'), ('upload', marker)]  # the marker is the last write
     assert latest_checkpoint(store, 'c') == 'c/s1'
@@ -68,8 +75,13 @@ def test_resave_keeps_the_committed_version_readable_until_the_new_commit(tmp_pa
     store.ops.clear()
     meta = tmp_path / 'm2'
     meta.write_bytes(b'new metadata')
-    new_marker = commit_checkpoint(store, 'c/s1', {'__0_bbbb_0.distcp': 5, '__1_bbbb_0.distcp': 5},
-                                   str(tmp_path / 'scratch'), metadata_file=str(meta))
+    new_marker = commit_checkpoint(
+        store,
+        'c/s1',
+        {'__0_bbbb_0.distcp': 5, '__1_bbbb_0.distcp': 5},
+        str(tmp_path / 'scratch'),
+        metadata_file=str(meta),
+    )
     writes = [op for op in store.ops if op[0] in ('upload', 'delete')]
     # un-commit (old marker) before the new .metadata replaces the old; old-only files deleted after the commit
     assert writes[0][0] == 'delete' and MARKER_RE.match(writes[0][1])
@@ -146,8 +158,15 @@ def test_a_landed_upload_wakes_the_committer_for_its_next_look_at_once(tmp_path,
     uploader.add_landed_listener(committer.nudge)
     try:
         put(store, tmp_path, 'c/s1/a.distcp', b'aaa')
-        intent = write_intent(str(tmp_path / 'intents'), 'c/s1', {'a.distcp': 3, 'b.distcp': 2}, time.time_ns(),
-                              metadata=None, bucket_uri=None, kind='folder')
+        intent = write_intent(
+            str(tmp_path / 'intents'),
+            'c/s1',
+            {'a.distcp': 3, 'b.distcp': 2},
+            time.time_ns(),
+            metadata=None,
+            bucket_uri=None,
+            kind='folder',
+        )
         committer.submit(intent)
         src = tmp_path / 'b.bin'
         src.write_bytes(b'bb')

@@ -42,8 +42,11 @@ from _states import full_state, zeros_like_state
 from s3_server import aws_credentials, s3_bucket, _moto_session  # noqa: F401 - fixtures
 from torchrun_helper import REPO_ROOT
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600),
-              pytest.mark.filterwarnings('ignore:torch.distributed is disabled')]
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.timeout(600),
+    pytest.mark.filterwarnings('ignore:torch.distributed is disabled'),
+]
 
 
 def step_of(cid):
@@ -63,8 +66,13 @@ def check_resumed(outputs, world, allowed):
 
 def drain_cli(staging):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, '-m', 'dist_logging', 'drain', str(staging), '--no-progress'],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, '-m', 'dist_logging', 'drain', str(staging), '--no-progress'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_crash_matrix_two_ranks_local_bucket(tmp_path):
@@ -130,8 +138,10 @@ CHAIN_A = {  # (ranks, bucket): who at write, local, upload, commit, retention
     (4, 'local'): ('one', 'all', 'one', 'all', 'all'),
     (4, 's3'): ('all', 'one', 'all', 'one', 'one'),
 }
-CHAINS = {**{(*key, 'A'): who for key, who in CHAIN_A.items()},
-          **{(*key, 'B'): tuple('one' if w == 'all' else 'all' for w in who) for key, who in CHAIN_A.items()}}
+CHAINS = {
+    **{(*key, 'A'): who for key, who in CHAIN_A.items()},
+    **{(*key, 'B'): tuple('one' if w == 'all' else 'all' for w in who) for key, who in CHAIN_A.items()},
+}
 CHAIN_PARAMS = [key for key in sorted(CHAINS) if key != (2, 'local', 'A')]
 
 
@@ -144,8 +154,7 @@ def test_crash_matrix_chain(tmp_path, world, kind, variant, request):
         bucket, kwargs = f's3://{name}/jobs', {'endpoint_url': endpoint}
     else:
         bucket, kwargs = str(tmp_path / 'bucket'), None
-    base = {'root': str(tmp_path), 'bucket': bucket, 'backend_kwargs': kwargs, 'keep_last': 2,
-            'wait_commits': True}
+    base = {'root': str(tmp_path), 'bucket': bucket, 'backend_kwargs': kwargs, 'keep_last': 2, 'wait_commits': True}
     one_rank = {'write': [0], 'local': [world - 1], 'upload': [world // 2], 'commit': [0], 'retention': [0]}
     who = dict(zip(POINTS, CHAINS[(world, kind, variant)]))
 

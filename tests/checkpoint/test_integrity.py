@@ -152,7 +152,12 @@ def test_latest_checkpoint_skips_a_checkpoint_whose_objects_disagree_with_its_ma
     [shard] = [info.name for info in store.list('run/step2/') if info.name.endswith('.distcp')]
     data = bytearray(store.client.get_object(Bucket=name, Key=shard)['Body'].read())
     data[-1] ^= 0x01
-    store.client.put_object(Bucket=name, Key=shard, Body=bytes(data), ChecksumAlgorithm='CRC32C',
-                            ChecksumCRC32C=b64(crc32c.crc32c(bytes(data))))
+    store.client.put_object(
+        Bucket=name,
+        Key=shard,
+        Body=bytes(data),
+        ChecksumAlgorithm='CRC32C',
+        ChecksumCRC32C=b64(crc32c.crc32c(bytes(data))),
+    )
     assert latest_checkpoint(store, 'run') == 'run/step1'  # same size, other bytes: skipped
     store.close()

@@ -38,8 +38,9 @@ def state(step: int) -> dict:
 
 def left_in(folder: pathlib.Path) -> list[str]:
     """Files left under ``folder``, except the machine's own state (.dist_logging-<host>: commit scratch)."""
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob('*')
-                  if p.is_file() and '.dist_logging-' not in str(p))
+    return sorted(
+        str(p.relative_to(folder)) for p in folder.rglob('*') if p.is_file() and '.dist_logging-' not in str(p)
+    )
 
 
 @pytest.mark.multiprocess
@@ -52,13 +53,15 @@ def test_process_checkpointer_two_ranks_commits_loads_exactly_and_leaves_nothing
     tmp = pathlib.Path(tempfile.mkdtemp(prefix='dlp-', dir='/tmp' if os.path.isdir('/tmp') else None))
     plan = {'root': str(root), 'bucket': str(tmp_path / 'bucket')}
     try:
-        run_torchrun(SCENARIO, 2, tmp_path / 'out', env={'CKPT_PLAN': json.dumps(plan), 'TMPDIR': str(tmp)},
-                     timeout=200)
+        run_torchrun(
+            SCENARIO, 2, tmp_path / 'out', env={'CKPT_PLAN': json.dumps(plan), 'TMPDIR': str(tmp)}, timeout=200
+        )
         # Nothing left in the job's TMPDIR: no file at all, and no folder but torch's own (torchrun's log folder,
         # inductor's cache folder made at import) and dist_logging's per-user base (latest_checkpoint's scratch).
         assert [str(p) for p in tmp.rglob('*') if not p.is_dir()] == []
-        assert [p.name for p in tmp.iterdir() if not p.name.startswith(('torchelastic_', 'torchinductor_',
-                                                                          'dist_logging-'))] == []
+        assert [
+            p.name for p in tmp.iterdir() if not p.name.startswith(('torchelastic_', 'torchinductor_', 'dist_logging-'))
+        ] == []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     outputs = read_rank_outputs(tmp_path / 'out')
@@ -97,14 +100,14 @@ def test_process_checkpointer_two_ranks_commits_loads_exactly_and_leaves_nothing
 def writer_for(tmp_path, store, **kwargs) -> CheckpointWriter:
     from dist_logging.destinations import RemoteUploaderDownloader
 
-    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'),
-                                   num_attempts=1)
+    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'), num_attempts=1)
     return CheckpointWriter(rud, **kwargs)
 
 
 def as_checkpoint_process(writer: CheckpointWriter, save) -> None:
     """What torch does for one PROCESS save: a thread of its own pickles the writer (and waits for the checkpoint
     process); here the save runs on that thread too, on the unpickled copy, and the thread ends with it."""
+
     def run():
         side = pickle.loads(pickle.dumps(writer))
         assert isinstance(side, ProcessSideWriter)
@@ -128,6 +131,7 @@ def test_failed_and_missing_process_saves_are_named_at_close_and_stay_uncommitte
 
     def failing(*args, **kwargs):
         raise OSError('injected: disk full')
+
     monkeypatch.setattr(_shards, '_write_files_from_queue', failing)
     as_checkpoint_process(writer, lambda side: dcp.save(state(2), checkpoint_id='r/ck/s2', storage_writer=side))
     monkeypatch.setattr(_shards, '_write_files_from_queue', real)
@@ -137,6 +141,7 @@ def test_failed_and_missing_process_saves_are_named_at_close_and_stay_uncommitte
 
     def finish_never_runs(self, metadata, results):
         raise RuntimeError('injected: rank 1 failed its write')  # what the coordinator sees: no finish
+
     monkeypatch.setattr(ProcessSideWriter, 'finish', finish_never_runs)
     as_checkpoint_process(writer, lambda side: dcp.save(state(5), checkpoint_id='r/ck/s5', storage_writer=side))
     monkeypatch.undo()
@@ -202,8 +207,13 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_restarted_writer_or_drain_takes_over_what_a_killed_trainer_left(tmp_path, recovery):
     bucket, staging = str(tmp_path / 'bucket'), str(tmp_path / 'staging')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get('PYTHONPATH', '')]))
-    child = subprocess.run([sys.executable, '-c', textwrap.dedent(CHILD), bucket, staging], env=env, timeout=120,
-                           capture_output=True, text=True)
+    child = subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(CHILD), bucket, staging],
+        env=env,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     assert child.returncode == -9, child.stderr[-3000:]
     left = left_in(pathlib.Path(staging) / 'checkpoint-process')
     assert any(name.endswith('commit.json') for name in left) and any(name.endswith('.distcp') for name in left)
@@ -214,8 +224,13 @@ def test_a_restarted_writer_or_drain_takes_over_what_a_killed_trainer_left(tmp_p
             dcp.save(state(9), checkpoint_id='r/ck/s9', storage_writer=writer)  # starts it: adopts, then saves
         expected = ['r/ck/s7', 'r/ck/s9']  # s8 was never written: removed, not committed
     else:
-        drained = subprocess.run([sys.executable, '-m', 'dist_logging', 'drain', staging, '--no-progress'], env=env,
-                                 timeout=120, capture_output=True, text=True)
+        drained = subprocess.run(
+            [sys.executable, '-m', 'dist_logging', 'drain', staging, '--no-progress'],
+            env=env,
+            timeout=120,
+            capture_output=True,
+            text=True,
+        )
         assert drained.returncode == 0, drained.stdout + drained.stderr
         assert 'committed checkpoint r/ck/s7' in drained.stdout, drained.stdout
         expected = ['r/ck/s7']
@@ -223,7 +238,8 @@ def test_a_restarted_writer_or_drain_takes_over_what_a_killed_trainer_left(tmp_p
     got = state(0)
     with CheckpointReader(bucket, cache_folder=str(tmp_path / 'cache')) as reader:
         dcp.load(got, checkpoint_id='r/ck/s7', storage_reader=reader)
-    assert torch.equal(got['w'], torch.arange(500, dtype=torch.float32) * 7) and torch.equal(got['b'],
-                                                                                           torch.full((4, 3), 7.0))
+    assert torch.equal(got['w'], torch.arange(500, dtype=torch.float32) * 7) and torch.equal(
+        got['b'], torch.full((4, 3), 7.0)
+    )
     assert not (pathlib.Path(staging) / 'checkpoint-process').exists()
     assert left_in(pathlib.Path(staging)) == []

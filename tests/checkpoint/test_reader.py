@@ -95,10 +95,17 @@ def test_a_process_that_loads_without_close_and_exits_leaves_nothing_on_local_di
     state_dir, temp_dir = tmp_path / 'state', tmp_path / 'tmp'
     state_dir.mkdir(mode=0o700)
     temp_dir.mkdir()
-    spec = {'cid': 'run/step3', 'uri': uri, 'kwargs': kwargs, 'sizes': {k: v.numel() for k, v in sd.items()
-                                                                        if k != 'step'}}
-    done = run_python(tmp_path, LOAD_WITHOUT_CLOSE, {'LOAD_SPEC': json.dumps(spec), 'DIST_LOGGING_TMPDIR':
-                                                     str(state_dir), 'TMPDIR': str(temp_dir)})
+    spec = {
+        'cid': 'run/step3',
+        'uri': uri,
+        'kwargs': kwargs,
+        'sizes': {k: v.numel() for k, v in sd.items() if k != 'step'},
+    }
+    done = run_python(
+        tmp_path,
+        LOAD_WITHOUT_CLOSE,
+        {'LOAD_SPEC': json.dumps(spec), 'DIST_LOGGING_TMPDIR': str(state_dir), 'TMPDIR': str(temp_dir)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out['step'] == 3 and out['sums'] == {k: float(v.double().sum()) for k, v in sd.items() if k != 'step'}
@@ -110,8 +117,14 @@ def test_a_killed_node_cache_loader_is_swept_by_the_next_and_a_collected_one_lea
     bucket = tmp_path / 'bucket'
     save(tmp_path, LocalObjectStore(str(bucket)), sd, 'run/step4')
     cache = tmp_path / 'cache'
-    spec = {'cid': 'run/step4', 'uri': str(bucket), 'node_cache': True, 'cache': str(cache), 'kill': True,
-            'sizes': {k: v.numel() for k, v in sd.items() if k != 'step'}}
+    spec = {
+        'cid': 'run/step4',
+        'uri': str(bucket),
+        'node_cache': True,
+        'cache': str(cache),
+        'kill': True,
+        'sizes': {k: v.numel() for k, v in sd.items() if k != 'step'},
+    }
     done = run_python(tmp_path, LOAD_WITHOUT_CLOSE, {'LOAD_SPEC': json.dumps(spec)})
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
     assert any(name.endswith('.distcp') for name in files_under(cache))  # the killed loader's cache stayed
@@ -234,8 +247,9 @@ def test_loads_on_2_and_4_ranks_are_bit_exact_and_leave_nothing(tmp_path, world)
     script = write_script(tmp_path, RANKS_SCENARIO)
     state_dir = tmp_path / 'state'
     state_dir.mkdir(mode=0o700)
-    run_torchrun(script, world, tmp_path / 'out', env={'ROOT': str(tmp_path), 'DIST_LOGGING_TMPDIR': str(state_dir)},
-                 timeout=150)
+    run_torchrun(
+        script, world, tmp_path / 'out', env={'ROOT': str(tmp_path), 'DIST_LOGGING_TMPDIR': str(state_dir)}, timeout=150
+    )
     out = read_rank_outputs(tmp_path / 'out')
     assert sorted(out) == list(range(world))
     assert all(o['exact'] for o in out.values()), out

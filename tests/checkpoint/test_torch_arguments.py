@@ -56,8 +56,9 @@ def test_overwrite_false_refuses_a_committed_id_naming_it_before_any_shard_is_wr
         assert writer.uploader.wait_for_uploads(30)
         with pytest.raises(CheckpointException, match='Checkpoint already exists'):
             dcp.save({'t': torch.zeros(4)}, checkpoint_id='run/step2', storage_writer=writer, no_dist=True)
-    assert [n for n in _objects(tmp_path) if n.startswith('run/step1/')] == [n for n in before if
-                                                                            n.startswith('run/step1/')]
+    assert [n for n in _objects(tmp_path) if n.startswith('run/step1/')] == [
+        n for n in before if n.startswith('run/step1/')
+    ]
     assert _local_files(tmp_path) == []
     assert torch.equal(_load(tmp_path, 'run/step1', {'t': torch.zeros(4)})['t'], torch.ones(4))
 
@@ -94,11 +95,16 @@ def test_compressed_shards_commit_resume_and_load(tmp_path):
 
 
 def test_torch_arguments_are_taken_or_refused_saying_why(tmp_path):
-    with _writer(tmp_path, single_file_per_rank=False, per_thread_copy_ahead=0, sync_files=True,
-                 thread_count=2) as writer:
+    with _writer(
+        tmp_path, single_file_per_rank=False, per_thread_copy_ahead=0, sync_files=True, thread_count=2
+    ) as writer:
         assert (writer.single_file_per_rank, writer.per_thread_copy_ahead, writer.thread_count) == (False, 0, 2)
-        dcp.save({'a': torch.ones(3), 'b': torch.ones(5), 'c': torch.ones(7)}, checkpoint_id='run/each',
-                 storage_writer=writer, no_dist=True)
+        dcp.save(
+            {'a': torch.ones(3), 'b': torch.ones(5), 'c': torch.ones(7)},
+            checkpoint_id='run/each',
+            storage_writer=writer,
+            no_dist=True,
+        )
     assert len([n for n in _objects(tmp_path) if n.endswith('.distcp')]) == 3  # one file per item, as torch
     with pytest.raises(ValueError, match='SAFETENSORS.*FileSystemReader'):
         _writer(tmp_path, serialization_format=SerializationFormat.SAFETENSORS)
@@ -111,10 +117,17 @@ def test_torch_arguments_are_taken_or_refused_saying_why(tmp_path):
 def test_a_bucket_that_cannot_be_written_fails_at_construction_naming_it(s3_bucket, tmp_path):
     endpoint, _ = s3_bucket
     with pytest.raises(RuntimeError, match=r"bucket s3://no-such-bucket-x1/ckpt cannot be written \(.*NoSuchBucket"):
-        CheckpointWriter('s3://no-such-bucket-x1/ckpt', backend_kwargs={'endpoint_url': endpoint},
-                         upload_staging_folder=str(tmp_path / 'st1'))
-    writer = CheckpointWriter('s3://no-such-bucket-x1/ckpt', backend_kwargs={'endpoint_url': endpoint},
-                              upload_staging_folder=str(tmp_path / 'st2'), validate_bucket=False)  # offline start
+        CheckpointWriter(
+            's3://no-such-bucket-x1/ckpt',
+            backend_kwargs={'endpoint_url': endpoint},
+            upload_staging_folder=str(tmp_path / 'st1'),
+        )
+    writer = CheckpointWriter(
+        's3://no-such-bucket-x1/ckpt',
+        backend_kwargs={'endpoint_url': endpoint},
+        upload_staging_folder=str(tmp_path / 'st2'),
+        validate_bucket=False,
+    )  # offline start
     writer.close()
 
 
@@ -131,6 +144,7 @@ def test_a_failed_save_leaves_nothing(tmp_path, where, monkeypatch):
     elif where == 'writing':
         state['bad'] = lambda: 0  # torch cannot pickle it: the shard file is half written when it fails
     else:
+
         def failing_write_intent(*args, **kwargs):
             raise OSError(28, 'No space left on device (injected)')
 
@@ -153,12 +167,17 @@ def test_files_per_rank_follows_the_kind_of_save_not_the_thread(tmp_path):
         return len([n for n in _objects(tmp_path) if n.startswith(cid + '/') and n.endswith('.distcp')])
 
     with _writer(tmp_path) as writer:
-        worker = threading.Thread(target=lambda: dcp.save(state, checkpoint_id='run/blocking', storage_writer=writer,
-                                                          no_dist=True))
+        worker = threading.Thread(
+            target=lambda: dcp.save(state, checkpoint_id='run/blocking', storage_writer=writer, no_dist=True)
+        )
         worker.start()
         worker.join(60)
-        future = dcp.async_save(state, checkpoint_id='run/async', storage_writer=writer,
-                                async_checkpointer_type=AsyncCheckpointerType.THREAD)
+        future = dcp.async_save(
+            state,
+            checkpoint_id='run/async',
+            storage_writer=writer,
+            async_checkpointer_type=AsyncCheckpointerType.THREAD,
+        )
         future.result(60)
     assert shard_files('run/blocking') == 1  # dcp.save from another thread: still one file
     assert shard_files('run/async') == writer_module.ASYNC_FILES_PER_RANK  # async_save's thread: the split

@@ -38,19 +38,22 @@ def test_upload_folder_commits_after_every_file_and_uncommits_before_replacing(t
     logger.close()  # waits for the uploads and the commit
     assert list_checkpoints(store, 'r1/hf') == ['r1/hf/step10']
     names = {info.name: info.size for info in store.list('r1/hf/step10/') if not MARKER_RE.match(info.name)}
-    assert names == {'r1/hf/step10/config.json': len('{"tag": "bb"}'), 'r1/hf/step10/model.safetensors': 2000,
-                     'r1/hf/step10/sub/tokenizer.json': 6}
+    assert names == {
+        'r1/hf/step10/config.json': len('{"tag": "bb"}'),
+        'r1/hf/step10/model.safetensors': 2000,
+        'r1/hf/step10/sub/tokenizer.json': 6,
+    }
     uploads = [name for op, name in store.ops if op == 'upload']
     assert MARKER_RE.match(uploads[-1])  # the marker is the last write
     assert not (tmp_path / 'staging').exists() or not [  # .dist_logging-<host>: machine state (commit scratch)
-        e for e in (tmp_path / 'staging').iterdir() if not e.name.startswith('.dist_logging-')]
+        e for e in (tmp_path / 'staging').iterdir() if not e.name.startswith('.dist_logging-')
+    ]
 
 
 def test_upload_folder_failure_names_the_file_and_stays_invisible(tmp_path):
     store = RecordingStore(str(tmp_path / 'bucket'))
     store.fail = 'model.safetensors'
-    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'),
-                                   num_attempts=1)
+    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'), num_attempts=1)
     logger = Logger(rud, run_name='r1')
     raised = []
     try:  # a failure this fast may surface at the folder's own next hand-over, as any earlier failure does

@@ -11,8 +11,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from dist_logging import Logger
-from dist_logging.checkpoint import (CheckpointReader, CheckpointWriter, format_checkpoint_id, latest_checkpoint,
-                                     list_checkpoints)
+from dist_logging.checkpoint import (
+    CheckpointReader,
+    CheckpointWriter,
+    format_checkpoint_id,
+    latest_checkpoint,
+    list_checkpoints,
+)
 from dist_logging.destinations import InMemoryLogger, RemoteUploaderDownloader
 from dist_logging.errors import UploadError
 from _recording import RecordingStore
@@ -22,8 +27,10 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings('ignore:torch
 
 
 def state(step: int) -> dict:
-    return {'model': {'w': torch.arange(1000, dtype=torch.float32) * step, 'b': torch.full((7, 3), float(step))},
-            'step': step}
+    return {
+        'model': {'w': torch.arange(1000, dtype=torch.float32) * step, 'b': torch.full((7, 3), float(step))},
+        'step': step,
+    }
 
 
 def blank() -> dict:
@@ -31,8 +38,11 @@ def blank() -> dict:
 
 
 def same(a: dict, b: dict) -> bool:
-    return (torch.equal(a['model']['w'], b['model']['w']) and torch.equal(a['model']['b'], b['model']['b'])
-            and a['step'] == b['step'])
+    return (
+        torch.equal(a['model']['w'], b['model']['w'])
+        and torch.equal(a['model']['b'], b['model']['b'])
+        and a['step'] == b['step']
+    )
 
 
 def rank_error(exc: BaseException) -> str:
@@ -42,8 +52,7 @@ def rank_error(exc: BaseException) -> str:
 
 
 def writer_for(tmp_path, store, **kwargs) -> CheckpointWriter:
-    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'),
-                                   num_attempts=1)
+    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'), num_attempts=1)
     return CheckpointWriter(rud, **kwargs)
 
 
@@ -63,8 +72,10 @@ def test_save_returns_before_the_upload_and_commits_in_the_background(tmp_path):
     fut = dcp.async_save(state(2), checkpoint_id='run/ck/step2', storage_writer=writer)
     fut.result(30)
     writer.close()
-    shards = {ck: len({o[1] for o in store.ops if o[0] == 'upload' and o[1].endswith('.distcp') and f'/{ck}/' in o[1]})
-              for ck in ('step1', 'step2')}
+    shards = {
+        ck: len({o[1] for o in store.ops if o[0] == 'upload' and o[1].endswith('.distcp') and f'/{ck}/' in o[1]})
+        for ck in ('step1', 'step2')
+    }
     # files_per_rank=None: one file for dcp.save (the training thread waits for the write), several for
     # async_save (up to 4, as torch's size-and-type split allows), each queued as soon as it is written
     assert shards['step1'] == 1 and shards['step2'] > 1, shards
@@ -127,8 +138,11 @@ def test_fsync_is_off_by_default_and_the_argument_or_environment_turns_it_on(tmp
     real_fsync = os.fsync
     monkeypatch.setattr(os, 'fsync', lambda fd: (synced.append(fd), real_fsync(fd)))
     store = RecordingStore(str(tmp_path / 'bucket'))
-    for name, kwargs, env, fsyncs in (('off', {}, None, False), ('arg', {'sync_files': True}, None, True),
-                                      ('env', {}, '1', True)):
+    for name, kwargs, env, fsyncs in (
+        ('off', {}, None, False),
+        ('arg', {'sync_files': True}, None, True),
+        ('env', {}, '1', True),
+    ):
         if env is None:
             monkeypatch.delenv('DIST_LOGGING_UPLOAD_FSYNC', raising=False)
         else:
@@ -139,8 +153,7 @@ def test_fsync_is_off_by_default_and_the_argument_or_environment_turns_it_on(tmp
         dcp.save(state(1), checkpoint_id=f'r/{name}', storage_writer=writer)
         writer.close()
         assert bool(synced) is fsyncs, (name, synced)
-        owned = CheckpointWriter(str(tmp_path / name / 'b'), upload_staging_folder=str(tmp_path / name / 's'),
-                                 **kwargs)
+        owned = CheckpointWriter(str(tmp_path / name / 'b'), upload_staging_folder=str(tmp_path / name / 's'), **kwargs)
         assert owned.sync_files is fsyncs and owned.uploader.fsync is fsyncs
         owned.close()
     assert list_checkpoints(store, 'r') == ['r/off', 'r/arg', 'r/env']  # oldest first
@@ -179,8 +192,10 @@ def test_copies_and_bad_arguments_are_refused_clearly(tmp_path):
 
 
 def test_format_checkpoint_id():
-    assert format_checkpoint_id('{run_name}/checkpoints/ep{epoch}-step{step:06d}', run_name='r1', step=100,
-                                epoch=2) == 'r1/checkpoints/ep2-step000100'
+    assert (
+        format_checkpoint_id('{run_name}/checkpoints/ep{epoch}-step{step:06d}', run_name='r1', step=100, epoch=2)
+        == 'r1/checkpoints/ep2-step000100'
+    )
     with pytest.raises(ValueError, match='every rank'):
         format_checkpoint_id('ck/rank{rank}/step{step}', run_name='r', step=1)
     with pytest.raises(ValueError, match='unknown placeholder'):
@@ -192,8 +207,9 @@ def test_format_checkpoint_id():
 def test_s3_save_latest_load(tmp_path, s3_bucket):
     endpoint, bucket = s3_bucket
     uri, kwargs = f's3://{bucket}/prefix', {'endpoint_url': endpoint}
-    with CheckpointWriter(uri, backend_kwargs=kwargs, upload_staging_folder=str(tmp_path / 'staging'),
-                          keep_last=1) as writer:
+    with CheckpointWriter(
+        uri, backend_kwargs=kwargs, upload_staging_folder=str(tmp_path / 'staging'), keep_last=1
+    ) as writer:
         for step in (1, 2):
             dcp.save(state(step), checkpoint_id=f'run/ck/step{step}', storage_writer=writer)
     assert list_checkpoints(uri, 'run/ck', backend_kwargs=kwargs) == ['run/ck/step2']
@@ -259,13 +275,16 @@ def test_hundreds_of_saves_keep_memory_and_staging_bounded(tmp_path):
         store.ops.clear()  # the test's own record of requests
 
     def ours(snapshot):  # memory allocated by dist_logging's code (pytest keeps every log record)
-        return sum(stat.size for stat in snapshot.filter_traces(
-            [tracemalloc.Filter(True, '*/dist_logging/*')]).statistics('filename'))
+        return sum(
+            stat.size
+            for stat in snapshot.filter_traces([tracemalloc.Filter(True, '*/dist_logging/*')]).statistics('filename')
+        )
 
     for step in range(20):  # warm up
         save(step)
     # pytest keeps every log record of a test, and a record keeps its arguments (checkpoint ids) alive
     import logging
+
     logging.disable(logging.CRITICAL)
     gc.collect()
     tracemalloc.start()
@@ -281,8 +300,12 @@ def test_hundreds_of_saves_keep_memory_and_staging_bounded(tmp_path):
     assert grown < 20_000, f'dist_logging holds {grown} bytes more after 150 saves'
     assert list_checkpoints(store, 'r/ck') == ['r/ck/step0168', 'r/ck/step0169']
     assert len({info.name.split('/')[2] for info in store.list('r/ck/')}) == 2  # retention left no folder behind
-    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / 'staging').rglob('*')
-                  if '.dist_logging-' not in str(p)) == []  # .dist_logging-<host>: machine state (commit scratch)
+    assert (
+        sorted(
+            str(p.relative_to(tmp_path)) for p in (tmp_path / 'staging').rglob('*') if '.dist_logging-' not in str(p)
+        )
+        == []
+    )  # .dist_logging-<host>: machine state (commit scratch)
 
 
 def _shard_inodes(writer) -> list[int]:
@@ -312,9 +335,11 @@ def test_a_landed_shard_file_is_written_over_by_the_next_save_and_cut_to_its_siz
     store = RecordingStore(str(tmp_path / 'bucket'))
     writer = writer_for(tmp_path, store)
     inodes = _shard_inodes(writer)
-    states = {'r/s1': {'w': torch.arange(50_000.0)},
-              'r/s2': {'w': torch.arange(20_000.0) * 3},  # smaller: the spare is cut
-              'r/s3': {'w': torch.arange(90_000.0) * 7}}  # larger: the spare grows
+    states = {
+        'r/s1': {'w': torch.arange(50_000.0)},
+        'r/s2': {'w': torch.arange(20_000.0) * 3},  # smaller: the spare is cut
+        'r/s3': {'w': torch.arange(90_000.0) * 7},
+    }  # larger: the spare grows
     for cid, sd in states.items():
         dcp.save(sd, checkpoint_id=cid, storage_writer=writer)
         assert writer.wait_for_commits(30)
@@ -372,16 +397,22 @@ def test_drain_deletes_the_local_writes_of_dead_writers_only(tmp_path):
 
 @pytest.mark.parametrize('mib_per_rank,files', [(1, 4), (256, 4), (512, 8), (520, 9), (4096, 16)])
 def test_async_saves_write_one_file_per_64_mib_from_4_to_16(mib_per_rank, files):
-    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties)
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
     from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
     from dist_logging.checkpoint.writer import _async_files
 
     def tensor(name, numel):
         size = torch.Size([numel])
-        return WriteItem(index=MetadataIndex(name), type=WriteItemType.TENSOR,
-                         tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(torch.Size([0]), size),
-                                                     properties=TensorProperties(dtype=torch.float32), size=size))
+        return WriteItem(
+            index=MetadataIndex(name),
+            type=WriteItemType.TENSOR,
+            tensor_data=TensorWriteData(
+                chunk=ChunkStorageMetadata(torch.Size([0]), size),
+                properties=TensorProperties(dtype=torch.float32),
+                size=size,
+            ),
+        )
 
     quarter = mib_per_rank * 1024 * 1024 // 4 // 4  # float32 elements of a quarter of the bytes
     items = [tensor(f't{i}', quarter) for i in range(4)]
@@ -395,8 +426,11 @@ def test_async_saves_stage_into_the_buffers_kept_from_the_previous_save(tmp_path
     staged = []
     stage = writer.stage
     writer.stage = lambda sd: staged.append(stage(sd)) or staged[-1]
-    saves = {'r/s1': state(1), 'r/s2': state(2),
-             'r/s3': {'model': {'w': torch.arange(1200.0), 'b': torch.full((7, 3), 3.0)}, 'step': 3}}  # new shape
+    saves = {
+        'r/s1': state(1),
+        'r/s2': state(2),
+        'r/s3': {'model': {'w': torch.arange(1200.0), 'b': torch.full((7, 3), 3.0)}, 'step': 3},
+    }  # new shape
     for cid, sd in saves.items():
         dcp.async_save(sd, checkpoint_id=cid, storage_writer=writer).result(30)
     first, second, third = (s['model']['w'] for s in staged)
@@ -446,6 +480,7 @@ def test_cache_staged_state_dict_false_stages_a_new_copy_every_save(tmp_path):
 
 def test_staging_buffers_fall_back_to_pageable_memory_when_pinning_fails(tmp_path, monkeypatch):
     from dist_logging.checkpoint import _state_copy as _staging
+
     monkeypatch.setattr(_staging, '_accelerator_available', lambda: True)  # here pin_memory() raises: no device
     writer = writer_for(tmp_path, RecordingStore(str(tmp_path / 'bucket')))
     with pytest.warns(RuntimeWarning, match='could not pin the staging buffers'):

@@ -28,12 +28,23 @@ from dist_logging.destinations import CometMLLogger  # noqa: E402
 
 
 def main(offline_dir: str) -> None:
-    destination = CometMLLogger(workspace='ws', project_name='proj', name='{run_name}-exp',
-                                exp_kwargs={'offline_directory': offline_dir, 'display_summary_level': 0,
-                                            'log_env_details': False, 'log_git_metadata': False,
-                                            'log_git_patch': False, 'auto_output_logging': None,
-                                            'parse_args': False,
-                                            'log_env_host': False, 'log_env_gpu': False, 'log_env_cpu': False})
+    destination = CometMLLogger(
+        workspace='ws',
+        project_name='proj',
+        name='{run_name}-exp',
+        exp_kwargs={
+            'offline_directory': offline_dir,
+            'display_summary_level': 0,
+            'log_env_details': False,
+            'log_git_metadata': False,
+            'log_git_patch': False,
+            'auto_output_logging': None,
+            'parse_args': False,
+            'log_env_host': False,
+            'log_env_gpu': False,
+            'log_env_cpu': False,
+        },
+    )
     assert destination.online is False
     rng = np.random.default_rng(0)
     image = rng.random((3, 5, 6), dtype=np.float32)
@@ -63,8 +74,11 @@ def main(offline_dir: str) -> None:
     # The experiment key, saved the Composer way and loaded before the Logger opens a new destination:
     # the new one continues the saved experiment (an ExistingOfflineExperiment, in its own folder here).
     saved = destination.state_dict()
-    restored = CometMLLogger(workspace='ws', project_name='proj',
-                             exp_kwargs={**destination.exp_kwargs, 'offline_directory': offline_dir + '-resumed'})
+    restored = CometMLLogger(
+        workspace='ws',
+        project_name='proj',
+        exp_kwargs={**destination.exp_kwargs, 'offline_directory': offline_dir + '-resumed'},
+    )
     restored.load_state_dict(saved)
     with Logger(restored, run_name='resumed') as logger:
         logger.log_metrics({'loss': 0.125}, step=4)
@@ -78,11 +92,20 @@ def main(offline_dir: str) -> None:
         refused_after_close = False
     except RuntimeError:
         refused_after_close = True
-    print(json.dumps({'experiment_key': destination.experiment.get_key(), 'returned_in': returned_in,
-                      'alone_key': alone.experiment.get_key(), 'alone_refused_after_close': refused_after_close,
-                      'saved': saved, 'restored_key': restored.experiment.get_key(),
-                      'restored_type': type(restored.experiment).__name__,
-                      'image': (np.clip(np.moveaxis(image, 0, -1), 0, 1) * 255 + 0.5).astype(np.uint8).tolist()}))
+    print(
+        json.dumps(
+            {
+                'experiment_key': destination.experiment.get_key(),
+                'returned_in': returned_in,
+                'alone_key': alone.experiment.get_key(),
+                'alone_refused_after_close': refused_after_close,
+                'saved': saved,
+                'restored_key': restored.experiment.get_key(),
+                'restored_type': type(restored.experiment).__name__,
+                'image': (np.clip(np.moveaxis(image, 0, -1), 0, 1) * 255 + 0.5).astype(np.uint8).tolist(),
+            }
+        )
+    )
 
 
 if __name__ == '__main__':

@@ -84,8 +84,9 @@ def test_ranks_other_than_zero_open_no_experiment_by_default(fake_rank):
 
 
 def test_config_type_cometml_builds_it():
-    config = load_config({'destinations': [{'type': 'cometml', 'project_name': 'p', 'rank_zero_only': False,
-                                            'online': False}]})
+    config = load_config(
+        {'destinations': [{'type': 'cometml', 'project_name': 'p', 'rank_zero_only': False, 'online': False}]}
+    )
     (destination,) = build_destinations(config)
     assert isinstance(destination, CometMLLogger)
     assert (destination.exp_kwargs['project_name'], destination.ranks, destination.online) == ('p', 'all', False)
@@ -97,10 +98,16 @@ def test_offline_experiment_round_trip(tmp_path):
     offline_dir, scratch = tmp_path / 'comet', tmp_path / 'tmp'
     scratch.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith('COMET_')}
-    env.update(COMET_DISABLE_AUTO_LOGGING='1', TMPDIR=str(scratch), HOME=str(tmp_path),
-               COMET_CONFIG=str(tmp_path / '.comet.config'), PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, SCENARIO, str(offline_dir)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=150)  # comet_ml's import alone takes seconds on a busy machine
+    env.update(
+        COMET_DISABLE_AUTO_LOGGING='1',
+        TMPDIR=str(scratch),
+        HOME=str(tmp_path),
+        COMET_CONFIG=str(tmp_path / '.comet.config'),
+        PYTHONPATH=os.pathsep.join(sys.path),
+    )
+    done = subprocess.run(
+        [sys.executable, SCENARIO, str(offline_dir)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150
+    )  # comet_ml's import alone takes seconds on a busy machine
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report['returned_in']['log_metrics'] < 5  # returned while the worker was held (a bound, not a benchmark)
@@ -121,23 +128,45 @@ def test_offline_experiment_round_trip(tmp_path):
     others = {m['payload']['key']: m['payload']['value'] for m in messages if m['type'] == 'log_other'}
     assert others['Name'] == 'round-trip-exp' and others['Created from'] == 'dist_logging'
     assert others['traces/note'] == 'hello'
-    params = {m['payload']['param']['paramName']: m['payload']['param']['paramValue']
-              for m in messages if m['type'] == 'parameter_msg' and m['payload']['param']['source'] == 'manual'}
+    params = {
+        m['payload']['param']['paramName']: m['payload']['param']['paramValue']
+        for m in messages
+        if m['type'] == 'parameter_msg' and m['payload']['param']['source'] == 'manual'
+    }
     assert params == {'lr': 0.1, 'optim|momentum': 0.9, 'api_key': '***'}
-    metrics = [(m['payload']['metric']['metricName'], m['payload']['metric']['step'], m['payload']['metric']['metricValue'])
-               for m in messages if m['type'] == 'metric_msg' and m['payload']['metric']['metricName'] != 'process duration']
+    metrics = [
+        (m['payload']['metric']['metricName'], m['payload']['metric']['step'], m['payload']['metric']['metricValue'])
+        for m in messages
+        if m['type'] == 'metric_msg' and m['payload']['metric']['metricName'] != 'process duration'
+    ]
     # (Comet may order the keys of one log_metrics call its own way.)
     assert sorted(metrics, key=lambda m: (m[1], m[0])) == [
-        ('loss', 1, 1.0), ('acc', 2, 0.75), ('loss', 2, 0.5), ('loss', 3, 0.25), ('traces/algo/Event.INIT', 3, 1.0)]
+        ('loss', 1, 1.0),
+        ('acc', 2, 0.75),
+        ('loss', 2, 0.5),
+        ('loss', 3, 0.25),
+        ('traces/algo/Event.INIT', 3, 1.0),
+    ]
 
-    uploads = {m['payload']['additional_params'].get('fileName') or m['payload']['additional_params']['figName']:
-               m['payload'] for m in messages if m['type'] == 'file_upload'}
+    uploads = {
+        m['payload']['additional_params'].get('fileName') or m['payload']['additional_params']['figName']: m['payload']
+        for m in messages
+        if m['type'] == 'file_upload'
+    }
     table = uploads['samples.json']
     assert table['additional_params']['step'] == 2
-    assert json.loads(files[table['file_path']]) == {'columns': ['prompt', 'generation'],
-                                                     'data': [['p0', 'g0'], ['p1', 2]]}
-    assert set(uploads) == {'samples.json', 'creds.json', 'inputs_0', 'inputs_0 + pred mask overlaid', 'pred_0 mask',
-                            'line_0'}
+    assert json.loads(files[table['file_path']]) == {
+        'columns': ['prompt', 'generation'],
+        'data': [['p0', 'g0'], ['p1', 2]],
+    }
+    assert set(uploads) == {
+        'samples.json',
+        'creds.json',
+        'inputs_0',
+        'inputs_0 + pred mask overlaid',
+        'pred_0 mask',
+        'line_0',
+    }
     from PIL import Image
 
     image = uploads['inputs_0']
@@ -155,7 +184,9 @@ def test_offline_experiment_round_trip(tmp_path):
     (resumed,) = os.listdir(str(offline_dir) + '-resumed')
     with zipfile.ZipFile(os.path.join(str(offline_dir) + '-resumed', resumed)) as z:
         resumed_messages = [json.loads(line) for line in z.read('messages.json').decode().splitlines() if line.strip()]
-    assert ('loss', 4, 0.125) in [(m['payload']['metric']['metricName'], m['payload']['metric']['step'],
-                                   m['payload']['metric']['metricValue'])
-                                  for m in resumed_messages if m['type'] == 'metric_msg']
+    assert ('loss', 4, 0.125) in [
+        (m['payload']['metric']['metricName'], m['payload']['metric']['step'], m['payload']['metric']['metricValue'])
+        for m in resumed_messages
+        if m['type'] == 'metric_msg'
+    ]
     assert not os.listdir(scratch)  # Comet's temporary copies are gone

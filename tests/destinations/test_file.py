@@ -66,8 +66,14 @@ def test_write_prefixes_each_new_line_and_keeps_text_written_before_open(tmp_pat
     logger.log_traces({'multi': 'a\nb'})
     logger.close()
     assert (tmp_path / 'log.txt').read_text().splitlines() == [
-        '[stdout]: early', '[stdout]: Hello', '[stdout]: Extra line', '', '[stdout]: last',
-        '[trace]: multi:a', '[trace]: multi:b']
+        '[stdout]: early',
+        '[stdout]: Hello',
+        '[stdout]: Extra line',
+        '',
+        '[stdout]: last',
+        '[trace]: multi:a',
+        '[trace]: multi:b',
+    ]
     with pytest.raises(RuntimeError, match='closed'):
         destination.write('[stdout]: ', 'late\n')
 
@@ -110,8 +116,9 @@ def test_flush_interval(tmp_path):
 
 def test_uploads_log_at_each_flush_with_newest_bytes(tmp_path):
     uploader = RecordingUploader()
-    destination = FileLogger(str(tmp_path / 'local-{rank}.txt'), remote_file_name='{run_name}/logs/rank{rank}.txt',
-                             flush_interval=1)
+    destination = FileLogger(
+        str(tmp_path / 'local-{rank}.txt'), remote_file_name='{run_name}/logs/rank{rank}.txt', flush_interval=1
+    )
     logger = Logger([destination, uploader], run_name='u')
     logger.log_metrics({'loss': 1.0}, step=1)
     logger.batch_end()
@@ -137,8 +144,9 @@ def test_uploads_pending_lines_at_close(tmp_path):
 
 def test_no_upload_without_remote_name(tmp_path):
     uploader = RecordingUploader()
-    logger = Logger([FileLogger(str(tmp_path / 'log.txt'), remote_file_name='', flush_interval=1), uploader],
-                    run_name='n')
+    logger = Logger(
+        [FileLogger(str(tmp_path / 'log.txt'), remote_file_name='', flush_interval=1), uploader], run_name='n'
+    )
     logger.log_metrics({'loss': 1.0})
     logger.batch_end()
     logger.close()
@@ -147,18 +155,25 @@ def test_no_upload_without_remote_name(tmp_path):
 
 def test_tables_as_jsonl(tmp_path):
     uploader = RecordingUploader()
-    destination = FileLogger(str(tmp_path / 'run' / 'log-{rank}.txt'), remote_file_name='r/log-{rank}.txt',
-                             flush_interval=1)
+    destination = FileLogger(
+        str(tmp_path / 'run' / 'log-{rank}.txt'), remote_file_name='r/log-{rank}.txt', flush_interval=1
+    )
     logger = Logger([destination, uploader], run_name='tj')
-    logger.log_table(['name', 'score', 'vec'], [['a', np.float32(0.5), torch.tensor([1, 2])], ['b', 2, None]],
-                     name='eval/results', step=4)
+    logger.log_table(
+        ['name', 'score', 'vec'],
+        [['a', np.float32(0.5), torch.tensor([1, 2])], ['b', 2, None]],
+        name='eval/results',
+        step=4,
+    )
     logger.log_table(['name', 'score', 'vec'], [['c', float('inf'), []]], name='eval/results', step=5)
     logger.batch_end()
     table = tmp_path / 'run' / 'log-0' / 'tables' / 'eval' / 'results.jsonl'
     rows = [json.loads(line) for line in table.read_text().splitlines()]
-    assert rows == [{'_step': 4, 'name': 'a', 'score': 0.5, 'vec': [1, 2]},
-                    {'_step': 4, 'name': 'b', 'score': 2, 'vec': None},
-                    {'_step': 5, 'name': 'c', 'score': 'inf', 'vec': []}]
+    assert rows == [
+        {'_step': 4, 'name': 'a', 'score': 0.5, 'vec': [1, 2]},
+        {'_step': 4, 'name': 'b', 'score': 2, 'vec': None},
+        {'_step': 5, 'name': 'c', 'score': 'inf', 'vec': []},
+    ]
     assert uploader.objects['r/log-0/tables/eval/results.jsonl'] == table.read_bytes()
     assert 'eval/results' in (tmp_path / 'run' / 'log-0.txt').read_text()  # the log names the table file
     logger.close()
@@ -177,13 +192,16 @@ def test_tables_as_csv_keep_one_header(tmp_path):
         assert list(csv.reader(f)) == [['_step', 'a', 'b'], ['1', '1', 'x,y'], ['1', '2', 'z'], ['2', '3', 'w']]
 
 
-@pytest.mark.parametrize('make, channels_last, expected_shape', [
-    (lambda: np.random.randint(0, 256, (3, 4, 5), dtype=np.uint8), False, (1, 4, 5, 3)),      # CHW uint8
-    (lambda: np.random.rand(4, 5, 3).astype(np.float32), True, (1, 4, 5, 3)),                # HWC float
-    (lambda: torch.rand(2, 1, 4, 5), False, (2, 4, 5, 1)),                                    # NCHW tensor
-    (lambda: [np.random.rand(4, 5, 4), np.random.rand(4, 5, 4)], True, (2, 4, 5, 4)),         # list of HWC RGBA
-    (lambda: np.random.rand(4, 5) > 0.5, False, (1, 4, 5, 1)),                                # HW bool
-])
+@pytest.mark.parametrize(
+    'make, channels_last, expected_shape',
+    [
+        (lambda: np.random.randint(0, 256, (3, 4, 5), dtype=np.uint8), False, (1, 4, 5, 3)),  # CHW uint8
+        (lambda: np.random.rand(4, 5, 3).astype(np.float32), True, (1, 4, 5, 3)),  # HWC float
+        (lambda: torch.rand(2, 1, 4, 5), False, (2, 4, 5, 1)),  # NCHW tensor
+        (lambda: [np.random.rand(4, 5, 4), np.random.rand(4, 5, 4)], True, (2, 4, 5, 4)),  # list of HWC RGBA
+        (lambda: np.random.rand(4, 5) > 0.5, False, (1, 4, 5, 1)),  # HW bool
+    ],
+)
 def test_images_as_png(tmp_path, make, channels_last, expected_shape):
     from dist_logging._images import to_image_batch, to_uint8
 
@@ -212,19 +230,27 @@ def test_images_with_masks_and_repeated_step(tmp_path):
         logger.log_images(images, name='seg', step=1)  # same name and step: kept, not overwritten
     folder = tmp_path / 'log' / 'images' / 'seg'
     assert sorted(p.name for p in folder.iterdir()) == [
-        'step000001-0.png', 'step000001-0.truth.png', 'step000001-1.png', 'step000001-1.truth.png',
-        'step000001_2-0.png', 'step000001_2-1.png']
+        'step000001-0.png',
+        'step000001-0.truth.png',
+        'step000001-1.png',
+        'step000001-1.truth.png',
+        'step000001_2-0.png',
+        'step000001_2-1.png',
+    ]
     overlaid = _read_png((folder / 'step000001-0.truth.png').read_bytes())
     plain = _read_png((folder / 'step000001-0.png').read_bytes())
     assert not np.array_equal(overlaid[0, 0], plain[0, 0]) and np.array_equal(overlaid[1, 1], plain[1, 1])
 
 
-@pytest.mark.parametrize('images, message', [
-    (np.zeros((2, 5, 8, 8)), '1, 3 or 4 channels'),
-    (np.full((8, 8, 3), 256, dtype=np.int32), 'values 0-255'),  # other integer types: 0-255 only
-    (np.zeros((1, 1, 2, 3, 4, 4)), 'expected an image'),
-    ('not an image', 'numpy array or a torch tensor'),
-])
+@pytest.mark.parametrize(
+    'images, message',
+    [
+        (np.zeros((2, 5, 8, 8)), '1, 3 or 4 channels'),
+        (np.full((8, 8, 3), 256, dtype=np.int32), 'values 0-255'),  # other integer types: 0-255 only
+        (np.zeros((1, 1, 2, 3, 4, 4)), 'expected an image'),
+        ('not an image', 'numpy array or a torch tensor'),
+    ],
+)
 def test_bad_images_raise_value_error_at_the_call(tmp_path, images, message):
     with Logger(FileLogger(str(tmp_path / 'log.txt')), run_name='bad') as logger:
         with pytest.raises(ValueError, match=message):
@@ -295,8 +321,12 @@ def test_capture_stdout_and_stderr_copy_each_line_and_still_print(tmp_path, caps
     captured = capsys.readouterr()
     assert captured.out == 'hello world\nunfinishedafter close\n' and captured.err == 'two\nlines\n'
     assert (tmp_path / 'log-rank0.txt').read_text().splitlines() == [
-        '[stdout]: hello world', '[stderr]: two', '[stderr]: lines', '[metric][batch=1]: loss: 0.5 ',
-        '[stdout]: unfinished']
+        '[stdout]: hello world',
+        '[stderr]: two',
+        '[stderr]: lines',
+        '[metric][batch=1]: loss: 0.5 ',
+        '[stdout]: unfinished',
+    ]
 
 
 def test_capture_starts_at_construction_as_in_composer(tmp_path, capsys):
@@ -314,7 +344,11 @@ def test_capture_starts_at_construction_as_in_composer(tmp_path, capsys):
     assert sys.stdout is real_out
     capsys.readouterr()
     assert (tmp_path / 'log.txt').read_text().splitlines() == [
-        '[stdout]: before the Logger', '[stderr]: warned early', '[stdout]: inside', '[metric][batch=1]: loss: 1.0 ']
+        '[stdout]: before the Logger',
+        '[stderr]: warned early',
+        '[stdout]: inside',
+        '[metric][batch=1]: loss: 1.0 ',
+    ]
 
     jsonl = FileLogger(str(tmp_path / 'log.jsonl'), format='jsonl', capture_stdout=True)
     print('early json')
@@ -349,8 +383,9 @@ def test_early_text_is_bounded_and_the_rest_counted(tmp_path, monkeypatch):
     with Logger(destination, run_name='bounded'):
         pass
     assert (tmp_path / 'log.txt').read_text().splitlines() == [
-        '[x]: kept', '[notice]: 14 characters written before the Logger opened this log were not kept '
-        '(more than 10 waited)']
+        '[x]: kept',
+        '[notice]: 14 characters written before the Logger opened this log were not kept (more than 10 waited)',
+    ]
 
 
 def test_capture_stdout_jsonl_records_carry_the_time(tmp_path, capsys):

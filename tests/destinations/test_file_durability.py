@@ -110,8 +110,13 @@ print('SIGTERM did not end the process')
 def test_sigterm_flushes_then_keeps_the_previous_behaviour(tmp_path, chain):
     script = tmp_path / 'term.py'
     script.write_text(textwrap.dedent(SIGTERM_SCRIPT))
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path), chain], capture_output=True, text=True,
-                          timeout=60, env={'PYTHONPATH': str(REPO_ROOT), 'PATH': '/usr/bin:/bin'})
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), chain],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={'PYTHONPATH': str(REPO_ROOT), 'PATH': '/usr/bin:/bin'},
+    )
     text = (tmp_path / 'rank0.txt').read_text()
     assert '[metric][batch=2]: loss: 2 \n' in text and 'after_last_batch: 1' in text, proc.stderr
     if chain == 'default':

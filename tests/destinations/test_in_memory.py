@@ -20,7 +20,7 @@ def test_keeps_everything():
     assert mem.most_recent_values == {'loss': 1.0}
     assert mem.traces == {'t': ['x']}
     assert mem.tables == {'tbl': [(3, ['a', 'b'], [[1, 2]])]}
-    (step, batch, masks), = mem.images['img']
+    ((step, batch, masks),) = mem.images['img']
     assert batch.shape == (2, 4, 4, 3) and masks is None
 
 

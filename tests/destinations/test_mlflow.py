@@ -43,8 +43,12 @@ def client(tracking_uri):
 
 
 def _logger_kwargs(tracking_uri, tmp_path, **kwargs):
-    return dict(tracking_uri=tracking_uri, experiment_name='dist-logging-tests',
-                artifact_location=(tmp_path / 'artifacts').as_uri(), **kwargs)
+    return dict(
+        tracking_uri=tracking_uri,
+        experiment_name='dist-logging-tests',
+        artifact_location=(tmp_path / 'artifacts').as_uri(),
+        **kwargs,
+    )
 
 
 def test_params_metrics_batched_and_read_back(tracking_uri, tmp_path, client, monkeypatch):
@@ -63,9 +67,15 @@ def test_params_metrics_batched_and_read_back(tracking_uri, tmp_path, client, mo
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         with Logger(destination, run_name='params-metrics') as logger:
-            logger.log_hyperparameters({'lr': 0.1, 'opt': {'name': 'adam', 'betas': [0.9, 0.99]},
-                                        'long': long_value, 'long2': long_value,
-                                        'many': {f'p{i}': i for i in range(150)}})
+            logger.log_hyperparameters(
+                {
+                    'lr': 0.1,
+                    'opt': {'name': 'adam', 'betas': [0.9, 0.99]},
+                    'long': long_value,
+                    'long2': long_value,
+                    'many': {f'p{i}': i for i in range(150)},
+                }
+            )
             for batch in range(1, 13):
                 logger.log_metrics({'loss': 1.0 / batch, 'acc': batch / 100}, step=batch)
                 logger.batch_end()
@@ -93,8 +103,14 @@ def test_tables_images_and_traces_as_artifacts(tracking_uri, tmp_path, client):
     image = (np.arange(4 * 5 * 3) % 256).astype(np.uint8).reshape(4, 5, 3)
     with Logger(destination, run_name='artifacts') as logger:
         logger.log_table(['name', 'score'], [['a', 1], ['b', np.float32(2.5)]], name='eval/results', step=7)
-        logger.log_images(image, name='samples', channels_last=True, step=2,
-                          masks={'pred': np.eye(4, 5, dtype=np.int64)}, mask_class_labels={1: 'edge'})
+        logger.log_images(
+            image,
+            name='samples',
+            channels_last=True,
+            step=2,
+            masks={'pred': np.eye(4, 5, dtype=np.int64)},
+            mask_class_labels={1: 'edge'},
+        )
         logger.log_traces({'algo': {'k': 1}})
     run_id = destination.run_id
     for folder in ('dl', 'dl2', 'dl3'):  # MLflow 2 downloads only into a folder that exists
@@ -103,8 +119,11 @@ def test_tables_images_and_traces_as_artifacts(tracking_uri, tmp_path, client):
     with open(table_path) as f:
         assert json.load(f) == {'columns': ['name', 'score'], 'data': [['a', 1], ['b', 2.5]]}
     names = sorted(a.path for a in client.list_artifacts(run_id, 'images/samples'))
-    assert names == ['images/samples/step000002-0.png', 'images/samples/step000002-0.pred.png',
-                     'images/samples/step000002.mask_class_labels.json']
+    assert names == [
+        'images/samples/step000002-0.png',
+        'images/samples/step000002-0.pred.png',
+        'images/samples/step000002.mask_class_labels.json',
+    ]
     png = client.download_artifacts(run_id, 'images/samples/step000002-0.png', str(tmp_path / 'dl2'))
     import matplotlib.image
 
@@ -136,7 +155,10 @@ def test_resumes_the_run_given_by_id_and_by_run_name(tracking_uri, tmp_path, cli
     assert run.info.status == 'FINISHED'
     assert run.data.params == {'lr': '0.1', 'new': '1'}
     assert [(m.step, m.value) for m in client.get_metric_history(first.run_id, 'loss')] == [
-        (1, 1.0), (2, 0.5), (3, 0.25)]
+        (1, 1.0),
+        (2, 0.5),
+        (3, 0.25),
+    ]
     # resume=False starts a new run
     fresh = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path, resume=False))
     with Logger(fresh, run_name='resumable'):
@@ -169,9 +191,16 @@ def test_validation_and_install_hint(monkeypatch):
 # ----------------------------------------------------------------- Composer's MLFlowLogger API
 def test_composer_style_construction_run_name_and_tags(tracking_uri, tmp_path, client, monkeypatch):
     monkeypatch.setenv('MLFLOW_EXPERIMENT_NAME', 'composer-style-exp')
-    destination = MLFlowLogger(tracking_uri=tracking_uri, artifact_location=(tmp_path / 'a').as_uri(),
-                               rank_zero_only=True, run_group='group-1', logging_buffer_seconds=5,
-                               log_system_metrics=False, model_registry_prefix='', model_registry_uri=None)
+    destination = MLFlowLogger(
+        tracking_uri=tracking_uri,
+        artifact_location=(tmp_path / 'a').as_uri(),
+        rank_zero_only=True,
+        run_group='group-1',
+        logging_buffer_seconds=5,
+        log_system_metrics=False,
+        model_registry_prefix='',
+        model_registry_uri=None,
+    )
     assert destination.experiment_name == 'composer-style-exp' and destination.ranks == 'zero'
     with Logger(destination, run_name='composer-run'):
         assert destination.run_name == 'composer-run'
@@ -182,8 +211,9 @@ def test_composer_style_construction_run_name_and_tags(tracking_uri, tmp_path, c
     assert client.get_experiment(run.info.experiment_id).name == 'composer-style-exp'
     # Every rank its own run, as Composer names them; $RUN_NAME is the run_name tag.
     monkeypatch.setenv('RUN_NAME', 'platform-run')
-    per_rank = MLFlowLogger(tracking_uri=tracking_uri, run_name='my-run', rank_zero_only=False,
-                            artifact_location=(tmp_path / 'a').as_uri())
+    per_rank = MLFlowLogger(
+        tracking_uri=tracking_uri, run_name='my-run', rank_zero_only=False, artifact_location=(tmp_path / 'a').as_uri()
+    )
     assert per_rank.ranks == 'all'
     with Logger(per_rank, run_name='composer-run'):
         pass
@@ -196,8 +226,9 @@ def test_composer_style_construction_run_name_and_tags(tracking_uri, tmp_path, c
 def test_resumes_a_run_composer_created(tracking_uri, tmp_path, client):
     experiment_id = client.create_experiment('made-by-composer', artifact_location=(tmp_path / 'c').as_uri())
     composer_run = client.create_run(experiment_id, run_name='x', tags={'run_name': 'job-7'})
-    destination = MLFlowLogger(tracking_uri=tracking_uri, experiment_name='made-by-composer',
-                               artifact_location=(tmp_path / 'c').as_uri())
+    destination = MLFlowLogger(
+        tracking_uri=tracking_uri, experiment_name='made-by-composer', artifact_location=(tmp_path / 'c').as_uri()
+    )
     with Logger(destination, run_name='job-7') as logger:
         logger.log_metrics({'loss': 1.0}, step=1)
     assert destination.run_id == composer_run.info.run_id
@@ -224,10 +255,16 @@ def test_path_tracking_uri(tmp_path, monkeypatch):
 
 
 def test_metric_filters_renames_duplicates_and_time_buffer(tracking_uri, tmp_path, client):
-    destination = MLFlowLogger(**_logger_kwargs(tracking_uri, tmp_path), synchronous=True, flush_interval=1000,
-                               logging_buffer_seconds=None, ignore_metrics=['eval/*'],
-                               ignore_hyperparameters=['secret_*', 'opt/b*'], rename_metrics={'loss': 'just_loss'},
-                               log_duplicated_metric_every_n_steps=3)
+    destination = MLFlowLogger(
+        **_logger_kwargs(tracking_uri, tmp_path),
+        synchronous=True,
+        flush_interval=1000,
+        logging_buffer_seconds=None,
+        ignore_metrics=['eval/*'],
+        ignore_hyperparameters=['secret_*', 'opt/b*'],
+        rename_metrics={'loss': 'just_loss'},
+        log_duplicated_metric_every_n_steps=3,
+    )
     with Logger(destination, run_name='filters') as logger:
         logger.log_hyperparameters({'lr': 1, 'secret_seed': 2, 'opt': {'beta': 0.9, 'eps': 1e-8}})
         for step in range(1, 8):
@@ -247,8 +284,12 @@ def test_register_model(tracking_uri, tmp_path, client):
     model_dir = tmp_path / 'model'
     model_dir.mkdir()
     (model_dir / 'weights.bin').write_bytes(b'w')
-    destination = MLFlowLogger(tracking_uri=tracking_uri, model_registry_prefix='team',
-                               experiment_name='registry', artifact_location=(tmp_path / 'artifacts').as_uri())
+    destination = MLFlowLogger(
+        tracking_uri=tracking_uri,
+        model_registry_prefix='team',
+        experiment_name='registry',
+        artifact_location=(tmp_path / 'artifacts').as_uri(),
+    )
     with Logger(destination, run_name='registry') as logger:
         logger.log_metrics({'loss': 1.0}, step=1)
         client.log_artifacts(destination.run_id, str(model_dir), artifact_path='model')
@@ -274,8 +315,12 @@ def test_system_metrics_and_bfloat16_images(tracking_uri, tmp_path, client, monk
 
     monkeypatch.setenv('MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL', '0.05')
     monkeypatch.setenv('MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING', '1')
-    destination = MLFlowLogger(tracking_uri=tracking_uri, log_system_metrics=True, experiment_name='system',
-                               artifact_location=(tmp_path / 'artifacts').as_uri())
+    destination = MLFlowLogger(
+        tracking_uri=tracking_uri,
+        log_system_metrics=True,
+        experiment_name='system',
+        artifact_location=(tmp_path / 'artifacts').as_uri(),
+    )
     with Logger(destination, run_name='system') as logger:
         logger.log_images(torch.rand(2, 3, 4, 4, dtype=torch.bfloat16), name='bf16', step=1)
         monitor = destination._system_monitor
@@ -284,16 +329,22 @@ def test_system_metrics_and_bfloat16_images(tracking_uri, tmp_path, client, monk
             time.sleep(0.02)
     assert client.get_metric_history(destination.run_id, 'system/cpu_utilization_percentage')
     assert sorted(a.path for a in client.list_artifacts(destination.run_id, 'images/bf16')) == [
-        'images/bf16/step000001-0.png', 'images/bf16/step000001-1.png']
+        'images/bf16/step000001-0.png',
+        'images/bf16/step000001-1.png',
+    ]
 
 
-@pytest.mark.parametrize('run_name, composer_run_name', [
-    ("bob's run", "bob's run"),
-    ('say "hi" twice', 'say "hi" twice'),
-    ('quotes \'both\' "kinds"', 'team\\bob\'s "job"'),  # RUN_NAME (Composer's tag) may hold a backslash
-])
-def test_run_names_with_quotes_backslashes_and_spaces(tracking_uri, tmp_path, client, monkeypatch, run_name,
-                                                      composer_run_name):
+@pytest.mark.parametrize(
+    'run_name, composer_run_name',
+    [
+        ("bob's run", "bob's run"),
+        ('say "hi" twice', 'say "hi" twice'),
+        ('quotes \'both\' "kinds"', 'team\\bob\'s "job"'),  # RUN_NAME (Composer's tag) may hold a backslash
+    ],
+)
+def test_run_names_with_quotes_backslashes_and_spaces(
+    tracking_uri, tmp_path, client, monkeypatch, run_name, composer_run_name
+):
     """Values go into MLflow's search filters safely: a restart finds the run again (by our tag, and by
     Composer's), and a name that only starts like another one does not match it."""
     kwargs = {**_logger_kwargs(tracking_uri, tmp_path), 'experiment_name': f'quoted-{len(run_name)}'}
@@ -344,8 +395,11 @@ def test_resumes_a_run_composer_created_in_its_default_experiment(tracking_uri, 
     monkeypatch.delenv('MLFLOW_EXPERIMENT_ID', raising=False)
     monkeypatch.setenv('MLFLOW_TRACKING_URI', tracking_uri)
     experiment = client.get_experiment_by_name('my-mlflow-experiment')
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(
-        'my-mlflow-experiment', artifact_location=(tmp_path / 'composer').as_uri())
+    experiment_id = (
+        experiment.experiment_id
+        if experiment
+        else client.create_experiment('my-mlflow-experiment', artifact_location=(tmp_path / 'composer').as_uri())
+    )
     # Composer: MlflowClient.create_run(experiment_id, run_name=...), then mlflow.start_run(run_id, tags=...).
     created = client.create_run(experiment_id=experiment_id, run_name='composer-job-9')
     previous = mlflow.get_tracking_uri()
@@ -366,8 +420,9 @@ def test_resumes_a_run_composer_created_in_its_default_experiment(tracking_uri, 
     assert other.run_id != created.info.run_id
 
 
-def test_default_experiment_is_composers_and_a_job_from_the_earlier_default_continues(tracking_uri, tmp_path, client,
-                                                                                      monkeypatch):
+def test_default_experiment_is_composers_and_a_job_from_the_earlier_default_continues(
+    tracking_uri, tmp_path, client, monkeypatch
+):
     """No experiment named: new runs go to Composer's default, 'my-mlflow-experiment'; a job whose run an earlier
     dist_logging made in its former default, 'dist_logging', continues that run there."""
     monkeypatch.delenv('MLFLOW_EXPERIMENT_NAME', raising=False)
@@ -448,8 +503,9 @@ def test_run_lookup_stops_on_a_repeated_or_endless_page_token():
     endless = _Pages(lambda n: f'page{n}')  # a new token every time: bounded
     assert find_run_tagged(endless, '0', 'run_name', 'x', max_pages=7) is None and len(endless.calls) == 7
     # Real paging still works: the run on the third page is found, the exact value compared.
-    paged = _Pages(lambda n: f'page{n}' if n < 5 else '', {2: [_run('run_name', "bob's")],
-                                                          3: [_run('run_name', "bob's run")]})
+    paged = _Pages(
+        lambda n: f'page{n}' if n < 5 else '', {2: [_run('run_name', "bob's")], 3: [_run('run_name', "bob's run")]}
+    )
     assert find_run_tagged(paged, '0', 'run_name', "bob's run").data.tags == {'run_name': "bob's run"}
     assert paged.calls == [None, 'page1', 'page2']
     assert find_run_tagged(_Pages(lambda n: ''), '0', 'run_name', 'x') is None

@@ -29,9 +29,12 @@ VENV = ROOT / '.venv-mlflow-lowest'
 # Packages MLflow 2.10 takes at any version but breaks with releases made after it; a user of that
 # MLflow has versions of its time.
 ERA_PINS = ('sqlalchemy>=1.4,<2.1', 'alembic!=1.10.0,<1.14')
-UNREACHABLE = re.compile(r'NewConnectionError|Failed to establish|Temporary failure in name resolution|'
-                         r'Network is unreachable|Could not find a version that satisfies the requirement mlflow|'
-                         r'No matching distribution found for mlflow|ProxyError|timed out', re.IGNORECASE)
+UNREACHABLE = re.compile(
+    r'NewConnectionError|Failed to establish|Temporary failure in name resolution|'
+    r'Network is unreachable|Could not find a version that satisfies the requirement mlflow|'
+    r'No matching distribution found for mlflow|ProxyError|timed out',
+    re.IGNORECASE,
+)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -48,14 +51,35 @@ def _build(version: str, marker: dict) -> None:
     shutil.rmtree(VENV, ignore_errors=True)
     subprocess.run([sys.executable, '-m', 'venv', str(VENV)], check=True, timeout=300)
     python = VENV / 'bin' / 'python'
-    site = subprocess.run([str(python), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
-                          check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    site = subprocess.run(
+        [str(python), '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
     # After the venv's own packages: the running environment's (torch, numpy when unpinned, pytest...).
     pathlib.Path(site, 'zz_parent_environment.pth').write_text(marker['parent'] + '\n')
     # Few, short retries: without an index this skips in about a minute instead of hanging on retries.
-    done = subprocess.run([str(python), '-m', 'pip', 'install', '--quiet', '--disable-pip-version-check',
-                           '--retries', '2', '--timeout', '30', f'mlflow=={version}', *ERA_PINS],
-                          capture_output=True, text=True, timeout=840)
+    done = subprocess.run(
+        [
+            str(python),
+            '-m',
+            'pip',
+            'install',
+            '--quiet',
+            '--disable-pip-version-check',
+            '--retries',
+            '2',
+            '--timeout',
+            '30',
+            f'mlflow=={version}',
+            *ERA_PINS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     if done.returncode != 0:
         output = (done.stdout + done.stderr)[-2000:]
         shutil.rmtree(VENV, ignore_errors=True)
@@ -66,8 +90,12 @@ def _build(version: str, marker: dict) -> None:
 
 
 def ensure_venv(version: str) -> pathlib.Path:
-    marker = {'mlflow': version, 'pins': list(ERA_PINS), 'parent': sysconfig.get_paths()['purelib'],
-              'python': sys.version}
+    marker = {
+        'mlflow': version,
+        'pins': list(ERA_PINS),
+        'parent': sysconfig.get_paths()['purelib'],
+        'python': sys.version,
+    }
     lock_path = ROOT / '.venv-mlflow-lowest.lock'
     with open(lock_path, 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session building it: wait for that build
@@ -85,9 +113,26 @@ def test_the_mlflow_tests_pass_on_the_lowest_mlflow_the_extra_allows(tmp_path):
     python = ensure_venv(version)
     env = {k: v for k, v in os.environ.items() if not k.startswith(('MLFLOW_', 'PYTEST_'))}
     env.update(PYTHONPATH=str(ROOT), DIST_LOGGING_EXPECT_MLFLOW=version, HOME=str(tmp_path))
-    done = subprocess.run([str(python), '-m', 'pytest', '-p', 'no:xdist', '-p', 'no:cacheprovider', '-q',
-                           '--basetemp', str(tmp_path / 'pytest'), str(ROOT / 'tests/destinations/test_mlflow.py')],
-                          # MLflow 2 makes ./mlruns in the working folder: keep it out of the repository.
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            str(python),
+            '-m',
+            'pytest',
+            '-p',
+            'no:xdist',
+            '-p',
+            'no:cacheprovider',
+            '-q',
+            '--basetemp',
+            str(tmp_path / 'pytest'),
+            str(ROOT / 'tests/destinations/test_mlflow.py'),
+        ],
+        # MLflow 2 makes ./mlruns in the working folder: keep it out of the repository.
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert ' passed' in done.stdout and ' skipped' not in done.stdout.splitlines()[-1], done.stdout[-2000:]

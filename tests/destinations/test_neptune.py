@@ -31,8 +31,15 @@ from dist_logging.destinations import NeptuneLogger  # noqa: E402
 pytestmark = pytest.mark.timeout(120)
 
 # Neptune's own capture threads (stdout, hardware, traceback hooks, git) are off in the runs here.
-QUIET = dict(capture_stdout=False, capture_stderr=False, capture_hardware_metrics=False, capture_traceback=False,
-             source_files=[], git_ref=False, dependencies=None)
+QUIET = dict(
+    capture_stdout=False,
+    capture_stderr=False,
+    capture_hardware_metrics=False,
+    capture_traceback=False,
+    source_files=[],
+    git_ref=False,
+    dependencies=None,
+)
 
 
 @pytest.fixture
@@ -101,8 +108,9 @@ def test_used_without_a_logger_its_first_call_opens_the_run(offline, monkeypatch
     assert destination._base_namespace == 'training'  # Composer's private name, read by code written for it
     assert destination.neptune_run is destination.neptune_run  # opened once, by the first access
     destination.log_metrics({'loss': 1.0}, step=1)
-    destination.log_images(np.random.default_rng(0).random((3, 4, 5, 1), dtype=np.float32), name='batch',
-                           channels_last=True, step=1)
+    destination.log_images(
+        np.random.default_rng(0).random((3, 4, 5, 1), dtype=np.float32), name='batch', channels_last=True, step=1
+    )
     with pytest.warns(UserWarning, match=r'not in the expected range of \[0\.0, 1\.0\] or \[0, 255\]') as caught:
         destination.log_images(np.ones((4, 4)) * 300, name='raw', step=1)  # clipped to white, with a warning
     assert str(caught[0].message) == FLOAT_RANGE_WARNING
@@ -133,8 +141,19 @@ def test_ranks_other_than_zero_open_no_run_by_default(fake_rank):
 
 
 def test_config_type_neptune_builds_it():
-    config = load_config({'destinations': [{'type': 'neptune', 'project': 'ws/p', 'mode': 'offline',
-                                            'upload_checkpoints': True, 'rank_zero_only': False}]})
+    config = load_config(
+        {
+            'destinations': [
+                {
+                    'type': 'neptune',
+                    'project': 'ws/p',
+                    'mode': 'offline',
+                    'upload_checkpoints': True,
+                    'rank_zero_only': False,
+                }
+            ]
+        }
+    )
     (destination,) = build_destinations(config)
     assert isinstance(destination, NeptuneLogger)
     assert (destination.project, destination.mode, destination.ranks) == ('ws/p', 'offline', 'all')
@@ -147,8 +166,9 @@ def test_offline_run_round_trip(offline):
     checkpoint.write_bytes(b'first version')
     rng = np.random.default_rng(0)
     with Logger(destination, run_name='round-trip') as logger:
-        logger.log_hyperparameters({'lr': 0.1, 'optim': {'momentum': 0.9, 'betas': [0.9, 0.99]},
-                                    'api_key': 'sk-do-not-store'})
+        logger.log_hyperparameters(
+            {'lr': 0.1, 'optim': {'momentum': 0.9, 'betas': [0.9, 0.99]}, 'api_key': 'sk-do-not-store'}
+        )
         logger.log_metrics({'loss': 1.0}, step=1)
         logger.log_metrics({'loss': 0.5, 'acc': 0.75}, step=2)
         logger.log_metrics({'loss': 0.4}, step=2)  # same step: the later value wins
@@ -198,8 +218,13 @@ def test_offline_run_round_trip(offline):
     assert field(operations, 'training', 'traces', 'algo', 'Event.INIT')[0]['value'] is True
     (table,) = field(operations, 'training', 'tables', 'samples')
     assert table['type'] == 'UploadFile' and table['ext'] == 'json'
-    with open(os.path.join(os.path.dirname(glob.glob(str(offline / '.neptune/offline/run__*/metadata.json'))[0]),
-                           'upload_path', table['tmp_file_name'])) as f:
+    with open(
+        os.path.join(
+            os.path.dirname(glob.glob(str(offline / '.neptune/offline/run__*/metadata.json'))[0]),
+            'upload_path',
+            table['tmp_file_name'],
+        )
+    ) as f:
         assert json.loads(f.read()) == {'columns': ['prompt', 'generation'], 'data': [['p0', 'g0'], ['p1', 2]]}
     (images,) = field(operations, 'training', 'inputs')
     assert images['type'] == 'LogImages'
@@ -240,8 +265,14 @@ def test_debug_mode_reads_back_through_neptune_and_downloads_at_once(offline, tm
     """Composer's own checks, through Neptune's API in its in-memory 'debug' mode (mode= wins over NEPTUNE_MODE)."""
     source = tmp_path / 'artifact.txt'
     source.write_text('hello from Neptune!')
-    destination = NeptuneLogger(project='test_project', api_token='test_token', rank_zero_only=False, mode='debug',
-                                upload_checkpoints=True, **QUIET)
+    destination = NeptuneLogger(
+        project='test_project',
+        api_token='test_token',
+        rank_zero_only=False,
+        mode='debug',
+        upload_checkpoints=True,
+        **QUIET,
+    )
     with Logger(destination, run_name='dummy-run-name') as logger:
         run = destination.neptune_run
         assert run['sys/name'].fetch() == 'dummy-run-name' and destination.base_handler['rank'].fetch() == 0

@@ -49,16 +49,19 @@ def staged_files(rud) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- construction
-@pytest.mark.parametrize('kwargs,match', [
-    ({}, 'exactly one'),
-    ({'bucket_uri': 'magic://b'}, "'magic'"),
-    ({'bucket_uri': 'file://relative'}, 'absolute'),
-    ({'bucket_uri': '/tmp/b', 'num_attempts': 0}, 'num_attempts'),
-    ({'bucket_uri': '/tmp/b', 'num_concurrent_uploads': 0}, 'num_concurrent_uploads'),
-    ({'bucket_uri': '/tmp/b', 'max_staged_bytes': 0}, 'max_staged_bytes'),
-    ({'bucket_uri': '/tmp/b', 'ranks': 'some'}, 'ranks'),
-    ({'bucket_uri': '/tmp/b', 'file_path_format_string': '{nope}/{remote_file_name}'}, 'nope'),
-])
+@pytest.mark.parametrize(
+    'kwargs,match',
+    [
+        ({}, 'exactly one'),
+        ({'bucket_uri': 'magic://b'}, "'magic'"),
+        ({'bucket_uri': 'file://relative'}, 'absolute'),
+        ({'bucket_uri': '/tmp/b', 'num_attempts': 0}, 'num_attempts'),
+        ({'bucket_uri': '/tmp/b', 'num_concurrent_uploads': 0}, 'num_concurrent_uploads'),
+        ({'bucket_uri': '/tmp/b', 'max_staged_bytes': 0}, 'max_staged_bytes'),
+        ({'bucket_uri': '/tmp/b', 'ranks': 'some'}, 'ranks'),
+        ({'bucket_uri': '/tmp/b', 'file_path_format_string': '{nope}/{remote_file_name}'}, 'nope'),
+    ],
+)
 def test_validation_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RemoteUploaderDownloader(**kwargs)
@@ -238,7 +241,9 @@ def test_drain(tmp_path):
     assert reported == {'blocked/one.txt', 'blocked/two.txt', 'custom.txt'}
     pending = list_pending(str(tmp_path / 'staging'))
     assert sorted(p.remote_name for p in pending) == ['blocked/one.txt', 'blocked/two.txt']
-    assert {(p.rank, p.bucket_uri, p.size, p.overwrite) for p in pending} == {(0, f'file://{tmp_path}/bucket', 15, False)}
+    assert {(p.rank, p.bucket_uri, p.size, p.overwrite) for p in pending} == {
+        (0, f'file://{tmp_path}/bucket', 15, False)
+    }
 
     with pytest.raises(UploadError, match='blocked/one.txt'):
         drain(str(tmp_path / 'staging'), progress_bar=False)  # still blocked: named, kept
@@ -322,10 +327,16 @@ def test_s3_end_to_end_and_drain_from_the_recorded_uri(tmp_path, s3_bucket):
 @pytest.mark.timeout(90)
 def test_s3_server_down_then_back(tmp_path, s3_server):
     bucket = s3_server.create_bucket()
-    quick = {'endpoint_url': s3_server.endpoint, 'client_config': {'retries': {'total_max_attempts': 1},
-                                                                   'connect_timeout': 2, 'read_timeout': 5}}
-    rud = make(tmp_path, bucket_uri=f's3://{bucket}', backend_kwargs=quick,
-               policy=RetryPolicy(num_attempts=6, initial_backoff=0.5, jitter=0.2))
+    quick = {
+        'endpoint_url': s3_server.endpoint,
+        'client_config': {'retries': {'total_max_attempts': 1}, 'connect_timeout': 2, 'read_timeout': 5},
+    }
+    rud = make(
+        tmp_path,
+        bucket_uri=f's3://{bucket}',
+        backend_kwargs=quick,
+        policy=RetryPolicy(num_attempts=6, initial_backoff=0.5, jitter=0.2),
+    )
     state = State('r')
     s3_server.stop()
     rud.upload_file(state, 'during-outage.txt', write(tmp_path / 'a', b'survived'))
@@ -336,8 +347,13 @@ def test_s3_server_down_then_back(tmp_path, s3_server):
 
     # an outage longer than the retries: the upload stays in staging, and drain delivers it
     # by rebuilding the store from the URI and endpoint recorded in the journal
-    rud = make(tmp_path, bucket_uri=f's3://{bucket}', backend_kwargs=quick, staging='s2',
-               policy=RetryPolicy(num_attempts=2, initial_backoff=0.01))
+    rud = make(
+        tmp_path,
+        bucket_uri=f's3://{bucket}',
+        backend_kwargs=quick,
+        staging='s2',
+        policy=RetryPolicy(num_attempts=2, initial_backoff=0.01),
+    )
     s3_server.stop()
     rud.upload_file(state, 'drained.txt', write(tmp_path / 'b', b'drained'))
     with pytest.raises(UploadError, match='drained.txt'):
@@ -349,8 +365,11 @@ def test_s3_server_down_then_back(tmp_path, s3_server):
 
 
 def test_composer_names_for_the_store_and_uris(tmp_path, s3_bucket):
-    local = RemoteUploaderDownloader(str(tmp_path / 'bucket'), upload_staging_folder=str(tmp_path / 'staging'),
-                                     file_path_format_string='{run_name}/rank{rank}/{remote_file_name}')
+    local = RemoteUploaderDownloader(
+        str(tmp_path / 'bucket'),
+        upload_staging_folder=str(tmp_path / 'staging'),
+        file_path_format_string='{run_name}/rank{rank}/{remote_file_name}',
+    )
     try:
         assert local.remote_backend is local.object_store
         assert (local.remote_backend_name, local.remote_bucket_name) == ('file', '')
@@ -362,8 +381,11 @@ def test_composer_names_for_the_store_and_uris(tmp_path, s3_bucket):
     finally:
         local.shutdown()
     endpoint, bucket = s3_bucket
-    remote = RemoteUploaderDownloader(f's3://{bucket}/runs', backend_kwargs={'endpoint_url': endpoint},
-                                      upload_staging_folder=str(tmp_path / 'staging-s3'))
+    remote = RemoteUploaderDownloader(
+        f's3://{bucket}/runs',
+        backend_kwargs={'endpoint_url': endpoint},
+        upload_staging_folder=str(tmp_path / 'staging-s3'),
+    )
     try:
         assert (remote.remote_backend_name, remote.remote_bucket_name) == ('s3', bucket)
         assert remote.get_uri_for_file('a/b.txt') == f's3://{bucket}/runs/a/b.txt'

@@ -32,8 +32,14 @@ BUILDERS = {
     'CometMLLogger': lambda tmp: _cls('CometMLLogger')(online=False),
     'NeptuneLogger': lambda tmp: _cls('NeptuneLogger')(mode='offline', with_id='PROJ-7'),
 }
-PACKAGES = {'TensorboardLogger': 'tensorboard', 'MLFlowLogger': 'mlflow', 'RemoteUploaderDownloader': None,
-            'WandBLogger': 'wandb', 'CometMLLogger': 'comet_ml', 'NeptuneLogger': 'neptune'}
+PACKAGES = {
+    'TensorboardLogger': 'tensorboard',
+    'MLFlowLogger': 'mlflow',
+    'RemoteUploaderDownloader': None,
+    'WandBLogger': 'wandb',
+    'CometMLLogger': 'comet_ml',
+    'NeptuneLogger': 'neptune',
+}
 
 
 def _cls(name: str):
@@ -58,8 +64,11 @@ def test_round_trip_through_torch_save(name, tmp_path):
     torch.save({'callbacks': {type(destination).__qualname__: saved}}, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=True)['callbacks'][type(destination).__qualname__]
-    fresh = BUILDERS[name](tmp_path) if name in ('LoggerDestination', 'InMemoryLogger', 'ConsoleLogger') else \
-        _bare(name, tmp_path)
+    fresh = (
+        BUILDERS[name](tmp_path)
+        if name in ('LoggerDestination', 'InMemoryLogger', 'ConsoleLogger')
+        else _bare(name, tmp_path)
+    )
     fresh.load_state_dict(loaded)
     assert fresh.state_dict() == saved
     fresh.load_state_dict({})  # what Composer's own destinations save
@@ -147,7 +156,9 @@ def test_loading_into_an_open_tracker_keeps_its_run(monkeypatch):
 
     monkeypatch.setattr(cometml, 'import_installed', lambda *args: FakeComet)
     with Logger(destination, run_name='open'):
-        with pytest.warns(RuntimeWarning, match="logging to experiment 'current' already; the saved experiment "
-                                                "'other' is not switched to"):
+        with pytest.warns(
+            RuntimeWarning,
+            match="logging to experiment 'current' already; the saved experiment 'other' is not switched to",
+        ):
             destination.load_state_dict({'experiment_key': 'other'})
         assert destination.state_dict() == {'experiment_key': 'current'}

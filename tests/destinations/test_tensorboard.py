@@ -129,8 +129,7 @@ def test_image_variants_incl_bfloat16_and_float16(tmp_path):
     with Logger(tb, run_name='r4') as logger:
         for index, (images, channels_last) in enumerate(variants):
             logger.log_images(images, name=f'tensor{index}', channels_last=channels_last)
-            as_numpy = ([i.float().numpy() for i in images] if isinstance(images, list)
-                        else images.float().numpy())
+            as_numpy = [i.float().numpy() for i in images] if isinstance(images, list) else images.float().numpy()
             logger.log_images(as_numpy, name=f'np{index}', channels_last=channels_last)
     acc = _accumulator(tmp_path / 'tb')
     for index, (images, _) in enumerate(variants):

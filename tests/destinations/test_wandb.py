@@ -12,8 +12,15 @@ import pytest
 
 pytest.importorskip('wandb')
 
-from wandb_reader import (BLOCK_SIZE, FILE_HEADER, RunLog, WandbLogError, find_run_file,  # noqa: E402
-                          iter_chunks_payloads, write_log)
+from wandb_reader import (
+    BLOCK_SIZE,
+    FILE_HEADER,
+    RunLog,
+    WandbLogError,
+    find_run_file,  # noqa: E402
+    iter_chunks_payloads,
+    write_log,
+)
 
 from dist_logging import Logger, format_log_data_value  # noqa: E402
 from dist_logging.config import build_destinations, load_config  # noqa: E402
@@ -33,15 +40,32 @@ def wandb_env(tmp_path_factory):
     had_service = 'WANDB_SERVICE' in os.environ
     with pytest.MonkeyPatch.context() as mp:
         for name, value in {
-            'WANDB_MODE': 'offline', 'WANDB_DIR': str(root), 'WANDB_DATA_DIR': str(root / 'data'),
-            'WANDB_CACHE_DIR': str(root / 'cache'), 'WANDB_CONFIG_DIR': str(root / 'config'),
-            'WANDB_ARTIFACT_DIR': str(root / 'artifacts'), 'WANDB_SILENT': 'true', 'WANDB_DISABLE_GIT': 'true',
-            'WANDB_DISABLE_CODE': 'true', 'WANDB_CONSOLE': 'off', 'WANDB__DISABLE_STATS': 'true',
-            'WANDB__DISABLE_META': 'true', 'WANDB__SAVE_REQUIREMENTS': 'false', 'WANDB_INIT_TIMEOUT': '60',
+            'WANDB_MODE': 'offline',
+            'WANDB_DIR': str(root),
+            'WANDB_DATA_DIR': str(root / 'data'),
+            'WANDB_CACHE_DIR': str(root / 'cache'),
+            'WANDB_CONFIG_DIR': str(root / 'config'),
+            'WANDB_ARTIFACT_DIR': str(root / 'artifacts'),
+            'WANDB_SILENT': 'true',
+            'WANDB_DISABLE_GIT': 'true',
+            'WANDB_DISABLE_CODE': 'true',
+            'WANDB_CONSOLE': 'off',
+            'WANDB__DISABLE_STATS': 'true',
+            'WANDB__DISABLE_META': 'true',
+            'WANDB__SAVE_REQUIREMENTS': 'false',
+            'WANDB_INIT_TIMEOUT': '60',
         }.items():
             mp.setenv(name, value)
-        for name in ('WANDB_API_KEY', 'WANDB_PROJECT', 'WANDB_ENTITY', 'WANDB_RUN_ID', 'WANDB_RESUME', 'WANDB_NAME',
-                     'WANDB_RUN_GROUP', 'WANDB_TAGS'):
+        for name in (
+            'WANDB_API_KEY',
+            'WANDB_PROJECT',
+            'WANDB_ENTITY',
+            'WANDB_RUN_ID',
+            'WANDB_RESUME',
+            'WANDB_NAME',
+            'WANDB_RUN_GROUP',
+            'WANDB_TAGS',
+        ):
             mp.delenv(name, raising=False)
         yield root
         wandb.teardown()  # stops the wandb service process this module started
@@ -73,7 +97,7 @@ def test_reader_reassembles_records_spanning_blocks_and_checks_crcs():
     kinds = []
     body = data[7:]
     for block_start in range(0, len(body), BLOCK_SIZE):
-        block = body[block_start:block_start + BLOCK_SIZE]
+        block = body[block_start : block_start + BLOCK_SIZE]
         offset = 0
         while len(block) - offset >= 7:
             _, length, kind = struct.unpack_from('<IHB', block, offset)
@@ -90,7 +114,7 @@ def test_reader_reassembles_records_spanning_blocks_and_checks_crcs():
     with pytest.raises(WandbLogError, match='not a W&B transaction log'):
         list(iter_chunks_payloads(b'LevelDB' + data[7:]))
     with pytest.raises(WandbLogError, match='ends inside a split record'):
-        list(iter_chunks_payloads(data[:7 + 2 * BLOCK_SIZE]))
+        list(iter_chunks_payloads(data[: 7 + 2 * BLOCK_SIZE]))
 
 
 # ---------------------------------------------------------------------------- construction
@@ -112,24 +136,39 @@ def test_constructor_validates_and_maps_rank_zero_only():
         WandBLogger(project='a', init_kwargs={'project': 'b'})
     with pytest.raises(ValueError, match='nope'):
         WandBLogger(name='{run_name}-{nope}')
-    assert WandBLogger(project='a', init_kwargs={'project': 'a', 'mode': 'offline'}).init_kwargs == \
-        {'project': 'a', 'mode': 'offline'}
+    assert WandBLogger(project='a', init_kwargs={'project': 'a', 'mode': 'offline'}).init_kwargs == {
+        'project': 'a',
+        'mode': 'offline',
+    }
 
 
 def test_per_rank_names_and_groups(fake_rank):
     fake_rank(rank=3, world_size=4)
     assert WandBLogger().run_name_and_group('job') == ('job', None)
     assert WandBLogger(ranks='all').run_name_and_group('job') == ('job-rank3', 'job')
-    assert WandBLogger(rank_zero_only=False, name='n', group='g-{run_name}').run_name_and_group('job') == \
-        ('n-rank3', 'g-job')
+    assert WandBLogger(rank_zero_only=False, name='n', group='g-{run_name}').run_name_and_group('job') == (
+        'n-rank3',
+        'g-job',
+    )
     assert WandBLogger(ranks='all', name='{run_name}-r{rank}').run_name_and_group('job') == ('job-r3', 'job-r3')
     with pytest.warns(UserWarning, match='logs on rank zero only'):
         WandBLogger(log_artifacts=True)
 
 
 def test_config_type_wandb_builds_it():
-    config = load_config({'destinations': [{'type': 'wandb', 'project': 'p', 'rank_zero_only': False,
-                                            'log_artifacts': True, 'init_kwargs': {'mode': 'offline'}}]})
+    config = load_config(
+        {
+            'destinations': [
+                {
+                    'type': 'wandb',
+                    'project': 'p',
+                    'rank_zero_only': False,
+                    'log_artifacts': True,
+                    'init_kwargs': {'mode': 'offline'},
+                }
+            ]
+        }
+    )
     (destination,) = build_destinations(config)
     assert isinstance(destination, WandBLogger)
     assert (destination.project, destination.ranks, destination.log_artifacts) == ('p', 'all', True)
@@ -173,8 +212,9 @@ def test_run_round_trip(tmp_path, wandb_env):
     rng = np.random.default_rng(0)
     with Logger(destination, run_name='round-trip') as logger:
         assert destination.run is not None and destination.run_url is None  # offline: no URL
-        logger.log_hyperparameters({'lr': 0.1, 'optim': {'momentum': 0.9}, 'api_key': 'sk-do-not-store',
-                                    'model': object})
+        logger.log_hyperparameters(
+            {'lr': 0.1, 'optim': {'momentum': 0.9}, 'api_key': 'sk-do-not-store', 'model': object}
+        )
         logger.log_metrics({'loss': 1.0}, step=1)
         logger.log_metrics({'loss': 0.5, 'acc': 0.75}, step=2)
         logger.log_metrics({'lr': 0.01}, step=2)  # same step: the same row
@@ -184,8 +224,9 @@ def test_run_round_trip(tmp_path, wandb_env):
         logger.log_table(['service', 'password'], [['db', 'hunter2-do-not-store']], name='creds', step=4)
         images = rng.random((2, 3, 5, 6), dtype=np.float32)
         masks = {'pred': rng.integers(0, 3, (2, 5, 6))}
-        logger.log_images(images, name='seg', step=5, masks=masks, mask_class_labels={0: 'bg', 1: 'cat', 2: 'dog'},
-                          use_table=False)
+        logger.log_images(
+            images, name='seg', step=5, masks=masks, mask_class_labels={0: 'bg', 1: 'cat', 2: 'dog'}, use_table=False
+        )
         logger.log_images(images[0], name='single', step=5)  # Logger's default use_table=True: a table of images
         destination.log_images(images[0], name='direct', step=5)  # the destination's default, as Composer's: False
         with pytest.raises(ValueError, match="mask 'big' has class id 300"):  # checked at the call
@@ -314,8 +355,12 @@ def test_every_rank_its_own_run_in_one_group_and_failed_exit(fake_rank, wandb_en
     log = run_log(destination)
     assert (log.run.display_name, log.run.run_group) == ('job-rank1', 'job')
     rows = [row for row in log.history if 'loss' in row]
-    assert [(row['loss'], row[STEP_METRIC], row['_step']) for row in rows] == \
-        [(1.0, 0, 0), (3.0, 1, 1), (4.0, 1, 2), (5.0, 7, 7)]
+    assert [(row['loss'], row[STEP_METRIC], row['_step']) for row in rows] == [
+        (1.0, 0, 0),
+        (3.0, 1, 1),
+        (4.0, 1, 2),
+        (5.0, 7, 7),
+    ]
     assert rows[0]['acc'] == 0.5
     assert 'lr' not in log.config
     assert log.exit.exit_code == 1  # finished as failed: an exception was propagating through close()
@@ -436,14 +481,16 @@ def test_resume_records_the_superseded_range_on_the_run_with_a_warning(wandb_env
             if logger.state.timestamp.batch == 20:
                 saved = logger.state_dict()
         logger.load_state_dict(saved)
-        with pytest.warns(RuntimeWarning, match=r'resumed at step 20: the rows of steps >= 21 logged before wandb '
-                                                r'step 28 are superseded'):
+        with pytest.warns(
+            RuntimeWarning,
+            match=r'resumed at step 20: the rows of steps >= 21 logged before wandb '
+            r'step 28 are superseded',
+        ):
             for _ in range(5):
                 logger.batch_end()
                 logger.log_metrics({'loss': 1000.0 + logger.state.timestamp.batch})
     log = run_log(destination)
     record = log.summary['dist_logging/resume/wandb_step_28']
-    assert (record['step'], record['superseded_from'], record['before_wandb_step'], record['resume']) == \
-        (20, 21, 28, 1)
+    assert (record['step'], record['superseded_from'], record['before_wandb_step'], record['resume']) == (20, 21, 28, 1)
     steps = [row[STEP_METRIC] for row in log.history if 'loss' in row]
     assert steps == list(range(1, 28)) + list(range(21, 26))

@@ -116,11 +116,29 @@ class Host:
             stash.mkdir(parents=True, exist_ok=True)
         stash_in = ''.join(f'mount --bind {path} {stash} && ' for path, stash in zip(keep, stashes))
         move_back = ''.join(f' && mkdir -p {path} && mount --move {stash} {path}' for path, stash in zip(keep, stashes))
-        setup = (f'hostname {self.name} && {stash_in}mount -t tmpfs -o mode=1777 tmpfs /tmp{move_back} && '
-                 f'mount --bind {rig.hosts_file} /etc/hosts && echo ready && exec sleep 100000')
-        self.holder = subprocess.Popen(['ip', 'netns', 'exec', self.ns, 'unshare', '--uts', '--mount',
-                                        '--propagation', 'private', 'sh', '-c', setup],
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        setup = (
+            f'hostname {self.name} && {stash_in}mount -t tmpfs -o mode=1777 tmpfs /tmp{move_back} && '
+            f'mount --bind {rig.hosts_file} /etc/hosts && echo ready && exec sleep 100000'
+        )
+        self.holder = subprocess.Popen(
+            [
+                'ip',
+                'netns',
+                'exec',
+                self.ns,
+                'unshare',
+                '--uts',
+                '--mount',
+                '--propagation',
+                'private',
+                'sh',
+                '-c',
+                setup,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         line = self.holder.stdout.readline().strip()
         if line != 'ready':
             raise RuntimeError(f'{self.name}: the holder did not start: {line} {self.holder.stdout.read()}')
@@ -132,14 +150,16 @@ class Host:
     def popen(self, cmd: Sequence[str], env: Mapping[str, str], log: pathlib.Path) -> subprocess.Popen:
         handle = open(log, 'wb')
         try:
-            return subprocess.Popen(self.command(cmd), env=dict(env), stdout=handle, stderr=subprocess.STDOUT,
-                                    cwd=str(REPO_ROOT))
+            return subprocess.Popen(
+                self.command(cmd), env=dict(env), stdout=handle, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT)
+            )
         finally:
             handle.close()
 
     def run(self, cmd: Sequence[str], env: Mapping[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(cmd), env=dict(env), capture_output=True, text=True, timeout=timeout,
-                              cwd=str(REPO_ROOT))
+        return subprocess.run(
+            self.command(cmd), env=dict(env), capture_output=True, text=True, timeout=timeout, cwd=str(REPO_ROOT)
+        )
 
     def pids(self) -> list[int]:
         """Every process on this host except its holder."""
@@ -224,21 +244,37 @@ class Rig:
         env = base_env(self.workdir / 'out', extra)
         from s3_server import CREDENTIALS
 
-        env.update({'GLOO_SOCKET_IFNAME': 'eth0', 'AWS_ENDPOINT_URL': self.s3.endpoint, 'NO_PROXY': '*',
-                    **CREDENTIALS})
+        env.update({'GLOO_SOCKET_IFNAME': 'eth0', 'AWS_ENDPOINT_URL': self.s3.endpoint, 'NO_PROXY': '*', **CREDENTIALS})
         env.pop('AWS_PROFILE', None)
         env.pop('AWS_ENDPOINT_URL_S3', None)
         return env
 
-    def torchrun(self, host: Host, script: pathlib.Path, nproc: int, port: int, args: Sequence[str] = (),
-                 extra_env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:
+    def torchrun(
+        self,
+        host: Host,
+        script: pathlib.Path,
+        nproc: int,
+        port: int,
+        args: Sequence[str] = (),
+        extra_env: Optional[Mapping[str, str]] = None,
+    ) -> subprocess.Popen:
         """``torchrun --nnodes N`` of ``script`` on ``host``, the c10d rendezvous on the first host."""
-        cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nnodes={len(self.hosts)}',
-               f'--nproc-per-node={nproc}', '--rdzv-backend=c10d', f'--rdzv-endpoint={self.hosts[0].ip}:{port}',
-               '--rdzv-id=rig', f'--local-addr={host.ip}', '--max-restarts=0',
-               # torchrun stops a failed rank's siblings at its next look: 3 s lets each rank report its own error
-               '--monitor-interval=3',
-               str(script), *args]
+        cmd = [
+            sys.executable,
+            '-m',
+            'torch.distributed.run',
+            f'--nnodes={len(self.hosts)}',
+            f'--nproc-per-node={nproc}',
+            '--rdzv-backend=c10d',
+            f'--rdzv-endpoint={self.hosts[0].ip}:{port}',
+            '--rdzv-id=rig',
+            f'--local-addr={host.ip}',
+            '--max-restarts=0',
+            # torchrun stops a failed rank's siblings at its next look: 3 s lets each rank report its own error
+            '--monitor-interval=3',
+            str(script),
+            *args,
+        ]
         return host.popen(cmd, self.env(host, extra_env), self.workdir / f'torchrun-{host.name}.log')
 
 

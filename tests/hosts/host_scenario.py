@@ -61,20 +61,28 @@ dump(f'start-rank{rank}.json', {'pid': os.getpid(), 'host': host})
 sink = InMemoryLogger()
 # close() waits for the uploads in flight, each bounded by the S3 client's timeouts and the retry policy: short
 # ones keep a partitioned host's close (and so its exit) within seconds here.
-client = {'endpoint_url': os.environ['AWS_ENDPOINT_URL'],
-          'client_config': {'connect_timeout': 2, 'read_timeout': 5, 'retries': {'total_max_attempts': 1}}}
-logger = Logger([sink, FileLogger('/tmp/logs/{run_name}/rank{rank}.txt', remote_file_name='{run_name}/logs/rank{rank}.txt'),
-                 RemoteUploaderDownloader(f's3://{bucket}', upload_staging_folder='/tmp/staging',
-                                          backend_kwargs=client)],
-                run_name='rig', sync_timeout=sync_timeout)
+client = {
+    'endpoint_url': os.environ['AWS_ENDPOINT_URL'],
+    'client_config': {'connect_timeout': 2, 'read_timeout': 5, 'retries': {'total_max_attempts': 1}},
+}
+logger = Logger(
+    [
+        sink,
+        FileLogger('/tmp/logs/{run_name}/rank{rank}.txt', remote_file_name='{run_name}/logs/rank{rank}.txt'),
+        RemoteUploaderDownloader(f's3://{bucket}', upload_staging_folder='/tmp/staging', backend_kwargs=client),
+    ],
+    run_name='rig',
+    sync_timeout=sync_timeout,
+)
 writer = None
 if checkpoint_every:
     import torch.distributed.checkpoint as dcp
 
     from dist_logging.checkpoint import CheckpointWriter
 
-    writer = CheckpointWriter(f's3://{bucket}', upload_staging_folder='/tmp/ckpt-staging',
-                              commit_timeout=sync_timeout, backend_kwargs=client)
+    writer = CheckpointWriter(
+        f's3://{bucket}', upload_staging_folder='/tmp/ckpt-staging', commit_timeout=sync_timeout, backend_kwargs=client
+    )
 result = {'rank': rank, 'host': host, 'pid': os.getpid(), 'accepted': {}, 'saved': []}
 inflight, works = os.environ.get('RIG_INFLIGHT') == '1', []
 os.makedirs('/tmp/src', exist_ok=True)
@@ -102,12 +110,17 @@ try:
         time.sleep(0.2)
     logger.close()
 except Exception as exc:
-    result['error'] = {'type': type(exc).__name__, 'message': str(exc), 'wall': time.time(),
-                       'missing': list(getattr(exc, 'missing_ranks', ())),
-                       'unreachable': list(getattr(exc, 'unreachable_ranks', ())),
-                       'left': list(getattr(exc, 'left_ranks', ())), 'late': list(getattr(exc, 'late_ranks', ())),
-                       'hosts': {str(r): h for r, h in getattr(exc, 'hosts', {}).items()},
-                       'in_flight': len(works)}
+    result['error'] = {
+        'type': type(exc).__name__,
+        'message': str(exc),
+        'wall': time.time(),
+        'missing': list(getattr(exc, 'missing_ranks', ())),
+        'unreachable': list(getattr(exc, 'unreachable_ranks', ())),
+        'left': list(getattr(exc, 'left_ranks', ())),
+        'late': list(getattr(exc, 'late_ranks', ())),
+        'hosts': {str(r): h for r, h in getattr(exc, 'hosts', {}).items()},
+        'in_flight': len(works),
+    }
     dump(f'result-rank{rank}.json', result)  # on record even if this rank is ended during close()
     t0 = time.monotonic()
     try:

@@ -27,8 +27,7 @@ from hosts._rig import Rig, unavailable, wait_for
 from s3_server import CREDENTIALS
 
 REASON = unavailable()
-pytestmark = [pytest.mark.serial, pytest.mark.timeout(420),
-              pytest.mark.skipif(REASON is not None, reason=REASON or '')]
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(420), pytest.mark.skipif(REASON is not None, reason=REASON or '')]
 
 SCENARIO = pathlib.Path(__file__).with_name('host_scenario.py')
 SYNC_TIMEOUT = 5.0
@@ -72,7 +71,9 @@ def _outputs(rig, prefix):
 
 
 def _logs(rig):
-    return '\n'.join(f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}' for p in sorted(rig.workdir.glob('*.log')))
+    return '\n'.join(
+        f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}' for p in sorted(rig.workdir.glob('*.log'))
+    )
 
 
 def _progress(rig):
@@ -131,8 +132,10 @@ def _wait_for_errors_and_exits(rig, fault_at, timeout=90):
         time.sleep(0.1)
     results = _outputs(rig, 'result')
     if not all(results.values()):
-        raise AssertionError(f'ranks {[r for r, o in results.items() if not o]} reported nothing; progress '
-                             f'{_progress(rig)}; exits {exits}\n{_logs(rig)}')
+        raise AssertionError(
+            f'ranks {[r for r, o in results.items() if not o]} reported nothing; progress '
+            f'{_progress(rig)}; exits {exits}\n{_logs(rig)}'
+        )
     errs = {r: out['error']['wall'] - fault_at for r, out in results.items() if out.get('error')}
     return results, errs, exits
 
@@ -158,18 +161,22 @@ def test_a_partition_names_the_far_side_and_every_rank_errs_and_exits_in_bounded
             agents[host.name] = 'still running 15 s later'
     with capsys.disabled():
         print(f'\n[rig] agents: {agents}', file=sys.stderr)
-        print(f'\n[rig] partition: error after {json.dumps({r: round(s, 2) for r, s in errs.items()})} s, '
-              f'worker exit after {json.dumps({r: round(s, 2) for r, s in exits.items()})} s, Logger.close() took '
-              f'{json.dumps({r: round(out.get("close_seconds", -1), 2) for r, out in results.items()})} s',
-              file=sys.stderr)
+        print(
+            f'\n[rig] partition: error after {json.dumps({r: round(s, 2) for r, s in errs.items()})} s, '
+            f'worker exit after {json.dumps({r: round(s, 2) for r, s in exits.items()})} s, Logger.close() took '
+            f'{json.dumps({r: round(out.get("close_seconds", -1), 2) for r, out in results.items()})} s',
+            file=sys.stderr,
+        )
     assert sorted(errs) == [0, 1, 2, 3], results
     for r, seconds in errs.items():
         assert seconds < SYNC_TIMEOUT + SLACK, (r, seconds, results[r]['error'])
     assert sorted(exits) == [0, 1, 2, 3] and max(exits.values()) < EXIT_BOUND, (exits, _logs(rig))
     # The named error: what the flush raised, or, for a rank caught in a checkpoint save (DCP's own gloo
     # timeout), what close() raised completing the flush in flight.
-    named = {r: out['error']['message'] if out['error']['type'] == 'DistributedLoggingError'
-             else out.get('close_error', '') for r, out in results.items()}
+    named = {
+        r: out['error']['message'] if out['error']['type'] == 'DistributedLoggingError' else out.get('close_error', '')
+        for r, out in results.items()
+    }
     for r in (0, 1):  # the store's side names the far host's ranks and the host
         assert 'host host2 (ranks [2, 3]) silent' in named[r], results[r]
     for r in (2, 3):  # cut off from the store: says so, names the other host's ranks
@@ -177,8 +184,9 @@ def test_a_partition_names_the_far_side_and_every_rank_errs_and_exits_in_bounded
         assert 'host1: ranks [0, 1]' in named[r], results[r]
     # drain after the heal: every accepted upload lands, byte-identical
     for host in rig.hosts:
-        done = host.run([sys.executable, '-m', 'dist_logging', 'drain', '/tmp/staging', '--no-progress'],
-                        rig.env(host), timeout=120)
+        done = host.run(
+            [sys.executable, '-m', 'dist_logging', 'drain', '/tmp/staging', '--no-progress'], rig.env(host), timeout=120
+        )
         assert done.returncode == 0, done.stdout + done.stderr
     landed = _landed(rig)
     for r, out in results.items():
@@ -223,8 +231,11 @@ def test_a_frozen_store_host_ends_the_other_side_in_bounded_time(rig, capsys):
     results = _outputs(rig, 'result')
     errs = {r: results[r]['error']['wall'] - frozen_at for r in (2, 3)}
     with capsys.disabled():
-        print(f'\n[rig] frozen store host: host2 errors after {json.dumps({r: round(s, 2) for r, s in errs.items()})}'
-              f' s, host2 workers gone after {exited:.2f} s', file=sys.stderr)
+        print(
+            f'\n[rig] frozen store host: host2 errors after {json.dumps({r: round(s, 2) for r, s in errs.items()})}'
+            f' s, host2 workers gone after {exited:.2f} s',
+            file=sys.stderr,
+        )
     for r in (2, 3):
         assert errs[r] < SYNC_TIMEOUT + SLACK, (r, errs[r], results[r]['error'])
         error = results[r]['error']

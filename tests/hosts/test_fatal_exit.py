@@ -24,8 +24,7 @@ from hosts._rig import Rig, unavailable, wait_for
 from s3_server import CREDENTIALS
 
 REASON = unavailable()
-pytestmark = [pytest.mark.serial, pytest.mark.timeout(300),
-              pytest.mark.skipif(REASON is not None, reason=REASON or '')]
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(300), pytest.mark.skipif(REASON is not None, reason=REASON or '')]
 
 SCENARIO = pathlib.Path(__file__).with_name('host_scenario.py')
 SYNC_TIMEOUT = 5.0
@@ -70,13 +69,18 @@ def _progress(rig):
 
 
 def _logs(rig):
-    return '\n'.join(f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}'
-                     for p in sorted(rig.workdir.glob('*.log')))
+    return '\n'.join(
+        f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}' for p in sorted(rig.workdir.glob('*.log'))
+    )
 
 
 def test_after_a_partition_every_worker_ends_by_itself_despite_training_collectives_in_flight(rig, capsys):
-    env = {'RIG_BUCKET': rig.bucket, 'RIG_SYNC_TIMEOUT': str(SYNC_TIMEOUT), 'RIG_PG_TIMEOUT': str(PG_TIMEOUT),
-           'RIG_INFLIGHT': '1'}
+    env = {
+        'RIG_BUCKET': rig.bucket,
+        'RIG_SYNC_TIMEOUT': str(SYNC_TIMEOUT),
+        'RIG_PG_TIMEOUT': str(PG_TIMEOUT),
+        'RIG_INFLIGHT': '1',
+    }
     port = 29000 + random.randrange(20000)
     jobs = [rig.torchrun(host, SCENARIO, NPROC, port, ['10000', '0'], env) for host in rig.hosts]
     wait_for(lambda: min(_progress(rig)) >= 4, 150, 'every rank past step 4')
@@ -99,25 +103,35 @@ def test_after_a_partition_every_worker_ends_by_itself_despite_training_collecti
     exit_after = {r: gone[r] - results[r]['leaving'] for r in results}
     with capsys.disabled():
         errors = {r: round(o['error']['wall'] - cut_at, 1) for r, o in results.items()}
-        print(f'\n[rig] fatal exit: error after {json.dumps(errors)} s; '
-              f'close() {json.dumps({r: round(o["close_seconds"], 1) for r, o in results.items()})} s; process gone '
-              f'{json.dumps({r: round(s, 2) for r, s in exit_after.items()})} s after leaving the script; '
-              f'in flight {json.dumps({r: o["error"]["in_flight"] for r, o in results.items()})}', file=sys.stderr)
+        print(
+            f'\n[rig] fatal exit: error after {json.dumps(errors)} s; '
+            f'close() {json.dumps({r: round(o["close_seconds"], 1) for r, o in results.items()})} s; process gone '
+            f'{json.dumps({r: round(s, 2) for r, s in exit_after.items()})} s after leaving the script; '
+            f'in flight {json.dumps({r: o["error"]["in_flight"] for r, o in results.items()})}',
+            file=sys.stderr,
+        )
     for r, out in results.items():
         assert out['error']['type'] == 'DistributedLoggingError', out
     assert all(results[r]['error']['in_flight'] >= 1 for r in (2, 3)), results
     # Liveness, not performance: a generous multiple of the documented bound (torch would wait 60 s per collective).
     assert max(exit_after.values()) < 2 * EXIT_BOUND, (exit_after, _logs(rig))
     logs = {host.name: (rig.workdir / f'torchrun-{host.name}.log').read_text(errors='replace') for host in rig.hosts}
-    assert logs['host2'].count('dist_logging: ending this process (exit status 1) after a fatal error') == 2, \
-        logs['host2'][-4000:]
+    assert logs['host2'].count('dist_logging: ending this process (exit status 1) after a fatal error') == 2, logs[
+        'host2'
+    ][-4000:]
     # Nothing accepted is lost: after the heal, drain delivers every upload host2's ranks accepted.
-    done = rig.hosts[1].run([sys.executable, '-m', 'dist_logging', 'drain', '/tmp/staging', '--no-progress'],
-                            rig.env(rig.hosts[1]), timeout=120)
+    done = rig.hosts[1].run(
+        [sys.executable, '-m', 'dist_logging', 'drain', '/tmp/staging', '--no-progress'],
+        rig.env(rig.hosts[1]),
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     client = rig.s3.client()
-    landed = {item['Key'] for page in client.get_paginator('list_objects_v2').paginate(Bucket=rig.bucket)
-              for item in page.get('Contents', [])}
+    landed = {
+        item['Key']
+        for page in client.get_paginator('list_objects_v2').paginate(Bucket=rig.bucket)
+        for item in page.get('Contents', [])
+    }
     for r in (2, 3):
         assert set(results[r]['accepted']) <= landed, sorted(set(results[r]['accepted']) - landed)
     for job in jobs:  # the agents saw their workers fail (not asserted: torchrun's own business)

@@ -11,10 +11,30 @@ from typing import Iterator
 from dist_logging.object_store.local import LocalObjectStore
 
 # Every torch.distributed function that communicates (or creates a group, itself a collective).
-COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_object', 'all_gather_into_tensor', 'broadcast',
-               'broadcast_object_list', 'barrier', 'monitored_barrier', 'reduce', 'reduce_scatter',
-               'reduce_scatter_tensor', 'gather', 'gather_object', 'scatter', 'scatter_object_list',
-               'all_to_all', 'all_to_all_single', 'send', 'recv', 'isend', 'irecv', 'new_group')
+COLLECTIVES = (
+    'all_reduce',
+    'all_gather',
+    'all_gather_object',
+    'all_gather_into_tensor',
+    'broadcast',
+    'broadcast_object_list',
+    'barrier',
+    'monitored_barrier',
+    'reduce',
+    'reduce_scatter',
+    'reduce_scatter_tensor',
+    'gather',
+    'gather_object',
+    'scatter',
+    'scatter_object_list',
+    'all_to_all',
+    'all_to_all_single',
+    'send',
+    'recv',
+    'isend',
+    'irecv',
+    'new_group',
+)
 
 
 class CollectiveCounter:
@@ -83,8 +103,9 @@ def _recording_remote_class():
         as ``type: '_integration_helpers:RecordingRemote'``."""
 
         def __init__(self, bucket: str, upload_staging_folder: str = None, ranks: str = 'all'):
-            super().__init__(object_store=RecordingLocalStore(bucket), upload_staging_folder=upload_staging_folder,
-                             ranks=ranks)
+            super().__init__(
+                object_store=RecordingLocalStore(bucket), upload_staging_folder=upload_staging_folder, ranks=ranks
+            )
 
     return RecordingRemote
 

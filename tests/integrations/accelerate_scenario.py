@@ -30,10 +30,15 @@ built = []
 
 def build_logger():
     built.append(True)
-    return Logger([FileLogger('runs/instance/rank{rank}.jsonl', format='jsonl'),
-                   RemoteUploaderDownloader(object_store=RecordingLocalStore(str(BUCKET)),
-                                            upload_staging_folder=str(OUT / 'staging'))],
-                  run_name='instance-run')
+    return Logger(
+        [
+            FileLogger('runs/instance/rank{rank}.jsonl', format='jsonl'),
+            RemoteUploaderDownloader(
+                object_store=RecordingLocalStore(str(BUCKET)), upload_staging_folder=str(OUT / 'staging')
+            ),
+        ],
+        run_name='instance-run',
+    )
 
 
 def main():

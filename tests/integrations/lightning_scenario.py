@@ -43,7 +43,9 @@ class TinyRegression(LightningModule):
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log('train_loss', loss)
         prediction = self.net(x).detach()
-        self.log_dict({'pred_mean': prediction.mean(), 'target_mean': y.mean(), 'abs_err': (prediction - y).abs().mean()})
+        self.log_dict(
+            {'pred_mean': prediction.mean(), 'target_mean': y.mean(), 'abs_err': (prediction - y).abs().mean()}
+        )
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -76,9 +78,14 @@ class CountingLogger(DistLoggingLogger):
 
 
 def build_logger():
-    return Logger([FileLogger(FILE_TEMPLATE, format='jsonl'),
-                   RemoteUploaderDownloader(object_store=RecordingLocalStore(str(OUT / 'bucket')),
-                                            upload_staging_folder=str(OUT / 'staging'))])
+    return Logger(
+        [
+            FileLogger(FILE_TEMPLATE, format='jsonl'),
+            RemoteUploaderDownloader(
+                object_store=RecordingLocalStore(str(OUT / 'bucket')), upload_staging_folder=str(OUT / 'staging')
+            ),
+        ]
+    )
 
 
 def main(mode: str) -> None:
@@ -88,10 +95,12 @@ def main(mode: str) -> None:
     if mode == 'launcher':
         adapter = DistLoggingLogger(build_logger)
     else:
-        adapter = DistLoggingLogger(config={
-            'destinations': [{'type': 'file', 'filename': FILE_TEMPLATE, 'format': 'jsonl', 'ranks': 'all'}],
-            'upload': {'bucket_uri': str(OUT / 'bucket'), 'upload_staging_folder': str(OUT / 'staging')},
-        })
+        adapter = DistLoggingLogger(
+            config={
+                'destinations': [{'type': 'file', 'filename': FILE_TEMPLATE, 'format': 'jsonl', 'ranks': 'all'}],
+                'upload': {'bucket_uri': str(OUT / 'bucket'), 'upload_staging_folder': str(OUT / 'staging')},
+            }
+        )
     loggers = [adapter, CSVLogger(str(OUT / 'csv'), name='ref', version='')]
     if mode == 'torchrun':
         # A second adapter that combines every metric across ranks (one collective per logging step).
@@ -104,16 +113,33 @@ def main(mode: str) -> None:
 
         loggers.append(CountingLogger(build_mean_logger, reduce='mean', upload_checkpoints=False))
     checkpoint = ModelCheckpoint(every_n_train_steps=5, save_top_k=-1, save_last=True)
-    trainer = Trainer(strategy='ddp', accelerator='cpu', devices=2, max_steps=20, log_every_n_steps=5,
-                      logger=loggers,
-                      callbacks=[checkpoint], default_root_dir=str(OUT), limit_val_batches=2, limit_test_batches=2,
-                      limit_predict_batches=2, num_sanity_val_steps=0, enable_progress_bar=False,
-                      enable_model_summary=False)
+    trainer = Trainer(
+        strategy='ddp',
+        accelerator='cpu',
+        devices=2,
+        max_steps=20,
+        log_every_n_steps=5,
+        logger=loggers,
+        callbacks=[checkpoint],
+        default_root_dir=str(OUT),
+        limit_val_batches=2,
+        limit_test_batches=2,
+        limit_predict_batches=2,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     model = TinyRegression()
     trainer.fit(model, data)
     rank = dist.get_global_rank() if dist.is_initialized() else int(os.environ.get('LOCAL_RANK', '0'))
-    output = {'rank': rank, 'run_name': adapter.version, 'checkpoint_dir': checkpoint.dirpath,
-              'env_rank': os.environ.get('RANK'), 'mode': mode, 'threads_after': {'fit': our_threads()}}
+    output = {
+        'rank': rank,
+        'run_name': adapter.version,
+        'checkpoint_dir': checkpoint.dirpath,
+        'env_rank': os.environ.get('RANK'),
+        'mode': mode,
+        'threads_after': {'fit': our_threads()},
+    }
     if mode == 'torchrun':
         output['mean_collectives'] = [logger._group.collective_count for logger in mean_loggers]
         output['mean_calls'] = list(loggers[-1].calls)

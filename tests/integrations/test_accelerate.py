@@ -23,8 +23,13 @@ destinations:
 def test_tracker_by_instance_and_by_name_under_torchrun(tmp_path):
     config = tmp_path / 'named.yaml'
     config.write_text(NAMED_CONFIG)
-    run_torchrun(HERE / 'accelerate_scenario.py', 2, tmp_path, timeout=240,
-                 env={'DIST_LOGGING_CONFIG': str(config), 'HF_HUB_OFFLINE': '1', 'WANDB_DISABLED': 'true'})
+    run_torchrun(
+        HERE / 'accelerate_scenario.py',
+        2,
+        tmp_path,
+        timeout=240,
+        env={'DIST_LOGGING_CONFIG': str(config), 'HF_HUB_OFFLINE': '1', 'WANDB_DISABLED': 'true'},
+    )
     outputs = read_rank_outputs(tmp_path)
     assert set(outputs) == {0, 1}
     # Accelerate calls trackers on the main process only, and the tracker issues no collective.
@@ -51,6 +56,7 @@ def test_tracker_by_instance_and_by_name_under_torchrun(tmp_path):
 
 
 # ---------------------------------------------------------------------- in-process checks (fast)
+
 
 def test_tracker_validates_its_arguments(tmp_path, monkeypatch):
     from dist_logging import Logger

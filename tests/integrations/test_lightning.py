@@ -14,8 +14,13 @@ from torchrun_helper import _run, base_env, read_rank_outputs, run_torchrun
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCENARIO = HERE / 'lightning_scenario.py'
-CHECKPOINTS = ['epoch=0-step=5.ckpt', 'epoch=0-step=10.ckpt', 'epoch=0-step=15.ckpt', 'epoch=0-step=20.ckpt',
-               'last.ckpt']
+CHECKPOINTS = [
+    'epoch=0-step=5.ckpt',
+    'epoch=0-step=10.ckpt',
+    'epoch=0-step=15.ckpt',
+    'epoch=0-step=20.ckpt',
+    'last.ckpt',
+]
 QUIET = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1', 'WANDB_DISABLED': 'true'}
 
 
@@ -35,8 +40,9 @@ def check_fit(out: pathlib.Path, *, recorded_uploads: bool, stages: int = 1) -> 
 
     # Metrics with Lightning's own steps: what its CSVLogger (on rank zero) recorded.
     with open(out / 'csv' / 'ref' / 'metrics.csv') as handle:
-        reference = [(int(row['step']), float(row['train_loss'])) for row in csv.DictReader(handle)
-                     if row['train_loss']]  # rows of the later stages carry other keys
+        reference = [
+            (int(row['step']), float(row['train_loss'])) for row in csv.DictReader(handle) if row['train_loss']
+        ]  # rows of the later stages carry other keys
     assert [step for step, _ in reference] == [4, 9, 14, 19]
     ours = [(r['step'], r['data']['train_loss']) for r in logs[0] if 'train_loss' in r.get('data', {})]
     assert [step for step, _ in ours] == [step for step, _ in reference]
@@ -87,8 +93,12 @@ def test_fit_under_torchrun_with_a_config(tmp_path):
     run_name = outputs[0]['run_name']
     run = tmp_path / 'runs' / run_name
     assert sorted(p.name for p in (tmp_path / 'runs').iterdir()) == [run_name]
-    assert sorted(p.name for p in run.iterdir()) == ['mean-rank0.jsonl', 'mean-rank1.jsonl', 'rank0.jsonl',
-                                                     'rank1.jsonl']
+    assert sorted(p.name for p in run.iterdir()) == [
+        'mean-rank0.jsonl',
+        'mean-rank1.jsonl',
+        'rank0.jsonl',
+        'rank1.jsonl',
+    ]
     for rank in (0, 1):
         assert outputs[rank]['versions'] == [run_name] * 4
         assert all(threads == [] for threads in outputs[rank]['threads_after'].values()), outputs[rank]['threads_after']
@@ -96,8 +106,9 @@ def test_fit_under_torchrun_with_a_config(tmp_path):
         keys = [key for r in records if r['kind'] == 'metric' for key in r['data']]
         for key in ('train_loss', 'val_loss', 'test_loss', 'predict_batch'):
             assert key in keys, (rank, key)
-        assert (tmp_path / 'bucket' / f'runs/{run_name}/rank{rank}.jsonl').read_bytes() == \
-            (run / f'rank{rank}.jsonl').read_bytes()  # the bucket holds what the last stage left
+        assert (tmp_path / 'bucket' / f'runs/{run_name}/rank{rank}.jsonl').read_bytes() == (
+            run / f'rank{rank}.jsonl'
+        ).read_bytes()  # the bucket holds what the last stage left
 
     # The reduce='mean' adapter: collectives only inside log_metrics (which Lightning calls on every
     # rank), the same few per logging step whatever the keys, and the mean on rank zero.
@@ -110,16 +121,24 @@ def test_fit_under_torchrun_with_a_config(tmp_path):
         assert len(steady) == 1 and 1 <= steady.pop() < 5  # not one per key
     assert outputs[0]['mean_calls'] == outputs[1]['mean_calls']
     run = tmp_path / 'runs' / outputs[0]['run_name']
-    own = {rank: [r['data']['train_loss'] for r in read_jsonl(run / f'rank{rank}.jsonl')
-                  if 'train_loss' in r.get('data', {})] for rank in (0, 1)}
-    mean = [(r['step'], r['data']['train_loss']) for r in read_jsonl(run / 'mean-rank0.jsonl')
-            if 'train_loss' in r.get('data', {})]
+    own = {
+        rank: [
+            r['data']['train_loss'] for r in read_jsonl(run / f'rank{rank}.jsonl') if 'train_loss' in r.get('data', {})
+        ]
+        for rank in (0, 1)
+    }
+    mean = [
+        (r['step'], r['data']['train_loss'])
+        for r in read_jsonl(run / 'mean-rank0.jsonl')
+        if 'train_loss' in r.get('data', {})
+    ]
     assert [step for step, _ in mean] == [4, 9, 14, 19]
     assert [value for _, value in mean] == pytest.approx([(a + b) / 2 for a, b in zip(own[0], own[1])])
     assert not [r for r in read_jsonl(run / 'mean-rank1.jsonl') if r['kind'] == 'metric']
 
 
 # ---------------------------------------------------------------------- in-process checks (fast)
+
 
 def test_logger_validates_its_arguments(monkeypatch):
     from dist_logging.integrations.lightning import DistLoggingLogger
@@ -171,9 +190,11 @@ def test_logger_maps_calls_in_one_process(tmp_path):
     adapter.after_save_checkpoint(callback)
     last.write_bytes(b'last-2')  # rewritten in place, same name
     adapter.after_save_checkpoint(callback)
-    assert uploads.uploads == [('unit/checkpoints/epoch=0-step=5.ckpt', b'one', True),
-                               ('unit/checkpoints/last.ckpt', b'last-1', True),
-                               ('unit/checkpoints/last.ckpt', b'last-2', True)]
+    assert uploads.uploads == [
+        ('unit/checkpoints/epoch=0-step=5.ckpt', b'one', True),
+        ('unit/checkpoints/last.ckpt', b'last-1', True),
+        ('unit/checkpoints/last.ckpt', b'last-2', True),
+    ]
     built = adapter.experiment
     adapter.finalize('success')
     with pytest.raises(RuntimeError, match='closed'):
@@ -190,8 +211,11 @@ def test_finalize_raises_upload_error_naming_the_checkpoint(tmp_path):
         def upload_object(self, object_name, filename, callback=None, **kwargs):
             raise PermissionError(f'refused {object_name}')
 
-    uploader = RemoteUploaderDownloader(object_store=RefusingStore(str(tmp_path / 'bucket')),
-                                        upload_staging_folder=str(tmp_path / 'staging'), num_attempts=1)
+    uploader = RemoteUploaderDownloader(
+        object_store=RefusingStore(str(tmp_path / 'bucket')),
+        upload_staging_folder=str(tmp_path / 'staging'),
+        num_attempts=1,
+    )
     adapter = DistLoggingLogger(lambda: Logger([uploader], run_name='unit'))
     checkpoint = tmp_path / 'epoch=0-step=5.ckpt'
     checkpoint.write_bytes(b'weights')
@@ -235,8 +259,16 @@ def test_a_checkpoint_is_in_durable_staging_when_the_hook_returns(tmp_path):
             super().upload_object(*args, **kwargs)
 
     staging = tmp_path / 'staging'
-    adapter = DistLoggingLogger(lambda: Logger([RemoteUploaderDownloader(
-        object_store=HeldStore(str(tmp_path / 'bucket')), upload_staging_folder=str(staging))], run_name='unit'))
+    adapter = DistLoggingLogger(
+        lambda: Logger(
+            [
+                RemoteUploaderDownloader(
+                    object_store=HeldStore(str(tmp_path / 'bucket')), upload_staging_folder=str(staging)
+                )
+            ],
+            run_name='unit',
+        )
+    )
     checkpoint = tmp_path / 'last.ckpt'
     checkpoint.write_bytes(b'first')
 
@@ -258,19 +290,29 @@ def test_a_checkpoint_is_in_durable_staging_when_the_hook_returns(tmp_path):
 
 # ---------------------------------------------------------------------- one run per object; threads
 
+
 def _our_threads() -> list[str]:
     """Live threads that dist_logging started (upload workers, tracker and MLflow workers)."""
     import threading
 
-    return sorted(t.name for t in threading.enumerate()
-                  if t.is_alive() and t.name.startswith(('upload-', 'dist_logging')))
+    return sorted(
+        t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith(('upload-', 'dist_logging'))
+    )
 
 
 def _file_and_bucket_config(tmp_path: pathlib.Path) -> dict:
-    return {'destinations': [{'type': 'file', 'filename': str(tmp_path / 'runs/{run_name}/rank{rank}.jsonl'),
-                              'remote_file_name': '{run_name}/rank{rank}.jsonl', 'format': 'jsonl',
-                              'ranks': 'all'}],
-            'upload': {'bucket_uri': str(tmp_path / 'bucket'), 'upload_staging_folder': str(tmp_path / 'staging')}}
+    return {
+        'destinations': [
+            {
+                'type': 'file',
+                'filename': str(tmp_path / 'runs/{run_name}/rank{rank}.jsonl'),
+                'remote_file_name': '{run_name}/rank{rank}.jsonl',
+                'format': 'jsonl',
+                'ranks': 'all',
+            }
+        ],
+        'upload': {'bucket_uri': str(tmp_path / 'bucket'), 'upload_staging_folder': str(tmp_path / 'staging')},
+    }
 
 
 def test_fit_validate_test_predict_in_one_process_is_one_run_and_leaves_no_thread(tmp_path):
@@ -316,9 +358,17 @@ def test_fit_validate_test_predict_in_one_process_is_one_run_and_leaves_no_threa
     before = _our_threads()
     adapter = DistLoggingLogger(config=_file_and_bucket_config(tmp_path), upload_checkpoints=False)
     assert _our_threads() == before  # building the adapter starts nothing
-    trainer = Trainer(accelerator='cpu', devices=1, max_steps=4, log_every_n_steps=1, logger=adapter,
-                      default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False,
-                      enable_checkpointing=False)
+    trainer = Trainer(
+        accelerator='cpu',
+        devices=1,
+        max_steps=4,
+        log_every_n_steps=1,
+        logger=adapter,
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
     model = Tiny()
     versions = []
     trainer.fit(model, data)
@@ -339,8 +389,9 @@ def test_fit_validate_test_predict_in_one_process_is_one_run_and_leaves_no_threa
     assert {'train_loss', 'val_loss', 'test_loss', 'predicted_batches'} <= keys
     assert [r['data'] for r in records if r['kind'] == 'hparams'] == [{'lr': 0.1}] * 4  # logged by every stage
     # The bucket holds the log as the last stage left it (every stage's lines, appended).
-    assert (tmp_path / 'bucket' / run_name / 'rank0.jsonl').read_bytes() == \
-        (tmp_path / 'runs' / run_name / 'rank0.jsonl').read_bytes()
+    assert (tmp_path / 'bucket' / run_name / 'rank0.jsonl').read_bytes() == (
+        tmp_path / 'runs' / run_name / 'rank0.jsonl'
+    ).read_bytes()
 
 
 def test_threads_end_with_the_adapter_not_finalized(tmp_path):
@@ -428,8 +479,9 @@ def test_interpreter_exit_drains_the_uploads_of_an_adapter_never_finalized(tmp_p
     import sys
 
     env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, '-c', EXIT_SCRIPT, str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, '-c', EXIT_SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / 'bucket' / 'at-exit' / 'model.ckpt').read_bytes() == b'weights'
     log = (tmp_path / 'bucket' / 'at-exit' / 'rank0.txt').read_text()  # closed, flushed and uploaded at exit
@@ -474,9 +526,17 @@ def test_logger_state_callback_resumes_a_fit_from_its_checkpoint(tmp_path):
     def fit(tag: float, max_steps: int, ckpt_path=None) -> None:
         adapter = DistLoggingLogger(lambda: Logger(FileLogger(log), run_name='lit'), upload_checkpoints=False)
         checkpoints = ModelCheckpoint(dirpath=str(tmp_path / 'ckpt'), every_n_train_steps=3, save_top_k=-1)
-        trainer = Trainer(accelerator='cpu', devices=1, max_steps=max_steps, log_every_n_steps=1, logger=adapter,
-                          callbacks=[checkpoints, LoggerState(adapter)], default_root_dir=str(tmp_path),
-                          enable_progress_bar=False, enable_model_summary=False)
+        trainer = Trainer(
+            accelerator='cpu',
+            devices=1,
+            max_steps=max_steps,
+            log_every_n_steps=1,
+            logger=adapter,
+            callbacks=[checkpoints, LoggerState(adapter)],
+            default_root_dir=str(tmp_path),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
         trainer.fit(Tiny(tag), data, ckpt_path=ckpt_path)
 
     fit(1.0, 6)
@@ -487,8 +547,11 @@ def test_logger_state_callback_resumes_a_fit_from_its_checkpoint(tmp_path):
     assert '[resume]: ===== resumed at step' in text
     out = io.StringIO()
     merge_logs([str(tmp_path / 'logs-rank0.txt')], out, collapse=False)
-    tags = [(int(line.split('[batch=')[1].split(']')[0]), float(line.split('tag: ')[1]))
-            for line in out.getvalue().splitlines() if ' tag: ' in line]
+    tags = [
+        (int(line.split('[batch=')[1].split(']')[0]), float(line.split('tag: ')[1]))
+        for line in out.getvalue().splitlines()
+        if ' tag: ' in line
+    ]
     steps = [step for step, _ in tags]
     assert steps == sorted(set(steps)), tags  # each step once
     assert tags[-1][1] == 2.0 and tags[0][1] == 1.0

@@ -53,9 +53,18 @@ def test_lightning_fit_marks_data_forward_backward_optimizer(tmp_path):
     with pytest.raises(TypeError, match='DistLoggingLogger'):
         RankSections(object())
     x = torch.randn(48, 2)
-    trainer = Trainer(accelerator='cpu', devices=1, max_steps=12, log_every_n_steps=50, logger=adapter,
-                      callbacks=[RankSections(adapter)], default_root_dir=str(tmp_path), enable_progress_bar=False,
-                      enable_model_summary=False, enable_checkpointing=False)
+    trainer = Trainer(
+        accelerator='cpu',
+        devices=1,
+        max_steps=12,
+        log_every_n_steps=50,
+        logger=adapter,
+        callbacks=[RankSections(adapter)],
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
     trainer.fit(Tiny(), DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4))
     assert len(built) == 1  # the hooks ran before finalize closed it: no second Logger was built
     logger = built[0]

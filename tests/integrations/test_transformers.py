@@ -30,9 +30,19 @@ destinations:
 def test_trainer_under_torchrun_with_report_to(tmp_path):
     config = tmp_path / 'logger.yaml'
     config.write_text(CONFIG)
-    run_torchrun(HERE / 'transformers_scenario.py', 2, tmp_path, timeout=240,
-                 env={'DIST_LOGGING_CONFIG': str(config), 'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1',
-                      'WANDB_DISABLED': 'true', 'HF_HOME': str(tmp_path / 'hf_home')})
+    run_torchrun(
+        HERE / 'transformers_scenario.py',
+        2,
+        tmp_path,
+        timeout=240,
+        env={
+            'DIST_LOGGING_CONFIG': str(config),
+            'HF_HUB_OFFLINE': '1',
+            'TRANSFORMERS_OFFLINE': '1',
+            'WANDB_DISABLED': 'true',
+            'HF_HOME': str(tmp_path / 'hf_home'),
+        },
+    )
     bucket = tmp_path / 'bucket'
 
     # Every file of both checkpoints landed, byte-identical.
@@ -53,8 +63,9 @@ def test_trainer_under_torchrun_with_report_to(tmp_path):
         prefix = f'hf-run/checkpoints/{checkpoint}/'
         assert by_name[prefix + 'rng_state_0.pth'] == [0]
         assert by_name[prefix + 'rng_state_1.pth'] == [1]
-        assert {ranks[0] for name, ranks in by_name.items()
-                if name.startswith(prefix) and 'rng_state' not in name} == {0}
+        assert {ranks[0] for name, ranks in by_name.items() if name.startswith(prefix) and 'rng_state' not in name} == {
+            0
+        }
 
     # Rank zero: the hyperparameters once (hub_token redacted), loss and learning rate at their steps.
     logs = {rank: read_jsonl(tmp_path / 'runs' / 'hf-run' / f'rank{rank}.jsonl') for rank in (0, 1)}
@@ -72,6 +83,7 @@ def test_trainer_under_torchrun_with_report_to(tmp_path):
 
 
 # ---------------------------------------------------------------------- in-process checks (fast)
+
 
 def test_callback_validates_its_arguments(monkeypatch):
     from dist_logging.integrations.transformers import DistLoggingCallback
@@ -110,12 +122,16 @@ def test_on_save_uploads_only_this_ranks_files(tmp_path):
         callback = DistLoggingCallback(Logger([uploads], run_name='r'))
         args = types.SimpleNamespace(output_dir=str(tmp_path), process_index=process_index, should_save=should_save)
         callback.on_save(args, state, None)
-        assert all(data == name.rsplit('/', 1)[1].encode() or name.endswith('shard.bin') for name, data, _ in uploads.uploads)
+        assert all(
+            data == name.rsplit('/', 1)[1].encode() or name.endswith('shard.bin') for name, data, _ in uploads.uploads
+        )
         return sorted(uploads.names())
 
-    assert uploaded_by(0, True) == ['r/checkpoints/checkpoint-10/model.safetensors',
-                                    'r/checkpoints/checkpoint-10/rng_state_0.pth',
-                                    'r/checkpoints/checkpoint-10/sub/shard.bin']
+    assert uploaded_by(0, True) == [
+        'r/checkpoints/checkpoint-10/model.safetensors',
+        'r/checkpoints/checkpoint-10/rng_state_0.pth',
+        'r/checkpoints/checkpoint-10/sub/shard.bin',
+    ]
     assert uploaded_by(1, False) == ['r/checkpoints/checkpoint-10/rng_state_1.pth']
     # save_on_each_node: another node's local zero also wrote the shared files; only global zero uploads them.
     assert uploaded_by(2, True) == []
@@ -164,12 +180,27 @@ def test_resume_from_checkpoint_resumes_the_logger(tmp_path):
     def train(resume=None):
         torch.manual_seed(0)
         model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
-        args = TrainingArguments(output_dir=str(tmp_path / 'hf'), max_steps=10, save_strategy='steps', save_steps=5,
-                                 logging_steps=1, per_device_train_batch_size=2, learning_rate=1e-3,
-                                 dataloader_num_workers=0, use_cpu=True, report_to=[], disable_tqdm=True, seed=0)
+        args = TrainingArguments(
+            output_dir=str(tmp_path / 'hf'),
+            max_steps=10,
+            save_strategy='steps',
+            save_steps=5,
+            logging_steps=1,
+            per_device_train_batch_size=2,
+            learning_rate=1e-3,
+            dataloader_num_workers=0,
+            use_cpu=True,
+            report_to=[],
+            disable_tqdm=True,
+            seed=0,
+        )
         logger = Logger(FileLogger(log), run_name='hf')
-        trainer = Trainer(model=model, args=args, train_dataset=TokenData(),
-                          callbacks=[DistLoggingCallback(logger, upload_checkpoints=False)])
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=TokenData(),
+            callbacks=[DistLoggingCallback(logger, upload_checkpoints=False)],
+        )
         trainer.train(resume_from_checkpoint=resume)
         logger.close()
 

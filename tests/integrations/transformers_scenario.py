@@ -31,10 +31,21 @@ class TokenData(torch.utils.data.Dataset):
 def main():
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2))
-    args = TrainingArguments(output_dir=str(OUT / 'hf'), max_steps=20, save_strategy='steps', save_steps=10,
-                             logging_steps=5, per_device_train_batch_size=2, learning_rate=1e-3,
-                             dataloader_num_workers=0, use_cpu=True, report_to=['dist_logging'],
-                             hub_token=HUB_TOKEN, disable_tqdm=True, seed=0)
+    args = TrainingArguments(
+        output_dir=str(OUT / 'hf'),
+        max_steps=20,
+        save_strategy='steps',
+        save_steps=10,
+        logging_steps=5,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        dataloader_num_workers=0,
+        use_cpu=True,
+        report_to=['dist_logging'],
+        hub_token=HUB_TOKEN,
+        disable_tqdm=True,
+        seed=0,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=TokenData())
     trainer.train()
 

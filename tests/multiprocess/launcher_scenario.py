@@ -15,9 +15,14 @@ root = sys.argv[1]
 python_log = setup_logging(file=root + '/py/{run_name}/rank{rank}.log')
 before = {'rank': dist.get_global_rank(), 'world_size': dist.get_world_size(), 'launcher': dist.launcher()}
 facts = dist.init_process_group_from_env(timeout=120)
-logger = Logger([FileLogger(root + '/local/{run_name}/rank{rank}.txt', remote_file_name='{run_name}/rank{rank}.txt'),
-                 RemoteUploaderDownloader(f'file://{root}/bucket', upload_staging_folder=root + '/staging')],
-                sync_timeout=120, rank_report_every=2)
+logger = Logger(
+    [
+        FileLogger(root + '/local/{run_name}/rank{rank}.txt', remote_file_name='{run_name}/rank{rank}.txt'),
+        RemoteUploaderDownloader(f'file://{root}/bucket', upload_staging_folder=root + '/staging'),
+    ],
+    sync_timeout=120,
+    rank_report_every=2,
+)
 logging.getLogger('scenario').info('hello from rank %d of %d', dist.get_global_rank(), dist.get_world_size())
 logger.log_metrics({'my_rank': dist.get_global_rank()})  # this rank's own line, in its own file
 logger.log_metrics({'rank_plus_one': dist.get_global_rank() + 1}, reduce='sum')
@@ -32,10 +37,27 @@ import torch.distributed as torch_dist  # noqa: E402
 
 torch_dist.destroy_process_group()
 with open(f'{root}/out-rank{dist.get_global_rank()}.json', 'w') as handle:
-    json.dump({'before': before, 'launcher': dist.launcher(), 'rank': dist.get_global_rank(),
-               'local_rank': dist.get_local_rank(), 'world_size': dist.get_world_size(), 'run_name': logger.run_name,
-               'python_log': python_log, 'job': os.environ.get('SLURM_JOB_ID'), 'step': os.environ.get('SLURM_STEP_ID'),
-               'master': f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-               'report': {'batch': report.batch, 'complete': report.complete, 'world_size': report.world_size,
-                          'series': sorted(report.series), 'own_rank': report.own.rank, 'own_host': report.own.host,
-                          'slowest': sorted([e.rank, e.host] for e in report.slowest)}}, handle)
+    json.dump(
+        {
+            'before': before,
+            'launcher': dist.launcher(),
+            'rank': dist.get_global_rank(),
+            'local_rank': dist.get_local_rank(),
+            'world_size': dist.get_world_size(),
+            'run_name': logger.run_name,
+            'python_log': python_log,
+            'job': os.environ.get('SLURM_JOB_ID'),
+            'step': os.environ.get('SLURM_STEP_ID'),
+            'master': f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+            'report': {
+                'batch': report.batch,
+                'complete': report.complete,
+                'world_size': report.world_size,
+                'series': sorted(report.series),
+                'own_rank': report.own.rank,
+                'own_host': report.own.host,
+                'slowest': sorted([e.rank, e.host] for e in report.slowest),
+            },
+        },
+        handle,
+    )

@@ -18,9 +18,13 @@ rank = int(os.environ['RANK'])
 setup_logging(file=root + '/py/{run_name}-rank{rank}.log')
 dist.init_process_group_from_env(timeout=60)  # also: a clean store per restart
 # FileLogger's defaults (64 KiB buffer, uploads every 100 batches), uploads into a local bucket.
-logger = Logger([FileLogger(root + '/local/{run_name}/rank{rank}.txt', remote_file_name='{run_name}/rank{rank}.txt'),
-                 RemoteUploaderDownloader(f'file://{root}/bucket', upload_staging_folder=root + '/staging')],
-                sync_timeout=60)
+logger = Logger(
+    [
+        FileLogger(root + '/local/{run_name}/rank{rank}.txt', remote_file_name='{run_name}/rank{rank}.txt'),
+        RemoteUploaderDownloader(f'file://{root}/bucket', upload_staging_folder=root + '/staging'),
+    ],
+    sync_timeout=60,
+)
 try:
     for step in range(1, 5):
         logger.log_metrics({f'attempt{attempt}_step{step}_rank{rank}': step})
@@ -33,8 +37,10 @@ try:
         logger.flush()  # a collective: the survivor learns here that rank 1 left
 except DistributedLoggingError as exc:
     with open(f'{root}/error-attempt{attempt}-rank{rank}.json', 'w') as handle:
-        json.dump({'message': str(exc), 'missing': list(exc.missing_ranks),
-                   'left': list(getattr(exc, 'left_ranks', ()))}, handle)
+        json.dump(
+            {'message': str(exc), 'missing': list(exc.missing_ranks), 'left': list(getattr(exc, 'left_ranks', ()))},
+            handle,
+        )
     raise
 logger.close()
 torch_dist.destroy_process_group()

@@ -43,8 +43,15 @@ def main() -> int:
         memory,
     ]
     if os.environ.get('RESUME_MLFLOW'):
-        destinations.append(MLFlowLogger(f'sqlite:///{work}/mlflow.db', experiment_name='resume', synchronous=True,
-                                         flush_interval=1, logging_buffer_seconds=None))
+        destinations.append(
+            MLFlowLogger(
+                f'sqlite:///{work}/mlflow.db',
+                experiment_name='resume',
+                synchronous=True,
+                flush_interval=1,
+                logging_buffer_seconds=None,
+            )
+        )
     logger = Logger(destinations, run_name=RUN)
     logger.log_hyperparameters({'launch': launch})
     model = torch.nn.Linear(4, 1)
@@ -61,8 +68,11 @@ def main() -> int:
             step = logger.state.timestamp.batch
             logger.log_metrics({'loss': float(step + 1000 * launch), 'launch': float(launch)})
             if step % EVERY == 0:
-                dcp.save({'model': model.state_dict(), 'logger': logger},
-                         checkpoint_id=f'{RUN}/checkpoints/step{step}', storage_writer=writer)
+                dcp.save(
+                    {'model': model.state_dict(), 'logger': logger},
+                    checkpoint_id=f'{RUN}/checkpoints/step{step}',
+                    storage_writer=writer,
+                )
                 writer.wait_for_commits(60)
                 torch_dist.barrier()  # the commit is visible to every rank before anyone may die
             if step == die_at:
@@ -82,9 +92,10 @@ def main() -> int:
         writer.close()
     if rank == 0:
         with open(os.path.join(work, f'memory-launch{launch}.json'), 'w') as handle:
-            json.dump({'resumes': [dataclasses.asdict(info)
-                                   for info in memory.resumes],
-                       'loss': memory.data.get('loss', [])}, handle)
+            json.dump(
+                {'resumes': [dataclasses.asdict(info) for info in memory.resumes], 'loss': memory.data.get('loss', [])},
+                handle,
+            )
     logger.close()
     torch_dist.destroy_process_group()
     return 0

@@ -25,15 +25,42 @@ def _reports(folder):
 def test_killed_job_resumes_from_latest_committed_checkpoint_bit_exactly(tmp_path):
     work = tmp_path / 'demo'
     args = ['--steps', str(STEPS), '--save-every', str(EVERY)]
-    run = subprocess.run([sys.executable, str(REPO_ROOT / 'launch' / 'checkpoint_run.py'), '--workdir', str(work),
-                          '--die-at-step', str(DIE), '--', *args],
-                         env=base_env(tmp_path / 'out'), capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / 'launch' / 'checkpoint_run.py'),
+            '--workdir',
+            str(work),
+            '--die-at-step',
+            str(DIE),
+            '--',
+            *args,
+        ],
+        env=base_env(tmp_path / 'out'),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stdout + run.stderr[-6000:]
     # The reference: the same job, never killed, into its own bucket.
     ref_dir = tmp_path / 'ref'
-    run_torchrun(REPO_ROOT / 'launch' / 'checkpoint_example.py', 2, tmp_path / 'out-ref', timeout=180,
-                 args=['--bucket', (tmp_path / 'ref-bucket').as_uri(), '--staging', str(tmp_path / 'ref-staging'),
-                       '--out', str(ref_dir), '--attempt', '0', *args])
+    run_torchrun(
+        REPO_ROOT / 'launch' / 'checkpoint_example.py',
+        2,
+        tmp_path / 'out-ref',
+        timeout=180,
+        args=[
+            '--bucket',
+            (tmp_path / 'ref-bucket').as_uri(),
+            '--staging',
+            str(tmp_path / 'ref-staging'),
+            '--out',
+            str(ref_dir),
+            '--attempt',
+            '0',
+            *args,
+        ],
+    )
     got, ref = _reports(work / 'report'), _reports(ref_dir)
     for rank in (0, 1):
         killed, resumed, clean = got[(rank, 0)], got[(rank, 1)], ref[(rank, 0)]

@@ -76,8 +76,9 @@ def _start(tmp_path, mode):
     cmd = torchrun_command(script, 2, [mode, str(SYNC_TIMEOUT), str(PG_TIMEOUT)])
     log = open(tmp_path / 'torchrun.log', 'wb')
     try:
-        job = subprocess.Popen(cmd, env=base_env(out), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+        job = subprocess.Popen(
+            cmd, env=base_env(out), cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     finally:
         log.close()
     return job, out
@@ -143,13 +144,16 @@ def test_after_a_fatal_error_the_process_ends_by_itself_despite_collectives_in_f
     finally:
         _stop(job, out)
     log = (tmp_path / 'torchrun.log').read_text(errors='replace')
-    print(f'[one host] fatal error {error["wall"] - frozen_at:.1f} s after the freeze, close() '
-          f'{error["leaving"] - error["wall"]:.1f} s, process gone {ended:.1f} s after leaving the script '
-          f'({error["in_flight"]} training collectives in flight)')
+    print(
+        f'[one host] fatal error {error["wall"] - frozen_at:.1f} s after the freeze, close() '
+        f'{error["leaving"] - error["wall"]:.1f} s, process gone {ended:.1f} s after leaving the script '
+        f'({error["in_flight"]} training collectives in flight)'
+    )
     assert error['type'] == 'DistributedLoggingError', error
     assert error['in_flight'] >= 1, error
-    assert 'dist_logging: ending this process (exit status 1) after a fatal error: DistributedLoggingError' in log, \
-        log[-4000:]
+    assert 'dist_logging: ending this process (exit status 1) after a fatal error: DistributedLoggingError' in log, log[
+        -4000:
+    ]
     assert 'exitcode  : 1' in log, log[-4000:]  # torchrun's report for the failed rank (not -9, not -15)
 
 

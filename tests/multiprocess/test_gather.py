@@ -176,8 +176,13 @@ def series(data, key):
 @pytest.mark.parametrize('nproc', [2, 4])
 def test_gather_under_torchrun(tmp_path, nproc):
     script = write_script(tmp_path, SCENARIO)
-    run_torchrun(script, nproc, tmp_path / 'out', timeout=200,
-                 env={'TESTS_DIR': TESTS_DIR, 'MISSING_TIMEOUT': str(MISSING_TIMEOUT)})
+    run_torchrun(
+        script,
+        nproc,
+        tmp_path / 'out',
+        timeout=200,
+        env={'TESTS_DIR': TESTS_DIR, 'MISSING_TIMEOUT': str(MISSING_TIMEOUT)},
+    )
     outputs = read_rank_outputs(tmp_path / 'out')
     assert sorted(outputs) == list(range(nproc))
     W, ranks = nproc, range(nproc)
@@ -212,9 +217,17 @@ def test_gather_under_torchrun(tmp_path, nproc):
     new_keys = ['all_gather', 'all_reduce', 'all_reduce']
     for r, out in outputs.items():
         assert out['costs'] == {
-            'A': ['all_reduce'] + new_keys + ['gather'], 'B': steady, 'C': steady + new_keys, 'D': steady,
-            'n1.0': steady + new_keys, 'n1.1': steady, 'n10.0': steady + new_keys, 'n10.1': steady,
-            'n1000.0': steady + new_keys, 'n1000.1': steady}, r
+            'A': ['all_reduce'] + new_keys + ['gather'],
+            'B': steady,
+            'C': steady + new_keys,
+            'D': steady,
+            'n1.0': steady + new_keys,
+            'n1.1': steady,
+            'n10.0': steady + new_keys,
+            'n10.1': steady,
+            'n1000.0': steady + new_keys,
+            'n1000.1': steady,
+        }, r
 
     # idle: 1,000 batch_end calls, at most 24 collectives (the gap doubles: batches 1, 3, 7, ..., 511)
     for r, out in outputs.items():
@@ -295,8 +308,10 @@ torch_dist.destroy_process_group()
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(not __import__('torch').cuda.is_available() or __import__('torch').cuda.device_count() < 2,
-                    reason='the device-native path needs 2 CUDA devices (NCCL)')
+@pytest.mark.skipif(
+    not __import__('torch').cuda.is_available() or __import__('torch').cuda.device_count() < 2,
+    reason='the device-native path needs 2 CUDA devices (NCCL)',
+)
 def test_device_native_reduction_under_torchrun_nccl(tmp_path):
     script = write_script(tmp_path, DEVICE_SCENARIO)
     run_torchrun(script, 2, tmp_path / 'out', timeout=200, env={'TESTS_DIR': TESTS_DIR})

@@ -91,8 +91,12 @@ def _check_slurm_names(outputs: dict[int, dict]) -> None:
 @pytest.mark.parametrize('n', [2, 4])
 def test_srun(slurm, tmp_path, n):
     env = _env(tmp_path, {'SLURM_CONF': str(slurm.conf)})
-    result = slurm.run(['srun', '-n', str(n), '--time=3', sys.executable, str(SCENARIO), str(tmp_path)], timeout=240,
-                       env=env, cwd=tmp_path)
+    result = slurm.run(
+        ['srun', '-n', str(n), '--time=3', sys.executable, str(SCENARIO), str(tmp_path)],
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-4000:] + slurm.logs()
     outputs = _check_job(tmp_path, n, 'slurm', result.stdout + result.stderr)
     _check_slurm_names(outputs)
@@ -103,8 +107,11 @@ def test_sbatch(slurm, tmp_path):
     script = tmp_path / 'job.sh'
     script.write_text(f'#!/bin/bash\nsrun {sys.executable} {SCENARIO} {tmp_path}\n')
     env = _env(tmp_path, {'SLURM_CONF': str(slurm.conf)})
-    submitted = slurm.run(['sbatch', '--parsable', '-n', '2', '--time=3', f'--output={tmp_path}/job.out',
-                           str(script)], env=env, cwd=tmp_path)
+    submitted = slurm.run(
+        ['sbatch', '--parsable', '-n', '2', '--time=3', f'--output={tmp_path}/job.out', str(script)],
+        env=env,
+        cwd=tmp_path,
+    )
     job = first_job_id(submitted.stdout)
     assert job, submitted.stderr
     state = slurm.wait_job(job, timeout=240)
@@ -115,15 +122,23 @@ def test_sbatch(slurm, tmp_path):
     assert outputs[0]['job'] == job
 
 
-@pytest.mark.skipif(shutil.which('mpirun') is None, reason="mpirun not installed (Debian's openmpi-bin; make install "
-                    'installs it when run as root)')
+@pytest.mark.skipif(
+    shutil.which('mpirun') is None,
+    reason="mpirun not installed (Debian's openmpi-bin; make install installs it when run as root)",
+)
 def test_mpirun(tmp_path):
     cmd = ['mpirun', '-np', '2', '--oversubscribe']
     if os.geteuid() == 0:
         cmd.append('--allow-run-as-root')
     env = _env(tmp_path)
-    result = subprocess.run([*cmd, sys.executable, str(SCENARIO), str(tmp_path)], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run(
+        [*cmd, sys.executable, str(SCENARIO), str(tmp_path)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     outputs = _check_job(tmp_path, 2, 'openmpi', result.stdout + result.stderr)
     assert outputs[0]['run_name'].startswith('mpi-')

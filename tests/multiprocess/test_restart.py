@@ -61,4 +61,6 @@ def test_rank_sigkilled_after_batch_end_keeps_every_line_of_that_batch(tmp_path)
     assert result.returncode != 0
     (folder,) = (tmp_path / 'local').iterdir()
     assert _metric_lines(folder / 'rank1.txt') == [
-        '[metric][batch=0]: attempt0_step1_rank1: 1 ', '[metric][batch=1]: attempt0_step2_rank1: 2 ']
+        '[metric][batch=0]: attempt0_step1_rank1: 1 ',
+        '[metric][batch=1]: attempt0_step2_rank1: 2 ',
+    ]

@@ -30,8 +30,15 @@ def _launch(work: pathlib.Path, launch: int, die_at=None, mlflow: bool = False) 
     env = base_env(work / 'out', {'DIST_LOGGING_TMPDIR': str(work / 'tmp')})
     if mlflow:
         env['RESUME_MLFLOW'] = '1'
-    proc = subprocess.Popen(torchrun_command(SCENARIO, 2, args), env=env, cwd=work, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        torchrun_command(SCENARIO, 2, args),
+        env=env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         if die_at is not None:
             ready = [work / f'ready-launch{launch}-rank{rank}.json' for rank in (0, 1)]
@@ -71,8 +78,13 @@ def _tensorboard(work: pathlib.Path) -> dict[int, float]:
 
 def _merged_losses(work: pathlib.Path, *extra: str) -> dict[int, list[tuple[int, float]]]:
     """Rank -> [(step, loss)] in the order ``dist-logging logs`` prints them."""
-    out = subprocess.run(['python', '-m', 'dist_logging', 'logs', '--no-collapse', *extra, str(work / 'logs')],
-                         env=base_env(work / 'out'), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ['python', '-m', 'dist_logging', 'logs', '--no-collapse', *extra, str(work / 'logs')],
+        env=base_env(work / 'out'),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     seen: dict[int, list[tuple[int, float]]] = {}
     for line in out.stdout.splitlines():
@@ -106,10 +118,15 @@ def test_killed_at_27_resumes_from_20_and_every_destination_shows_each_step_once
         assert [step for step, _ in everything[rank]] == list(range(1, 28)) + list(range(21, 41))
 
     for rank in (0, 1):
-        markers = [line for line in (tmp_path / 'logs' / f'rank{rank}.txt').read_text().splitlines()
-                   if line.startswith('[resume]')]
-        assert markers == [f'[resume]: ===== resumed at step 20 (resume 1, attempt 0, saved by attempt 0) of run '
-                           f'resume-demo, rank {rank}: steps >= 21 written above are superseded (21..27) =====']
+        markers = [
+            line
+            for line in (tmp_path / 'logs' / f'rank{rank}.txt').read_text().splitlines()
+            if line.startswith('[resume]')
+        ]
+        assert markers == [
+            f'[resume]: ===== resumed at step 20 (resume 1, attempt 0, saved by attempt 0) of run '
+            f'resume-demo, rank {rank}: steps >= 21 written above are superseded (21..27) ====='
+        ]
 
     memory = json.loads((tmp_path / 'memory-launch1.json').read_text())
     (info,) = memory['resumes']

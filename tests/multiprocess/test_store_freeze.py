@@ -59,8 +59,14 @@ def _start(tmp_path, mode, sync_timeout):
     out = tmp_path / 'out'
     out.mkdir()
     cmd = torchrun_command(script, 2, [mode, str(sync_timeout)])
-    job = subprocess.Popen(cmd, env=base_env(out), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+    job = subprocess.Popen(
+        cmd,
+        env=base_env(out),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return job, out
 
 
@@ -119,8 +125,10 @@ def test_a_stopped_store_and_a_frozen_peer_end_in_a_named_error_and_the_process_
     finally:
         _stop(job, out)
     raised_after = error['wall'] - frozen_at
-    print(f'[one host] store and peer frozen: raised after {raised_after:.2f} s, process gone {exited_after:.2f} s '
-          'after the freeze')
+    print(
+        f'[one host] store and peer frozen: raised after {raised_after:.2f} s, process gone {exited_after:.2f} s '
+        'after the freeze'
+    )
     assert error['type'] == 'DistributedLoggingError', error
     assert raised_after < SYNC_TIMEOUT + SLACK, error
     assert 'cannot tell which other ranks are missing' in error['message'], error

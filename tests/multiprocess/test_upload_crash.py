@@ -85,8 +85,15 @@ def test_sigkill_with_pending_uploads_then_drain(tmp_path, mode):
     out = tmp_path / 'out'
     out.mkdir()
     cmd = torchrun_command(script, 2, [mode, str(tmp_path), str(M)])
-    proc = subprocess.Popen(cmd, env=_env(out), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=_env(out),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     ready = [tmp_path / f'ready-rank{r}' for r in (0, 1)]
     try:
         deadline = time.monotonic() + 150

@@ -55,8 +55,9 @@ class FolderStore(ObjectStore):
     def _path(self, object_name: str) -> str:
         return os.path.join(self.folder, object_name)
 
-    def _copy(self, source: str, target: str, callback: Optional[Callable[[int, int], None]],
-              limit: Optional[int] = None) -> None:
+    def _copy(
+        self, source: str, target: str, callback: Optional[Callable[[int, int], None]], limit: Optional[int] = None
+    ) -> None:
         total = os.path.getsize(source)
         done = 0
         os.makedirs(os.path.dirname(target) or '.', exist_ok=True)
@@ -76,8 +77,9 @@ class FolderStore(ObjectStore):
     def get_uri(self, object_name: str) -> str:
         return f'folder://{object_name}'
 
-    def upload_object(self, object_name: str, filename: Any, callback: Optional[Callable[[int, int], None]] = None,
-                      **kwargs: Any) -> None:
+    def upload_object(
+        self, object_name: str, filename: Any, callback: Optional[Callable[[int, int], None]] = None, **kwargs: Any
+    ) -> None:
         with open(self._counter(object_name), 'ab') as counter:
             counter.write(b'x')
         if self.attempts(object_name) <= self.transient_failures:
@@ -91,8 +93,13 @@ class FolderStore(ObjectStore):
         except FileNotFoundError:
             raise FileNotFoundError(f'{self.get_uri(object_name)} not found') from None
 
-    def download_object(self, object_name: str, filename: Any, overwrite: bool = False,
-                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+    def download_object(
+        self,
+        object_name: str,
+        filename: Any,
+        overwrite: bool = False,
+        callback: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
         if os.path.exists(filename) and not overwrite:
             raise FileExistsError(f'{filename} exists')
         self.get_object_size(object_name)
@@ -112,8 +119,12 @@ class FolderStore(ObjectStore):
 class PlainFolderStore(FolderStore):
     """Like FolderStore, with Composer's test-store signature: no ``**kwargs``."""
 
-    def upload_object(self, object_name: str, filename: Any,  # type: ignore[override]
-                      callback: Optional[Callable[[int, int], None]] = None) -> None:
+    def upload_object(
+        self,
+        object_name: str,
+        filename: Any,  # type: ignore[override]
+        callback: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
         super().upload_object(object_name, filename, callback)
 
 
@@ -132,15 +143,21 @@ class DuckFolderStore:
     def get_uri(self, object_name: str) -> str:
         return self._inner.get_uri(object_name)
 
-    def upload_object(self, object_name: str, filename: Any, callback: Optional[Callable[[int, int], None]] = None,
-                      **kwargs: Any) -> None:
+    def upload_object(
+        self, object_name: str, filename: Any, callback: Optional[Callable[[int, int], None]] = None, **kwargs: Any
+    ) -> None:
         self._inner.upload_object(object_name, filename, callback)
 
     def get_object_size(self, object_name: str) -> int:
         return self._inner.get_object_size(object_name)
 
-    def download_object(self, object_name: str, filename: Any, overwrite: bool = False,
-                        callback: Optional[Callable[[int, int], None]] = None) -> None:
+    def download_object(
+        self,
+        object_name: str,
+        filename: Any,
+        overwrite: bool = False,
+        callback: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
         self._inner.download_object(object_name, filename, overwrite, callback)
 
     def attempts(self, object_name: str) -> int:

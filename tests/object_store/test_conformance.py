@@ -31,19 +31,29 @@ def store(request, tmp_path) -> ObjectStore:
         mock = mock_aws()
         mock.start()
         request.addfinalizer(mock.stop)
-        backend = S3ObjectStore('mocked-bucket', 'some/prefix', region_name='us-east-1',
-                                multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+        backend = S3ObjectStore(
+            'mocked-bucket',
+            'some/prefix',
+            region_name='us-east-1',
+            multipart_threshold=5 * MiB,
+            multipart_chunksize=5 * MiB,
+        )
         backend.client.create_bucket(Bucket='mocked-bucket')
     elif request.param == 'fsspec-memory':
         backend = FsspecObjectStore(f'memory://conformance/{tmp_path.name}')
     else:
         endpoint, bucket = request.getfixturevalue('s3_bucket')
         if request.param == 's3':
-            backend = S3ObjectStore(bucket, 'some/prefix', endpoint_url=endpoint, multipart_threshold=5 * MiB,
-                                    multipart_chunksize=5 * MiB, client_config={'retries': {'total_max_attempts': 1}})
+            backend = S3ObjectStore(
+                bucket,
+                'some/prefix',
+                endpoint_url=endpoint,
+                multipart_threshold=5 * MiB,
+                multipart_chunksize=5 * MiB,
+                client_config={'retries': {'total_max_attempts': 1}},
+            )
         else:
-            backend = FsspecObjectStore(f's3://{bucket}/some/prefix', endpoint_url=endpoint,
-                                        skip_instance_cache=True)
+            backend = FsspecObjectStore(f's3://{bucket}/some/prefix', endpoint_url=endpoint, skip_instance_cache=True)
     with backend:  # a store is a context manager that closes it
         yield backend
 
@@ -200,11 +210,9 @@ def test_list_names_and_sizes(store, tmp_path):
     store.upload_object('other/c', _file(tmp_path, 'c', b'c'))
     assert store.list('ck/step1/') == [('ck/step1/.metadata', 5), ('ck/step1/a.distcp', 3)]
     # a plain string prefix, not a folder
-    assert [info.name for info in store.list('ck/step1')] == ['ck/step1/.metadata', 'ck/step1/a.distcp',
-                                                              'ck/step10/b']
+    assert [info.name for info in store.list('ck/step1')] == ['ck/step1/.metadata', 'ck/step1/a.distcp', 'ck/step10/b']
     assert store.list('ck/step10/')[0].size == 0
-    assert [info.name for info in store.list()] == ['ck/step1/.metadata', 'ck/step1/a.distcp', 'ck/step10/b',
-                                                    'other/c']
+    assert [info.name for info in store.list()] == ['ck/step1/.metadata', 'ck/step1/a.distcp', 'ck/step10/b', 'other/c']
     assert store.list('missing/') == []
     assert store.list('ck/st') == store.list('ck/step1')
     with pytest.raises(ValueError):
@@ -245,7 +253,7 @@ def test_read_range(store, tmp_path):
     for offset, length in ((0, 10), (5, 1), (MiB - 3, MiB + 7), (len(data) - 4, 4), (0, len(data)), (7, 0)):
         buffer = bytearray(length)
         store.read_range('r/a.bin', offset, buffer)
-        assert bytes(buffer) == data[offset:offset + length]
+        assert bytes(buffer) == data[offset : offset + length]
     view = memoryview(bytearray(100))  # into part of a larger buffer, as the checkpoint reader does
     store.read_range('r/a.bin', 1000, view[10:60])
     assert bytes(view[10:60]) == data[1000:1050] and bytes(view[:10]) == bytes(10)

@@ -61,8 +61,11 @@ def test_config_accepts_fsspec_uris():
 def test_missing_implementation_names_the_package(monkeypatch):
     from fsspec.registry import known_implementations
 
-    monkeypatch.setitem(known_implementations, 'fakeproto',
-                        {'class': 'no_such_fs_package_xyz.FakeFileSystem', 'err': 'Install no_such_fs_package_xyz'})
+    monkeypatch.setitem(
+        known_implementations,
+        'fakeproto',
+        {'class': 'no_such_fs_package_xyz.FakeFileSystem', 'err': 'Install no_such_fs_package_xyz'},
+    )
     with pytest.raises(ImportError, match=r'fakeproto://.*no_such_fs_package_xyz.*pip install no_such_fs_package_xyz'):
         RemoteUploaderDownloader('fakeproto://bucket/prefix')
 

@@ -7,8 +7,15 @@ import os
 import pytest
 
 from dist_logging import object_store
-from dist_logging.object_store import (LocalObjectStore, S3ObjectStore, get_store_class, persistable_kwargs,
-                                       persistable_uri, split_bucket_uri, store_from_uri)
+from dist_logging.object_store import (
+    LocalObjectStore,
+    S3ObjectStore,
+    get_store_class,
+    persistable_kwargs,
+    persistable_uri,
+    split_bucket_uri,
+    store_from_uri,
+)
 from dist_logging.upload.retry import is_transient
 from s3_server import aws_credentials, s3_server  # noqa: F401 - fixtures
 
@@ -45,11 +52,27 @@ def test_missing_dependency_has_install_hint(monkeypatch):
 
 
 def test_secrets_are_not_persisted():
-    kept = persistable_kwargs({'endpoint_url': 'http://e', 'aws_secret_access_key': 's', 'aws_access_key_id': 'k',
-                               'aws_session_token': 't', 'region_name': 'r', 'client_config': {'a': 1}})
+    kept = persistable_kwargs(
+        {
+            'endpoint_url': 'http://e',
+            'aws_secret_access_key': 's',
+            'aws_access_key_id': 'k',
+            'aws_session_token': 't',
+            'region_name': 'r',
+            'client_config': {'a': 1},
+        }
+    )
     assert kept == {'endpoint_url': 'http://e', 'region_name': 'r'}
-    fsspec_options = {'account_name': 'acct', 'account_key': 'k', 'connection_string': 'c', 'sas_token': 's',
-                      'pkey': 'p', 'key': 'k', 'project': 'proj', 'anon': False}
+    fsspec_options = {
+        'account_name': 'acct',
+        'account_key': 'k',
+        'connection_string': 'c',
+        'sas_token': 's',
+        'pkey': 'p',
+        'key': 'k',
+        'project': 'proj',
+        'anon': False,
+    }
     assert persistable_kwargs(fsspec_options) == {'account_name': 'acct', 'project': 'proj', 'anon': False}
 
 
@@ -57,8 +80,13 @@ def test_a_credential_inside_an_innocent_value_is_not_persisted():
     from credential_samples import samples
 
     # (AWS's documentation key AKIAIOSFODNN7EXAMPLE is a placeholder: gitleaks' allowlist keeps it, so do we)
-    kept = persistable_kwargs({'endpoint_url': 'https://minio:s3cr3t-pw@minio.internal:9000',
-                               'profile_name': samples()['aws_access_key_id'], 'region_name': 'us-east-1'})
+    kept = persistable_kwargs(
+        {
+            'endpoint_url': 'https://minio:s3cr3t-pw@minio.internal:9000',
+            'profile_name': samples()['aws_access_key_id'],
+            'region_name': 'us-east-1',
+        }
+    )
     assert kept == {'region_name': 'us-east-1'}
 
 
@@ -90,13 +118,16 @@ def test_s3_error_classification(s3_server, tmp_path):
     assert is_transient(info.value)  # connection refused: transient
 
 
-@pytest.mark.parametrize('uri,expected', [
-    ('sftp://alice:s3cr3t@host:22/data/runs', 'sftp://alice@host:22/data/runs'),
-    ('sftp://alice:p@ss@host/x', 'sftp://alice@host/x'),  # the last '@' ends the user-info
-    ('sftp://alice@host/x', 'sftp://alice@host/x'),  # a user without a password is kept
-    ('s3://bucket/prefix', 's3://bucket/prefix'),
-    ('gs://bucket/a@b:c', 'gs://bucket/a@b:c'),  # '@' and ':' in the path are not user-info
-    ('/a/local/path', '/a/local/path'),
-])
+@pytest.mark.parametrize(
+    'uri,expected',
+    [
+        ('sftp://alice:s3cr3t@host:22/data/runs', 'sftp://alice@host:22/data/runs'),
+        ('sftp://alice:p@ss@host/x', 'sftp://alice@host/x'),  # the last '@' ends the user-info
+        ('sftp://alice@host/x', 'sftp://alice@host/x'),  # a user without a password is kept
+        ('s3://bucket/prefix', 's3://bucket/prefix'),
+        ('gs://bucket/a@b:c', 'gs://bucket/a@b:c'),  # '@' and ':' in the path are not user-info
+        ('/a/local/path', '/a/local/path'),
+    ],
+)
 def test_a_password_in_the_bucket_uri_is_not_persisted(uri, expected):
     assert persistable_uri(uri) == expected

@@ -109,25 +109,35 @@ def test_another_checksum_asked_for_is_left_to_botocore(recorded, tmp_path):
     assert 'x-amz-checksum-sha256' in headers or headers.get('x-amz-sdk-checksum-algorithm') == 'SHA256'
 
 
-@pytest.mark.parametrize('endpoint,given,expected', [
-    ('https://s3.example.com', None, False),
-    (None, None, False),  # AWS itself: https
-    ('http://127.0.0.1:9000', None, None),  # plain http keeps botocore's signed payload
-    ('https://s3.example.com', True, True),  # the user's setting wins
-])
+@pytest.mark.parametrize(
+    'endpoint,given,expected',
+    [
+        ('https://s3.example.com', None, False),
+        (None, None, False),  # AWS itself: https
+        ('http://127.0.0.1:9000', None, None),  # plain http keeps botocore's signed payload
+        ('https://s3.example.com', True, True),  # the user's setting wins
+    ],
+)
 def test_payloads_go_unsigned_only_over_https(monkeypatch, endpoint, given, expected):
     for variable in ('AWS_ENDPOINT_URL_S3', 'AWS_ENDPOINT_URL', 'S3_ENDPOINT_URL'):
         monkeypatch.delenv(variable, raising=False)
     config = {'s3': {'payload_signing_enabled': given}} if given is not None else None
-    store = S3ObjectStore('bucket', endpoint_url=endpoint, region_name='us-east-1', client_config=config,
-                          aws_access_key_id='a', aws_secret_access_key='b')
+    store = S3ObjectStore(
+        'bucket',
+        endpoint_url=endpoint,
+        region_name='us-east-1',
+        client_config=config,
+        aws_access_key_id='a',
+        aws_secret_access_key='b',
+    )
     assert store.client.meta.config.s3.get('payload_signing_enabled') == expected
 
 
 def test_parts_carry_each_upload_s_own_bytes(s3_bucket, tmp_path):
     endpoint, bucket = s3_bucket
-    store = S3ObjectStore(bucket, endpoint_url=endpoint, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
-                          max_concurrency=2)
+    store = S3ObjectStore(
+        bucket, endpoint_url=endpoint, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB, max_concurrency=2
+    )
     first, second = os.urandom(15 * MiB + 1), os.urandom(10 * MiB + 9)
     for name, data in (('first', first), ('second', second)):
         (tmp_path / name).write_bytes(data)
@@ -140,12 +150,20 @@ def test_parts_carry_each_upload_s_own_bytes(s3_bucket, tmp_path):
 
 def test_a_transfer_setting_only_boto3_honours_uses_its_transfer_manager(s3_bucket, tmp_path, monkeypatch):
     endpoint, bucket = s3_bucket
-    store = S3ObjectStore(bucket, endpoint_url=endpoint, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
-                          transfer_config={'max_bandwidth': 1 << 30})
+    store = S3ObjectStore(
+        bucket,
+        endpoint_url=endpoint,
+        multipart_threshold=5 * MiB,
+        multipart_chunksize=5 * MiB,
+        transfer_config={'max_bandwidth': 1 << 30},
+    )
     used = []
     original = type(store.client).upload_file if hasattr(type(store.client), 'upload_file') else None
-    monkeypatch.setattr(store.client, 'upload_file',
-                        lambda **kw: used.append(kw['Config'].max_bandwidth) or original(store.client, **kw))
+    monkeypatch.setattr(
+        store.client,
+        'upload_file',
+        lambda **kw: used.append(kw['Config'].max_bandwidth) or original(store.client, **kw),
+    )
     (tmp_path / 'f').write_bytes(os.urandom(6 * MiB))
     store.upload_object('throttled', tmp_path / 'f')
     assert used == [1 << 30]

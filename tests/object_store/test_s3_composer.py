@@ -34,8 +34,12 @@ def public_read(store, key) -> bool:
 def test_extra_args(s3, tmp_path, overwrite, size):
     src = tmp_path / 'f'
     src.write_bytes(b'x' * size)
-    s3.upload_object(object_name='meta', filename=src, overwrite=overwrite,
-                     ExtraArgs={'Metadata': {'run': 'exp1'}, 'ContentType': 'text/plain'})
+    s3.upload_object(
+        object_name='meta',
+        filename=src,
+        overwrite=overwrite,
+        ExtraArgs={'Metadata': {'run': 'exp1'}, 'ContentType': 'text/plain'},
+    )
     head = s3.client.head_object(Bucket=s3.bucket, Key='meta')
     assert head['Metadata'] == {'run': 'exp1'} and head['ContentType'] == 'text/plain'
     assert head['ContentLength'] == size
@@ -78,8 +82,9 @@ def test_composer_endpoint_variable(s3_bucket, tmp_path, monkeypatch):
 def test_composer_constructor(s3_bucket, tmp_path):
     endpoint, bucket = s3_bucket
     # Composer's positional order (bucket, prefix, region_name, endpoint_url, ...) and its transfer_config
-    store = S3ObjectStore(bucket, 'pre', None, endpoint,
-                          transfer_config={'multipart_chunksize': 6 * MiB, 'num_download_attempts': 2})
+    store = S3ObjectStore(
+        bucket, 'pre', None, endpoint, transfer_config={'multipart_chunksize': 6 * MiB, 'num_download_attempts': 2}
+    )
     assert (store.endpoint_url, store.prefix, store.multipart_chunksize) == (endpoint, 'pre', 6 * MiB)
     assert store._transfer_config().num_download_attempts == 2
     src = tmp_path / 'f'
@@ -95,8 +100,11 @@ def test_composer_backend_kwargs_name_the_bucket_and_prefix(s3_bucket, tmp_path)
     from dist_logging.destinations import RemoteUploaderDownloader
 
     endpoint, bucket = s3_bucket
-    rud = RemoteUploaderDownloader(f's3://{bucket}', upload_staging_folder=str(tmp_path / 'staging'),
-                                   backend_kwargs={'bucket': bucket, 'prefix': 'folder/sub', 'endpoint_url': endpoint})
+    rud = RemoteUploaderDownloader(
+        f's3://{bucket}',
+        upload_staging_folder=str(tmp_path / 'staging'),
+        backend_kwargs={'bucket': bucket, 'prefix': 'folder/sub', 'endpoint_url': endpoint},
+    )
     assert rud.object_store.get_uri('x') == f's3://{bucket}/folder/sub/x'
     logger = Logger(rud, run_name='c')
     src = tmp_path / 'f'
@@ -124,8 +132,11 @@ def test_extra_args_needed_on_every_part_go_through_boto3_upload_file(s3, tmp_pa
     monkeypatch.setattr(s3.client, 'upload_file', upload_file)
     src = tmp_path / 'f'
     src.write_bytes(os.urandom(size))
-    s3.upload_object('headers', src, ExtraArgs={'Metadata': {'run': 'a'}, 'StorageClass': 'STANDARD_IA',
-                                                'ChecksumAlgorithm': 'CRC32'})
+    s3.upload_object(
+        'headers',
+        src,
+        ExtraArgs={'Metadata': {'run': 'a'}, 'StorageClass': 'STANDARD_IA', 'ChecksumAlgorithm': 'CRC32'},
+    )
     assert routed == []
     per_part = {'ChecksumAlgorithm': 'SHA256', 'RequestPayer': 'requester', 'Metadata': {'run': 'b'}}
     s3.upload_object('per-part', src, ExtraArgs=per_part)

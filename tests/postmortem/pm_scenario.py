@@ -18,8 +18,12 @@ from dist_logging.destinations.remote import RemoteUploaderDownloader
 mode, bucket, run_name = sys.argv[1], sys.argv[2], sys.argv[3]
 dist.init_process_group_from_env(backend='gloo', timeout=45)
 rank = torch_dist.get_rank()
-logger = Logger(RemoteUploaderDownloader(bucket), run_name=run_name, hang_timeout=60.0 if mode == 'sigterm' else 3.0,
-                sync_timeout=60)
+logger = Logger(
+    RemoteUploaderDownloader(bucket),
+    run_name=run_name,
+    hang_timeout=60.0 if mode == 'sigterm' else 3.0,
+    sync_timeout=60,
+)
 with open(os.path.join(os.environ['OUT_DIR'], f'pid{rank}'), 'w') as handle:
     handle.write(str(os.getpid()))
 tensor = torch.ones(16)

@@ -19,25 +19,53 @@ TORCH = '/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.p
 
 
 def _entry(seq, op='all_reduce', retired=True, group='0'):
-    return {'collective_seq_id': seq, 'profiling_name': f'gloo:{op}', 'retired': retired, 'state': 'scheduled',
-            'process_group': (group, 'default_pg' if group == '0' else 'undefined'), 'is_p2p': False,
-            'time_created_ns': seq, 'time_discovered_started_ns': None, 'time_discovered_completed_ns': None}
+    return {
+        'collective_seq_id': seq,
+        'profiling_name': f'gloo:{op}',
+        'retired': retired,
+        'state': 'scheduled',
+        'process_group': (group, 'default_pg' if group == '0' else 'undefined'),
+        'is_p2p': False,
+        'time_created_ns': seq,
+        'time_discovered_started_ns': None,
+        'time_discovered_completed_ns': None,
+    }
 
 
 def _dump(entries):
-    return {'version': '2.10', 'pg_config': {'': {'name': '', 'desc': '', 'ranks': '[]'}}, 'entries': entries,
-            'pg_status': {}}
+    return {
+        'version': '2.10',
+        'pg_config': {'': {'name': '', 'desc': '', 'ranks': '[]'}},
+        'entries': entries,
+        'pg_status': {},
+    }
 
 
 def _set(rank, entries=None, reason='hang', error=None, frames=None, world=4):
-    header = {'rank': rank, 'host': f'node{rank // 2}', 'reason': reason, 'world_size': world, 'time': 100.0 + rank,
-              'flight_recorder': 'on' if entries is not None else 'off',
-              'roster': {str(r): [f'node{r // 2}', 1000 + r] for r in range(world)},
-              'groups': [{'name': '0', 'desc': 'default_pg', 'ranks': list(range(world))}]}
+    header = {
+        'rank': rank,
+        'host': f'node{rank // 2}',
+        'reason': reason,
+        'world_size': world,
+        'time': 100.0 + rank,
+        'flight_recorder': 'on' if entries is not None else 'off',
+        'roster': {str(r): [f'node{r // 2}', 1000 + r] for r in range(world)},
+        'groups': [{'name': '0', 'desc': 'default_pg', 'ranks': list(range(world))}],
+    }
     if error:
         header['exception'] = {'type': error[0], 'message': error[1], 'where': f'{USER}:77 in step'}
-    stacks = [{'ident': 1, 'name': 'MainThread', 'main': True, 'frames': frames or [
-        {'file': USER, 'line': 10, 'function': '<module>'}, {'file': TORCH, 'line': 3252, 'function': 'all_reduce'}]}]
+    stacks = [
+        {
+            'ident': 1,
+            'name': 'MainThread',
+            'main': True,
+            'frames': frames
+            or [
+                {'file': USER, 'line': 10, 'function': '<module>'},
+                {'file': TORCH, 'line': 3252, 'function': 'all_reduce'},
+            ],
+        }
+    ]
     return RankSet(rank, header, stacks, None, None if entries is None else _dump(entries))
 
 
@@ -130,8 +158,15 @@ def test_logging_group_hang_is_read_per_group():
     assert verdict.culprits == [1] and 'process group 1' in verdict.line
 
 
-@pytest.mark.parametrize('path, rank', [('attempt-0/rank-3/header.json', 3), ('attempt-1/fr/fr_trace_rank_12', 12),
-                                        ('x/rank7/stacks.txt', 7), ('attempt-0/header.json', None)])
+@pytest.mark.parametrize(
+    'path, rank',
+    [
+        ('attempt-0/rank-3/header.json', 3),
+        ('attempt-1/fr/fr_trace_rank_12', 12),
+        ('x/rank7/stacks.txt', 7),
+        ('attempt-0/header.json', None),
+    ],
+)
 def test_rank_of_path(path, rank):
     assert rank_of_path(path) == rank
 
@@ -155,9 +190,11 @@ def test_a_dump_that_refers_to_code_is_refused():
 def _write_bucket(root, run, sets):
     for rank, rank_set in sets.items():
         names = object_names(run, '0', rank)
-        for key, payload in (('header.json', json.dumps(rank_set.header).encode()),
-                             ('stacks.json', json.dumps(rank_set.stacks).encode()),
-                             ('fr', pickle.dumps(rank_set.dump))):
+        for key, payload in (
+            ('header.json', json.dumps(rank_set.header).encode()),
+            ('stacks.json', json.dumps(rank_set.stacks).encode()),
+            ('fr', pickle.dumps(rank_set.dump)),
+        ):
             path = root / names[key]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(payload)

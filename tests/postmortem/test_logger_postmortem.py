@@ -36,8 +36,11 @@ time.sleep(60)
 
 
 def _env(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')]),
-               DIST_LOGGING_TMPDIR=str(tmp_path / 'state'))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get('PYTHONPATH', '')]),
+        DIST_LOGGING_TMPDIR=str(tmp_path / 'state'),
+    )
     for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'DIST_LOGGING_RUN_NAME'):
         env.pop(key, None)
     return env
@@ -90,8 +93,14 @@ def test_config_key(tmp_path):
 
 def _child(tmp_path, mode):
     bucket = tmp_path / 'bucket'
-    proc = subprocess.Popen([sys.executable, '-c', CHILD, mode, str(bucket)], env=_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, '-c', CHILD, mode, str(bucket)],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout.readline().strip() == 'ready'
         if mode == 'sigterm':
@@ -149,8 +158,9 @@ def test_recorder_on_by_default_and_a_user_setting_is_kept(tmp_path, setting):
     if setting is not None:
         env['TORCH_FR_BUFFER_SIZE'] = setting
     bucket = tmp_path / 'bucket'
-    result = subprocess.run([sys.executable, '-c', RECORDER_CHILD, str(bucket)], env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, '-c', RECORDER_CHILD, str(bucket)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     header = json.loads((bucket / report['prefix'] / 'header.json').read_text())
@@ -175,8 +185,9 @@ def test_unreachable_bucket_keeps_the_set_in_staging_for_drain(tmp_path):
 
     blocker = tmp_path / 'bucket'
     blocker.write_text('a file where the bucket should be')  # every upload fails (not a directory)
-    remote = RemoteUploaderDownloader(str(blocker / 'store'), num_attempts=1,
-                                      upload_staging_folder=str(tmp_path / 'staging'))
+    remote = RemoteUploaderDownloader(
+        str(blocker / 'store'), num_attempts=1, upload_staging_folder=str(tmp_path / 'staging')
+    )
     logger = Logger(remote, run_name='far', postmortem=True)
     assert logger.capture_postmortem('cut_off', wait=10) == 'far/postmortem/attempt-0/rank-0/'
     with pytest.raises(UploadError):

@@ -81,8 +81,9 @@ def _run(tmp_path: pathlib.Path, mode: str, wait_sets: int) -> tuple[pathlib.Pat
     env = base_env(out, {'DIST_LOGGING_TMPDIR': str(tmp_path / 'state')})
     env.pop('TORCH_FR_BUFFER_SIZE', None)
     cmd = torchrun_command(SCENARIO, NPROC, [mode, str(bucket), run])
-    proc = subprocess.Popen(cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     deadline = time.monotonic() + LAND_SECONDS
     try:
         if mode == 'sigterm':

@@ -47,39 +47,98 @@ TABLE = [
     ('metric key a tuple', lambda c: c['logger'].log_metrics({('a', 1): 1.0}), TypeError, ["('a', 1)"]),
     ('metric value a string', lambda c: c['logger'].log_metrics({'loss': 'high'}), TypeError, ['loss', "'high'"]),
     ('metric value a list', lambda c: c['logger'].log_metrics({'loss': [1, 2]}), TypeError, ['loss', 'list']),
-    ('metric value a multi-element tensor', lambda c: c['logger'].log_metrics({'loss': torch.ones(3)}),
-     ValueError, ['loss', '(3,)']),
-    ('metric value a multi-element array', lambda c: c['logger'].log_metrics({'acc': np.zeros((2, 2))}),
-     ValueError, ['acc', '(2, 2)']),
-    ('reduced metric value a string', lambda c: c['logger'].log_metrics({'loss': 'x'}, reduce='mean'),
-     TypeError, ['loss']),
-    ('format string with an unknown placeholder', lambda c: format_name_with_dist('{run_name}/{rnak}.txt', 'r'),
-     ValueError, ['{rnak}', '{rank}']),
-    ('format string with unbalanced braces', lambda c: format_name_with_dist('ckpt-{rank', 'r'),
-     ValueError, ["'ckpt-{rank'"]),
-    ('format string with a stray closing brace', lambda c: format_name_with_dist('ckpt-rank}', 'r'),
-     ValueError, ["'ckpt-rank}'"]),
-    ('format string that formats to an empty name', lambda c: format_name_with_dist('{tag}', 'r', tag=''),
-     ValueError, ['empty']),
-    ('upload: remote name formats to an empty name', lambda c: c['logger'].upload_file('', c['file']),
-     ValueError, ["''"]),
-    ('upload: unknown placeholder in the remote name', lambda c: c['logger'].upload_file('{nope}.txt', c['file']),
-     ValueError, ['{nope}']),
-    ('upload: absolute remote name', lambda c: c['logger'].upload_file('/etc/passwd', c['file']),
-     ValueError, ["'/etc/passwd'", 'absolute']),
-    ('upload: remote name with ..', lambda c: c['logger'].upload_file('runs/../../escape.txt', c['file']),
-     ValueError, ["'runs/../../escape.txt'", '..']),
-    ('bucket URI with an unknown scheme', lambda c: RemoteUploaderDownloader('magic://bucket/prefix'),
-     ValueError, ["'magic'", 'magic://bucket/prefix', 's3://']),
-    ('bucket URI with another unknown scheme', lambda c: RemoteUploaderDownloader('nosuchproto://namenode/x'),
-     ValueError, ["'nosuchproto'"]),
-    ('file_path that does not exist', lambda c: c['logger'].upload_file('x.txt', c['tmp'] / 'missing.bin'),
-     FileNotFoundError, ['missing.bin']),
-    ('file_path that is a directory', lambda c: c['logger'].upload_file('x.txt', c['tmp']),
-     IsADirectoryError, [None]),
+    (
+        'metric value a multi-element tensor',
+        lambda c: c['logger'].log_metrics({'loss': torch.ones(3)}),
+        ValueError,
+        ['loss', '(3,)'],
+    ),
+    (
+        'metric value a multi-element array',
+        lambda c: c['logger'].log_metrics({'acc': np.zeros((2, 2))}),
+        ValueError,
+        ['acc', '(2, 2)'],
+    ),
+    (
+        'reduced metric value a string',
+        lambda c: c['logger'].log_metrics({'loss': 'x'}, reduce='mean'),
+        TypeError,
+        ['loss'],
+    ),
+    (
+        'format string with an unknown placeholder',
+        lambda c: format_name_with_dist('{run_name}/{rnak}.txt', 'r'),
+        ValueError,
+        ['{rnak}', '{rank}'],
+    ),
+    (
+        'format string with unbalanced braces',
+        lambda c: format_name_with_dist('ckpt-{rank', 'r'),
+        ValueError,
+        ["'ckpt-{rank'"],
+    ),
+    (
+        'format string with a stray closing brace',
+        lambda c: format_name_with_dist('ckpt-rank}', 'r'),
+        ValueError,
+        ["'ckpt-rank}'"],
+    ),
+    (
+        'format string that formats to an empty name',
+        lambda c: format_name_with_dist('{tag}', 'r', tag=''),
+        ValueError,
+        ['empty'],
+    ),
+    (
+        'upload: remote name formats to an empty name',
+        lambda c: c['logger'].upload_file('', c['file']),
+        ValueError,
+        ["''"],
+    ),
+    (
+        'upload: unknown placeholder in the remote name',
+        lambda c: c['logger'].upload_file('{nope}.txt', c['file']),
+        ValueError,
+        ['{nope}'],
+    ),
+    (
+        'upload: absolute remote name',
+        lambda c: c['logger'].upload_file('/etc/passwd', c['file']),
+        ValueError,
+        ["'/etc/passwd'", 'absolute'],
+    ),
+    (
+        'upload: remote name with ..',
+        lambda c: c['logger'].upload_file('runs/../../escape.txt', c['file']),
+        ValueError,
+        ["'runs/../../escape.txt'", '..'],
+    ),
+    (
+        'bucket URI with an unknown scheme',
+        lambda c: RemoteUploaderDownloader('magic://bucket/prefix'),
+        ValueError,
+        ["'magic'", 'magic://bucket/prefix', 's3://'],
+    ),
+    (
+        'bucket URI with another unknown scheme',
+        lambda c: RemoteUploaderDownloader('nosuchproto://namenode/x'),
+        ValueError,
+        ["'nosuchproto'"],
+    ),
+    (
+        'file_path that does not exist',
+        lambda c: c['logger'].upload_file('x.txt', c['tmp'] / 'missing.bin'),
+        FileNotFoundError,
+        ['missing.bin'],
+    ),
+    ('file_path that is a directory', lambda c: c['logger'].upload_file('x.txt', c['tmp']), IsADirectoryError, [None]),
     ('upload_file after close()', _closed, RuntimeError, ['closed']),
-    ('same name twice on one rank, overwrite=False',
-     lambda c: [c['logger'].upload_file('once.txt', c['file']) for _ in range(2)], FileExistsError, ['once.txt']),
+    (
+        'same name twice on one rank, overwrite=False',
+        lambda c: [c['logger'].upload_file('once.txt', c['file']) for _ in range(2)],
+        FileExistsError,
+        ['once.txt'],
+    ),
 ]
 
 
@@ -121,8 +180,15 @@ class Opaque:
 
 
 def test_hyperparameters_that_are_not_json_are_stored_as_text_never_a_crash(tmp_path):
-    hparams = {'obj': Opaque(), 'set': {1, 2}, 'tuple_keys': {(0, 1): 0.5}, 'bytes': b'\x00\xff',
-               'tensor': torch.ones(2), 'fn': len, 'nan': float('nan')}
+    hparams = {
+        'obj': Opaque(),
+        'set': {1, 2},
+        'tuple_keys': {(0, 1): 0.5},
+        'bytes': b'\x00\xff',
+        'tensor': torch.ones(2),
+        'fn': len,
+        'nan': float('nan'),
+    }
     console = io.StringIO()
     memory = InMemoryLogger()
     jsonl = FileLogger(str(tmp_path / 'log.jsonl'), format='jsonl')
@@ -173,8 +239,14 @@ dump_rank_output({'error': error})
 @pytest.mark.timeout(180)
 def test_overwrite_false_collision_across_ranks_on_a_shared_local_store(tmp_path):
     script = write_script(tmp_path, COLLISION)
-    run_torchrun(script, 2, tmp_path / 'out', args=[str(tmp_path)], timeout=150,
-                 env={'PYTHONPATH': f'{TESTS_DIR.parent}:{TESTS_DIR}'})
+    run_torchrun(
+        script,
+        2,
+        tmp_path / 'out',
+        args=[str(tmp_path)],
+        timeout=150,
+        env={'PYTHONPATH': f'{TESTS_DIR.parent}:{TESTS_DIR}'},
+    )
     outputs = read_rank_outputs(tmp_path / 'out')
     assert outputs[0]['error'] is None
     kind, message, is_exists = outputs[1]['error']['shared/result.bin']

@@ -83,8 +83,14 @@ os._exit(0)  # the group is broken: skip the teardown collectives
 @pytest.mark.parametrize('how', ['dies', 'stops_logging'])
 def test_survivors_raise_within_the_timeout_and_their_uploads_land(tmp_path, how):
     script = write_script(tmp_path, SCENARIO)
-    run_torchrun(script, NPROC, tmp_path / 'out', args=[how, str(tmp_path), str(TIMEOUT)], timeout=200,
-                 env={'PYTHONPATH': f'{TESTS_DIR.parent}:{TESTS_DIR}'})
+    run_torchrun(
+        script,
+        NPROC,
+        tmp_path / 'out',
+        args=[how, str(tmp_path), str(TIMEOUT)],
+        timeout=200,
+        env={'PYTHONPATH': f'{TESTS_DIR.parent}:{TESTS_DIR}'},
+    )
     outputs = read_rank_outputs(tmp_path / 'out')
     assert sorted(outputs) == list(range(NPROC))
     for rank in range(NPROC - 1):

@@ -42,8 +42,11 @@ class Exploding(LoggerDestination):
 @pytest.mark.parametrize('optional', [False, True])
 def test_raising_destination_does_not_stop_the_others(tmp_path, optional):
     memory = InMemoryLogger()
-    file_logger = FileLogger(str(tmp_path / 'logs' / '{run_name}-rank{rank}.jsonl'), format='jsonl',
-                             remote_file_name='{run_name}/log-rank{rank}.jsonl')
+    file_logger = FileLogger(
+        str(tmp_path / 'logs' / '{run_name}-rank{rank}.jsonl'),
+        format='jsonl',
+        remote_file_name='{run_name}/log-rank{rank}.jsonl',
+    )
     rud = RemoteUploaderDownloader(f'file://{tmp_path}/bucket', upload_staging_folder=str(tmp_path / 'staging'))
     broken = Exploding(optional=optional)
     logger = Logger([broken, memory, file_logger, rud], run_name='iso')
@@ -75,8 +78,9 @@ def test_raising_destination_does_not_stop_the_others(tmp_path, optional):
 
 
 def test_failed_uploader_does_not_keep_the_next_file_from_the_other_uploaders(tmp_path):
-    failing = TestStore(str(tmp_path / 'bucket-a'), str(tmp_path / 'state-a'), fail_first=1, error='denied',
-                        fail_prefix='first')
+    failing = TestStore(
+        str(tmp_path / 'bucket-a'), str(tmp_path / 'state-a'), fail_first=1, error='denied', fail_prefix='first'
+    )
     a = RemoteUploaderDownloader(object_store=failing, upload_staging_folder=str(tmp_path / 'staging-a'))
     b = RemoteUploaderDownloader(f'file://{tmp_path}/bucket-b', upload_staging_folder=str(tmp_path / 'staging-b'))
     a.retry_policy = RetryPolicy(num_attempts=1)

@@ -148,10 +148,23 @@ def _run_load(tmp_path, server, nproc, metrics, small, big, big_size, timeout, c
     bucket = server.create_bucket()
     script = write_script(tmp_path, SCENARIO)
     start = time.monotonic()
-    run_torchrun(script, nproc, tmp_path / 'out', timeout=timeout,
-                 args=[str(tmp_path), server.endpoint, bucket, str(metrics), str(small), str(big), str(big_size),
-                       str(STAGED_LIMIT)],
-                 env={'PYTHONPATH': f'{TESTS_DIR.parent}:{TESTS_DIR}'})
+    run_torchrun(
+        script,
+        nproc,
+        tmp_path / 'out',
+        timeout=timeout,
+        args=[
+            str(tmp_path),
+            server.endpoint,
+            bucket,
+            str(metrics),
+            str(small),
+            str(big),
+            str(big_size),
+            str(STAGED_LIMIT),
+        ],
+        env={'PYTHONPATH': f'{TESTS_DIR.parent}:{TESTS_DIR}'},
+    )
     seconds = time.monotonic() - start
     outputs = read_rank_outputs(tmp_path / 'out')
     assert sorted(outputs) == list(range(nproc))
@@ -167,7 +180,7 @@ def _run_load(tmp_path, server, nproc, metrics, small, big, big_size, timeout, c
     listed = {}
     for page in client.get_paginator('list_objects_v2').paginate(Bucket=bucket, Prefix='load/'):
         for item in page.get('Contents', []):
-            listed[item['Key'][len('load/'):]] = (item['ETag'].strip('"'), item['Size'])
+            listed[item['Key'][len('load/') :]] = (item['ETag'].strip('"'), item['Size'])
     assert listed == {name: (e['etag'], e['size']) for name, e in expected.items()}
     # nothing left pending
     for store in ('local', 's3'):
@@ -181,11 +194,16 @@ def _run_load(tmp_path, server, nproc, metrics, small, big, big_size, timeout, c
         assert out['peak_staged_bytes'] <= 2 * max(STAGED_LIMIT, big_size) + 4 * MiB, (r, out['peak_staged_bytes'])
         assert out['peak_rss_mib'] < 2048, (r, out['peak_rss_mib'])
     assert outputs[0]['metric_points'] >= metrics * 3
-    summary = {'ranks': nproc, 'seconds': round(seconds, 1), 'peak_rss_mib_per_rank': rss,
-               'peak_staged_mib_per_rank': staged, 'staged_limit_mib_per_uploader': STAGED_LIMIT // MiB,
-               'max_blocking_s': round(max(o['max_blocking_s'] for o in outputs.values()), 3),
-               'objects_per_store': len(expected),
-               'bytes_per_store_mib': round(sum(e['size'] for e in expected.values()) / MiB)}
+    summary = {
+        'ranks': nproc,
+        'seconds': round(seconds, 1),
+        'peak_rss_mib_per_rank': rss,
+        'peak_staged_mib_per_rank': staged,
+        'staged_limit_mib_per_uploader': STAGED_LIMIT // MiB,
+        'max_blocking_s': round(max(o['max_blocking_s'] for o in outputs.values()), 3),
+        'objects_per_store': len(expected),
+        'bytes_per_store_mib': round(sum(e['size'] for e in expected.values()) / MiB),
+    }
     with capsys.disabled():
         print('\n[load] ' + json.dumps(summary))
     (tmp_path / 'load-summary.json').write_text(json.dumps(summary))
@@ -198,7 +216,9 @@ def test_load_reduced(tmp_path, s3_server, capsys):
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.skipif(os.environ.get('DIST_LOGGING_LOAD_TEST') == '0',
-                    reason='DIST_LOGGING_LOAD_TEST=0: the full-size load test (8 ranks, 2 GiB per store) is skipped')
+@pytest.mark.skipif(
+    os.environ.get('DIST_LOGGING_LOAD_TEST') == '0',
+    reason='DIST_LOGGING_LOAD_TEST=0: the full-size load test (8 ranks, 2 GiB per store) is skipped',
+)
 def test_load_full_size(tmp_path, s3_server, capsys):
     _run_load(tmp_path, s3_server, capsys=capsys, **FULL)

@@ -36,15 +36,16 @@ def trap(tmp_path):
     root.mkdir()
     outside.mkdir()
     (outside / 'victim.txt').write_bytes(b'do not touch')
-    os.symlink(outside, root / 'link')                          # a folder link
+    os.symlink(outside, root / 'link')  # a folder link
     (root / 'deep').mkdir()
-    os.symlink('../../outside', root / 'deep' / 'rel')          # a relative one, deeper
-    os.symlink(outside / 'victim.txt', root / 'victim-link')    # a file link
+    os.symlink('../../outside', root / 'deep' / 'rel')  # a relative one, deeper
+    os.symlink(outside / 'victim.txt', root / 'victim-link')  # a file link
     return root, outside
 
 
-@pytest.mark.parametrize('name', ['link/escaped.bin', 'link/new/sub/escaped.bin', 'deep/rel/escaped.bin',
-                                  'link/victim.txt'])
+@pytest.mark.parametrize(
+    'name', ['link/escaped.bin', 'link/new/sub/escaped.bin', 'deep/rel/escaped.bin', 'link/victim.txt']
+)
 @pytest.mark.parametrize('overwrite', [True, False])
 def test_local_store_never_writes_through_a_symlink_out_of_its_root(trap, tmp_path, name, overwrite):
     root, outside = trap

@@ -74,8 +74,9 @@ def _modes(tmp_path, umask):
     root = tmp_path / f'umask{umask}'
     root.mkdir()
     env = dict(os.environ, PYTHONPATH=f'{TESTS_DIR.parent}:{TESTS_DIR}')
-    result = subprocess.run([sys.executable, '-c', SCRIPT, str(root), umask], capture_output=True, text=True,
-                            env=env, timeout=100)
+    result = subprocess.run(
+        [sys.executable, '-c', SCRIPT, str(root), umask], capture_output=True, text=True, env=env, timeout=100
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -101,8 +102,9 @@ def test_usual_umask_gives_what_cp_would(tmp_path):
             assert mode == expected, f'{name}: {oct(mode)}, expected {oct(expected)}'
     # staging stays private whatever the umask: snapshots and the journal are 0o600 in a 0o700 folder
     assert modes['staging/rank0/files'] == 0o700
-    private = {n: oct(m) for n, m in modes.items()
-               if n.startswith('staging/rank0/files/') or n.endswith('journal.jsonl')}
+    private = {
+        n: oct(m) for n, m in modes.items() if n.startswith('staging/rank0/files/') or n.endswith('journal.jsonl')
+    }
     assert private and all(m == oct(0o600) for m in private.values()), private
 
 
@@ -112,7 +114,9 @@ def test_permissive_umask_keeps_staging_private(tmp_path):
     modes = _modes(tmp_path, '000')
     assert modes['bucket/ckpt/ckpt.bin'] == 0o666  # the umask really was 000
     staging = {n: m for n, m in modes.items() if n.startswith('staging/')}
-    assert {'staging/rank0', 'staging/rank0/files', 'staging/rank0/journal.jsonl', 'staging/rank0/.lock'} <= set(staging)
+    assert {'staging/rank0', 'staging/rank0/files', 'staging/rank0/journal.jsonl', 'staging/rank0/.lock'} <= set(
+        staging
+    )
     assert any(n.startswith('staging/rank0/files/') for n in staging)
     for name, mode in staging.items():
         expected = 0o700 if _is_dir(name, staging) or name.endswith('/files') else 0o600

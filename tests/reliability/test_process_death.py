@@ -106,8 +106,15 @@ def test_sigkill_one_rank_then_torchrun_restarts(tmp_path, workers):
     out = tmp_path / 'out'
     out.mkdir()
     cmd = torchrun_command(script, NPROC, [workers, str(tmp_path), str(M), 'crash'], max_restarts=1)
-    proc = subprocess.Popen(cmd, env=_env(out), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=_env(out),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         pids = _wait_ready(tmp_path, proc)
         assert pids is not None, 'ranks never got ready'
@@ -131,8 +138,15 @@ def test_sigkill_whole_job_then_relaunch(tmp_path, workers):
     out = tmp_path / 'out'
     out.mkdir()
     cmd = torchrun_command(script, NPROC, [workers, str(tmp_path), str(M), 'crash'])
-    proc = subprocess.Popen(cmd, env=_env(out), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        env=_env(out),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         pids = _wait_ready(tmp_path, proc)
         assert pids is not None, 'ranks never got ready'
@@ -148,8 +162,14 @@ def test_sigkill_whole_job_then_relaunch(tmp_path, workers):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
     assert list_pending(str(tmp_path / 'staging')), 'nothing was left pending'
-    run_torchrun(script, NPROC, out, args=[workers, str(tmp_path), str(M), 'resume'],
-                 env={'PYTHONPATH': _env(out)['PYTHONPATH']}, timeout=200)
+    run_torchrun(
+        script,
+        NPROC,
+        out,
+        args=[workers, str(tmp_path), str(M), 'resume'],
+        env={'PYTHONPATH': _env(out)['PYTHONPATH']},
+        timeout=200,
+    )
     outputs = read_rank_outputs(out)
     assert sorted(outputs) == list(range(NPROC)) and all(o['phase'] == 'resume' for o in outputs.values())
     _check_store(tmp_path, landed_at_kill)

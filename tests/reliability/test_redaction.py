@@ -28,8 +28,10 @@ from torchrun_helper import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
-SECRETS = {name: f'{name}-{uuid.uuid4().hex}' for name in
-           ('password', 'passwd', 'secret', 'token', 'api_key', 'access_key', 'credential', 'dc', 'ns', 'extra')}
+SECRETS = {
+    name: f'{name}-{uuid.uuid4().hex}'
+    for name in ('password', 'passwd', 'secret', 'token', 'api_key', 'access_key', 'credential', 'dc', 'ns', 'extra')
+}
 
 
 @dataclasses.dataclass
@@ -95,12 +97,18 @@ class Destinations:
             FileLogger(str(tmp_path / 'logs' / 'log.txt'), log_traces=True),
             FileLogger(str(tmp_path / 'logs' / 'log.jsonl'), format='jsonl', log_traces=True),
             TensorboardLogger(log_dir=str(tmp_path / 'tb')),
-            MLFlowLogger(tracking_uri=self.tracking, experiment_name=self.experiment, log_traces=True, synchronous=True,
-                         artifact_location=(tmp_path / 'artifacts').as_uri()),
+            MLFlowLogger(
+                tracking_uri=self.tracking,
+                experiment_name=self.experiment,
+                log_traces=True,
+                synchronous=True,
+                artifact_location=(tmp_path / 'artifacts').as_uri(),
+            ),
         ]
         if upload:  # the files above also go through upload staging (snapshots + journal) to a bucket
-            self.destinations.append(RemoteUploaderDownloader(
-                f'file://{tmp_path}/bucket', upload_staging_folder=str(tmp_path / 'staging')))
+            self.destinations.append(
+                RemoteUploaderDownloader(f'file://{tmp_path}/bucket', upload_staging_folder=str(tmp_path / 'staging'))
+            )
         self.caught: list = []
 
     def run(self, log, redact=True) -> None:
@@ -122,8 +130,9 @@ class Destinations:
 
         acc = EventAccumulator(str(self.root / 'tb'), size_guidance={'tensors': 0})
         acc.Reload()
-        return b''.join(event.tensor_proto.SerializeToString() for tag in acc.Tags()['tensors']
-                        for event in acc.Tensors(tag))
+        return b''.join(
+            event.tensor_proto.SerializeToString() for tag in acc.Tags()['tensors'] for event in acc.Tensors(tag)
+        )
 
     def assert_nowhere(self, secrets: dict[str, str]) -> None:
         """No secret in MLflow's params, TensorBoard's text, any file written, the console, stdout/stderr, warnings."""
@@ -179,10 +188,16 @@ def test_backend_credentials_never_reach_the_staging_journal(tmp_path):
     session = f'aws-session-{uuid.uuid4().hex}'
     # nothing listens on this port: the upload fails and stays in staging with its journal record
     rud = RemoteUploaderDownloader(
-        's3://bucket/prefix', upload_staging_folder=str(tmp_path / 'staging'),
-        backend_kwargs={'endpoint_url': f'http://127.0.0.1:{free_port()}', 'aws_access_key_id': 'AKIDEXAMPLE',
-                        'aws_secret_access_key': secret, 'aws_session_token': session,
-                        'client_config': {'retries': {'total_max_attempts': 1}, 'connect_timeout': 1}})
+        's3://bucket/prefix',
+        upload_staging_folder=str(tmp_path / 'staging'),
+        backend_kwargs={
+            'endpoint_url': f'http://127.0.0.1:{free_port()}',
+            'aws_access_key_id': 'AKIDEXAMPLE',
+            'aws_secret_access_key': secret,
+            'aws_session_token': session,
+            'client_config': {'retries': {'total_max_attempts': 1}, 'connect_timeout': 1},
+        },
+    )
     rud.retry_policy = RetryPolicy(num_attempts=1)
     logger = Logger(rud, run_name='creds')
     (tmp_path / 'f').write_bytes(b'data')
@@ -261,16 +276,24 @@ def test_real_configs_arrive_unchanged_but_for_their_credentials(path):
 
 #: The only lines of the corpus files that change when each line is logged as text (a config pasted into a
 #: log message): the lines of the credential leaves above.
-CREDENTIAL_LINES = {('hf_training_arguments_wandb_config.json', 779), ('hf_training_arguments_wandb_config.json', 825),
-                    ('launch_environment.yaml', 7), ('launch_environment.yaml', 11)}
+CREDENTIAL_LINES = {
+    ('hf_training_arguments_wandb_config.json', 779),
+    ('hf_training_arguments_wandb_config.json', 825),
+    ('launch_environment.yaml', 7),
+    ('launch_environment.yaml', 11),
+}
 
 
 def test_real_config_lines_logged_as_text_change_only_on_credential_lines():
     """The value rule on every line of every corpus file (3,200 lines of YAML, JSON and TOML syntax)."""
     from dist_logging.redaction import redact_text
 
-    changed = {(path.name, number) for path in CORPUS_FILES
-               for number, line in enumerate(path.read_text().splitlines(), 1) if redact_text(line) != line}
+    changed = {
+        (path.name, number)
+        for path in CORPUS_FILES
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if redact_text(line) != line
+    }
     assert changed == CREDENTIAL_LINES
 
 
@@ -278,7 +301,9 @@ def test_real_config_lines_logged_as_text_change_only_on_credential_lines():
 LETTERS = 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ'
 
 
-def _token(prefix: str, length: int, alphabet: str = 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789') -> str:
+def _token(
+    prefix: str, length: int, alphabet: str = 'abcdefghijkmnopqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789'
+) -> str:
     import random
 
     rng = random.Random(uuid.uuid4().int)
@@ -292,42 +317,75 @@ def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
         (config, secrets by name, the leaves that must change -> what they must become).
     """
     s = {
-        'password': f'pw-{uuid.uuid4().hex}', 'client_secret': f'cs-{uuid.uuid4().hex}',
-        'aws_secret': _token('', 40), 'hf_token_named': _token('hf_', 34, LETTERS), 'github_named': _token('ghp_', 36),
+        'password': f'pw-{uuid.uuid4().hex}',
+        'client_secret': f'cs-{uuid.uuid4().hex}',
+        'aws_secret': _token('', 40),
+        'hf_token_named': _token('hf_', 34, LETTERS),
+        'github_named': _token('ghp_', 36),
         'private_key_named': _token('MIIEpAIBAAKCAQEA', 48),
         # credentials whose key names say nothing
-        'db_url_password': f'dbpw{uuid.uuid4().hex[:12]}', 'repo_ghp': _token('ghp_', 36),
-        'index_password': f'ix{uuid.uuid4().hex[:10]}', 'aws_key_id': _token('AKIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'),
-        'aws_temp_key_id': _token('ASIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'), 'hub_hf': _token('hf_', 34, LETTERS),
-        'openai_sk': _token('sk-', 48), 'openai_project': _token('sk-proj-', 60) + '_' + _token('', 20),
-        'github_pat': _token('github_pat_', 22) + '_' + _token('', 59), 'ghs': _token('ghs_', 36),
+        'db_url_password': f'dbpw{uuid.uuid4().hex[:12]}',
+        'repo_ghp': _token('ghp_', 36),
+        'index_password': f'ix{uuid.uuid4().hex[:10]}',
+        'aws_key_id': _token('AKIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'),
+        'aws_temp_key_id': _token('ASIA', 16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567'),
+        'hub_hf': _token('hf_', 34, LETTERS),
+        'openai_sk': _token('sk-', 48),
+        'openai_project': _token('sk-proj-', 60) + '_' + _token('', 20),
+        'github_pat': _token('github_pat_', 22) + '_' + _token('', 59),
+        'ghs': _token('ghs_', 36),
         'slack': 'xoxb-' + _token('', 12, '0123456789') + '-' + _token('', 13, '0123456789') + '-' + _token('', 24),
         'pem_body': _token('MIIEvQIBADANBgkqhkiG9w0BAQEFAASC', 64),
-        'query_api_key': _token('', 32), 'conn_password': f'Cn{uuid.uuid4().hex[:14]}',
+        'query_api_key': _token('', 32),
+        'conn_password': f'Cn{uuid.uuid4().hex[:14]}',
         # issue 35: an hf_ token with digits (gitleaks' rule takes letters only), a service-named token
-        'hub_hf_digits': _token('hf_', 33) + '7', 'codecov': _token('', 31, 'abcdefghijkmnopqrstuvwxyz') + '4',
+        'hub_hf_digits': _token('hf_', 33) + '7',
+        'codecov': _token('', 31, 'abcdefghijkmnopqrstuvwxyz') + '4',
     }
     pem = f'-----BEGIN PRIVATE KEY-----\n{s["pem_body"]}\n-----END PRIVATE KEY-----\n'
     config = {
         # ordinary LLM hyperparameters, token-named and otherwise
-        'model': {'name': 'meta-llama/Llama-2-7b-hf', 'revision': '01c7f73d771dfac7d292323805ebc428287df4f9',
-                  'pad_token_id': 0, 'bos_token_id': 1, 'eos_token_id': 2, 'vocab_size': 32000},
-        'tokenizer': {'name': 'meta-llama/Llama-2-7b-hf', 'pad_token': '<unk>', 'eos_token': '</s>',
-                      'add_bos_token': True, 'added_tokens_decoder': {'0': {'content': '<unk>', 'special': True}}},
+        'model': {
+            'name': 'meta-llama/Llama-2-7b-hf',
+            'revision': '01c7f73d771dfac7d292323805ebc428287df4f9',
+            'pad_token_id': 0,
+            'bos_token_id': 1,
+            'eos_token_id': 2,
+            'vocab_size': 32000,
+        },
+        'tokenizer': {
+            'name': 'meta-llama/Llama-2-7b-hf',
+            'pad_token': '<unk>',
+            'eos_token': '</s>',
+            'add_bos_token': True,
+            'added_tokens_decoder': {'0': {'content': '<unk>', 'special': True}},
+        },
         'generation': {'max_new_tokens': 256, 'suppress_tokens': [1, 2, 7], 'top_p': 0.9, 'temperature': 0.6},
-        'train': {'max_tokens': 2_000_000_000, 'tokens_per_batch': 524288, 'num_memory_tokens': 0,
-                  'include_tokens_per_second': True, 'lr': 3e-4, 'betas': [0.9, 0.95],
-                  'run_id': '9b2f6c1e-4a7d-4e3b-8c5a-1f0e2d3c4b5a'},
+        'train': {
+            'max_tokens': 2_000_000_000,
+            'tokens_per_batch': 524288,
+            'num_memory_tokens': 0,
+            'include_tokens_per_second': True,
+            'lr': 3e-4,
+            'betas': [0.9, 0.95],
+            'run_id': '9b2f6c1e-4a7d-4e3b-8c5a-1f0e2d3c4b5a',
+        },
         'env': {'TOKENIZERS_PARALLELISM': 'false', 'NCCL_DEBUG': 'WARN', 'HF_HOME': '/data/hf'},
         'save_folder': 's3://bucket/checkpoints/{run_name}',
-        'repo_url_public': 'https://github.com/org/repo.git', 'ssh_remote': 'git@github.com:org/repo.git',
+        'repo_url_public': 'https://github.com/org/repo.git',
+        'ssh_remote': 'git@github.com:org/repo.git',
         'wandb_host': 'https://bob@wandb.internal',
         # credentials under obvious names
         'db': {'host': 'db.internal', 'password': s['password']},
         'identity_provider': {'client_id': 'my-app', 'client_secret': s['client_secret']},
-        'aws': {'region': 'us-east-1', 'aws_secret_access_key': s['aws_secret'],
-                'key_id': s['aws_key_id']},  # innocent name, AKIA format
-        'HF_TOKEN': s['hf_token_named'], 'GITHUB_TOKEN': s['github_named'], 'private_key': s['private_key_named'],
+        'aws': {
+            'region': 'us-east-1',
+            'aws_secret_access_key': s['aws_secret'],
+            'key_id': s['aws_key_id'],
+        },  # innocent name, AKIA format
+        'HF_TOKEN': s['hf_token_named'],
+        'GITHUB_TOKEN': s['github_named'],
+        'private_key': s['private_key_named'],
         # credentials under innocent names
         'db_url': f'postgres://alice:{s["db_url_password"]}@db:5432/x',
         'repo': f'https://user:{s["repo_ghp"]}@github.com/o/r.git',
@@ -343,13 +401,27 @@ def planted_config() -> tuple[dict, dict[str, str], dict[str, object]]:
         'mssql': f'Server=tcp:db,1433;Database=runs;User Id=sa;Password={s["conn_password"]};Encrypt=true',
     }
     changes = {
-        'db.password': '***', 'identity_provider.client_secret': '***', 'aws.aws_secret_access_key': '***',
-        'aws.key_id': '***', 'HF_TOKEN': '***', 'GITHUB_TOKEN': '***', 'private_key': '***',
-        'db_url': 'postgres://alice:***@db:5432/x', 'repo': 'https://user:***@github.com/o/r.git',
-        'pip.index_urls.1': 'https://build:***@pypi.internal/simple', 'sts.id': '***', 'hub.id': '***',
-        'hub.mirror': '***', 'storage.key_id': '***', 'ci.codecov_token': '***',
-        'openai.value': '***', 'openai.fallback.0': '***', 'ci.github': '***', 'ci.app.0': '***',
-        'notify.slack': '***', 'deploy.pem': '-----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----\n',
+        'db.password': '***',
+        'identity_provider.client_secret': '***',
+        'aws.aws_secret_access_key': '***',
+        'aws.key_id': '***',
+        'HF_TOKEN': '***',
+        'GITHUB_TOKEN': '***',
+        'private_key': '***',
+        'db_url': 'postgres://alice:***@db:5432/x',
+        'repo': 'https://user:***@github.com/o/r.git',
+        'pip.index_urls.1': 'https://build:***@pypi.internal/simple',
+        'sts.id': '***',
+        'hub.id': '***',
+        'hub.mirror': '***',
+        'storage.key_id': '***',
+        'ci.codecov_token': '***',
+        'openai.value': '***',
+        'openai.fallback.0': '***',
+        'ci.github': '***',
+        'ci.app.0': '***',
+        'notify.slack': '***',
+        'deploy.pem': '-----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----\n',
         'endpoint': 'https://api.example.com/v1/complete?model=x&api_key=***',
         'mssql': 'Server=tcp:db,1433;Database=runs;User Id=sa;Password=***;Encrypt=true',
     }
@@ -360,8 +432,12 @@ def test_planted_credentials_reach_no_destination_and_everything_else_arrives(tm
     config, secrets, changes = planted_config()
     before = copy.deepcopy(config)
     where = Destinations(tmp_path, capsys, mlflow_db, upload=True)
-    cells = [['db_url', config['db_url']], ['hub', config['hub']['id']], ['pem', config['deploy']['pem']],
-             ['notes', 'lr=3e-4 max_new_tokens=256']]
+    cells = [
+        ['db_url', config['db_url']],
+        ['hub', config['hub']['id']],
+        ['pem', config['deploy']['pem']],
+        ['notes', 'lr=3e-4 max_new_tokens=256'],
+    ]
 
     def log(logger):
         logger.log_hyperparameters(config)
@@ -380,8 +456,11 @@ def test_planted_credentials_reach_no_destination_and_everything_else_arrives(tm
     assert _leaves(where.memory.traces['planted'][0]) == got
     assert where.memory.traces['message'][0] == 'connecting to postgres://alice:***@db:5432/x as ***'
     assert where.memory.tables['settings'][0][2] == [
-        ['db_url', 'postgres://alice:***@db:5432/x'], ['hub', '***'], ['pem', changes['deploy.pem']],
-        ['notes', 'lr=3e-4 max_new_tokens=256']]
+        ['db_url', 'postgres://alice:***@db:5432/x'],
+        ['hub', '***'],
+        ['pem', changes['deploy.pem']],
+        ['notes', 'lr=3e-4 max_new_tokens=256'],
+    ]
     assert where.memory.tables['keys'][0][2] == [['alice', '***']]  # a credential-named column
     assert config == before  # the caller's objects are never modified
     where.assert_nowhere(secrets)
@@ -408,38 +487,85 @@ def planted_shapes() -> tuple[dict, list[str], dict[str, object], list[str]]:
     config = {
         'formats': {name: f'value {value} here' for name, value in formats.items()},
         'webhooks': {name: url for name, (url, _) in hooks.items()},
-        'env': {'KAGGLE_KEY': kaggle, 'B2_APPLICATION_KEY': b2, 'MLFLOW_TRACKING_TOKEN': mlflow,
-                'MLFLOW_TRACKING_URI': 'databricks', 'KAGGLE_USERNAME': 'alice'},
+        'env': {
+            'KAGGLE_KEY': kaggle,
+            'B2_APPLICATION_KEY': b2,
+            'MLFLOW_TRACKING_TOKEN': mlflow,
+            'MLFLOW_TRACKING_URI': 'databricks',
+            'KAGGLE_USERNAME': 'alice',
+        },
         'argv': ['train.py', '--wandb-api-key', argv_key, '--run-name', 'token', '--max-tokens', '128'],
-        'k8s_env': [{'name': 'WANDB_API_KEY', 'value': env_key}, {'name': 'NCCL_DEBUG', 'value': 'INFO'},
-                    {'name': 'HF_TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'hf-secret', 'key': 'token'}}}],
+        'k8s_env': [
+            {'name': 'WANDB_API_KEY', 'value': env_key},
+            {'name': 'NCCL_DEBUG', 'value': 'INFO'},
+            {'name': 'HF_TOKEN', 'valueFrom': {'secretKeyRef': {'name': 'hf-secret', 'key': 'token'}}},
+        ],
         'ecs_env': [{'Name': 'WANDB_API_KEY', 'Value': ecs_key}],
         'docker_env': ['WANDB_API_KEY=' + docker_key, 'OMP_NUM_THREADS=8'],
         'shell': f'export WANDB_API_KEY={wandb} && torchrun --nproc-per-node=8 train.py',
-        'code': [f'token := "{code["go"]}"', f'API_KEY ?= {code["make"]}', f"'secret_key' => '{code['php']}'",
-                 f'var apiToken string = "{code["govar"]}"', f'System.setProperty("X_TOKEN", "{code["java"]}");',
-                 f'<apiToken>{code["xml"]}</apiToken>', f'curl --user alice:{code["curl"]} https://h/x',
-                 f'curl -H "Authorization: Token {code["header"]}" https://h/x',
-                 f'GITHUB_API_KEY={code["shell"]}\nDYNATRACE_API_KEY=\n'],
+        'code': [
+            f'token := "{code["go"]}"',
+            f'API_KEY ?= {code["make"]}',
+            f"'secret_key' => '{code['php']}'",
+            f'var apiToken string = "{code["govar"]}"',
+            f'System.setProperty("X_TOKEN", "{code["java"]}");',
+            f'<apiToken>{code["xml"]}</apiToken>',
+            f'curl --user alice:{code["curl"]} https://h/x',
+            f'curl -H "Authorization: Token {code["header"]}" https://h/x',
+            f'GITHUB_API_KEY={code["shell"]}\nDYNATRACE_API_KEY=\n',
+        ],
         # decoys: ordinary ML settings and placeholders that no scanner reports
-        'decoys': {'key_dim': 64, 'keyword': 'attention', 'passkey_retrieval_length': 4096, 'secret_sharing_rounds': 3,
-                   'max_tokens': 4096, 'token_budget': 100000, 'signature_name': 'serving_default', 'sig_figs': 3,
-                   'auth_required': True, 'revision': '01c7f73d771dfac7d292323805ebc428287df4f9',
-                   'run_id': '9b2f6c1e-4a7d-4e3b-8c5a-1f0e2d3c4b5a', 'slack_placeholder': 'xoxb-12345-abcd234',
-                   'anthropic_placeholder': 'sk-ant-api03-abc123xyz',
-                   'objc': '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;',
-                   'empty_env': 'GITHUB_API_KEY=\nDYNATRACE_API_KEY=',
-                   'argv_values': ['--run-name', 'token', '--tokenizer', 'gpt2']},
+        'decoys': {
+            'key_dim': 64,
+            'keyword': 'attention',
+            'passkey_retrieval_length': 4096,
+            'secret_sharing_rounds': 3,
+            'max_tokens': 4096,
+            'token_budget': 100000,
+            'signature_name': 'serving_default',
+            'sig_figs': 3,
+            'auth_required': True,
+            'revision': '01c7f73d771dfac7d292323805ebc428287df4f9',
+            'run_id': '9b2f6c1e-4a7d-4e3b-8c5a-1f0e2d3c4b5a',
+            'slack_placeholder': 'xoxb-12345-abcd234',
+            'anthropic_placeholder': 'sk-ant-api03-abc123xyz',
+            'objc': '- (id)hf_requiredCharacteristicTypesForDisplayMetadata;',
+            'empty_env': 'GITHUB_API_KEY=\nDYNATRACE_API_KEY=',
+            'argv_values': ['--run-name', 'token', '--tokenizer', 'gpt2'],
+        },
     }
-    secrets = ([*formats.values(), *(secret for _, secret in hooks.values()), wandb, kaggle, b2, mlflow, argv_key,
-                env_key, docker_key, ecs_key, *code.values()])
+    secrets = [
+        *formats.values(),
+        *(secret for _, secret in hooks.values()),
+        wandb,
+        kaggle,
+        b2,
+        mlflow,
+        argv_key,
+        env_key,
+        docker_key,
+        ecs_key,
+        *code.values(),
+    ]
     decoys = {key: value for key, value in _leaves(config).items() if key.startswith('decoys.')}
-    decoys.update({'env.MLFLOW_TRACKING_URI': 'databricks', 'env.KAGGLE_USERNAME': 'alice', 'argv.3': '--run-name',
-                   'argv.4': 'token', 'argv.6': '128', 'k8s_env.1.value': 'INFO',
-                   'k8s_env.2.valueFrom.secretKeyRef.name': 'hf-secret', 'docker_env.1': 'OMP_NUM_THREADS=8'})
-    lines = [f'step 10 loss=1.25 uploading with {formats["huggingface"]} to {hooks["slack_webhook"][0]}',
-             f'env KAGGLE_KEY={kaggle} MLFLOW_TRACKING_TOKEN={mlflow}', f'posting to {hooks["discord_webhook"][0]}',
-             *config['code']]
+    decoys.update(
+        {
+            'env.MLFLOW_TRACKING_URI': 'databricks',
+            'env.KAGGLE_USERNAME': 'alice',
+            'argv.3': '--run-name',
+            'argv.4': 'token',
+            'argv.6': '128',
+            'k8s_env.1.value': 'INFO',
+            'k8s_env.2.valueFrom.secretKeyRef.name': 'hf-secret',
+            'docker_env.1': 'OMP_NUM_THREADS=8',
+        }
+    )
+    lines = [
+        f'step 10 loss=1.25 uploading with {formats["huggingface"]} to {hooks["slack_webhook"][0]}',
+        f'env KAGGLE_KEY={kaggle} MLFLOW_TRACKING_TOKEN={mlflow}',
+        f'posting to {hooks["discord_webhook"][0]}',
+        *config['code'],
+    ]
     return config, secrets, decoys, lines
 
 
@@ -453,6 +579,7 @@ def test_every_scanner_shape_reaches_no_destination_and_decoys_arrive(tmp_path, 
     where = Destinations(tmp_path, capsys, mlflow_db, upload=True)
     setup_logging(file=str(tmp_path / 'pylogs' / 'python-rank{rank}.log'), run_name='shapes')
     try:
+
         def log(logger):
             logger.log_hyperparameters(config)
             logger.log_traces({'shapes': config, 'lines': lines})

@@ -69,14 +69,32 @@ class Machine:
         os.chmod(path, mode)
         return path
 
-    def run(self, user: str, argv: list[str], env: Optional[dict] = None, umask: int = 0o022,
-            timeout: float = 180) -> subprocess.CompletedProcess:
+    def run(
+        self, user: str, argv: list[str], env: Optional[dict] = None, umask: int = 0o022, timeout: float = 180
+    ) -> subprocess.CompletedProcess:
         entry = self.users[user]
-        full_env = {'PATH': '/usr/bin:/bin', 'HOME': entry.pw_dir, 'USER': user, 'LOGNAME': user, 'LANG': 'C.UTF-8',
-                    'PYTHONPATH': self.pythonpath, 'PYTHONDONTWRITEBYTECODE': '1', **(env or {})}
-        return subprocess.run([self.python, *argv], user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
-                              umask=umask, env=full_env, cwd=entry.pw_dir, capture_output=True, text=True,
-                              timeout=timeout)
+        full_env = {
+            'PATH': '/usr/bin:/bin',
+            'HOME': entry.pw_dir,
+            'USER': user,
+            'LOGNAME': user,
+            'LANG': 'C.UTF-8',
+            'PYTHONPATH': self.pythonpath,
+            'PYTHONDONTWRITEBYTECODE': '1',
+            **(env or {}),
+        }
+        return subprocess.run(
+            [self.python, *argv],
+            user=entry.pw_uid,
+            group=entry.pw_gid,
+            extra_groups=[],
+            umask=umask,
+            env=full_env,
+            cwd=entry.pw_dir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def job(self, user: str, steps: list[dict], env: dict) -> dict:
         config = {'home': self.users[user].pw_dir, 'steps': steps}
@@ -144,8 +162,11 @@ def machine():
     created = Machine(area)
     try:
         code = os.path.join(area, 'code')
-        shutil.copytree(TESTS_DIR.parent / 'dist_logging', os.path.join(code, 'dist_logging'),
-                        ignore=shutil.ignore_patterns('__pycache__'))
+        shutil.copytree(
+            TESTS_DIR.parent / 'dist_logging',
+            os.path.join(code, 'dist_logging'),
+            ignore=shutil.ignore_patterns('__pycache__'),
+        )
         shutil.copy(JOB, code)
         for dirpath, dirs, files in os.walk(code):
             os.chmod(dirpath, 0o755)
@@ -156,8 +177,10 @@ def machine():
             created.add_user(f'dlt{tag}{role}')
         created.a, created.b, created.c = (f'dlt{tag}{role}' for role in 'abc')  # type: ignore[attr-defined]
         if _pick_interpreter(created, created.a) is None:  # type: ignore[attr-defined]
-            pytest.skip(f'no Python that user {created.a} can run with a readable dist_logging and its '  # type: ignore[attr-defined]
-                        f'dependencies: {"; ".join(created.reasons)}')  # type: ignore[attr-defined]
+            pytest.skip(
+                f'no Python that user {created.a} can run with a readable dist_logging and its '  # type: ignore[attr-defined]
+                f'dependencies: {"; ".join(created.reasons)}'
+            )  # type: ignore[attr-defined]
         yield created
     finally:
         for name in created.users:  # jobs are bounded by their timeout (subprocess.run kills them)
@@ -226,14 +249,32 @@ def test_two_users_upload_with_the_caps_and_download_on_one_machine(machine):
     for user in (machine.a, machine.b):  # B after A: A's folders are already there
         bucket = machine.owned_dir(os.path.join(machine.area, f'bucket-{user}'), user, 0o700)
         home = machine.users[user].pw_dir
-        report = machine.job(user, [
-            {'do': 'upload', 'name': 'up', 'bucket': f'file://{bucket}', 'run': 'shared-run', 'files': 3,
-             'size': 200_000},
-            {'do': 'download', 'name': 'down', 'bucket': f'file://{public}', 'object': 'models/model.bin',
-             'dest': os.path.join(home, 'model.bin'), 'run': 'shared-run'},
-        ], env={'TMPDIR': shared, **CAPS})
-        assert report['up'] == {'ok': True, 'staging_dir': os.path.join(shared, f'dist_logging-{user}', 'shared-run',
-                                                                      'staging', 'rank0')}, report
+        report = machine.job(
+            user,
+            [
+                {
+                    'do': 'upload',
+                    'name': 'up',
+                    'bucket': f'file://{bucket}',
+                    'run': 'shared-run',
+                    'files': 3,
+                    'size': 200_000,
+                },
+                {
+                    'do': 'download',
+                    'name': 'down',
+                    'bucket': f'file://{public}',
+                    'object': 'models/model.bin',
+                    'dest': os.path.join(home, 'model.bin'),
+                    'run': 'shared-run',
+                },
+            ],
+            env={'TMPDIR': shared, **CAPS},
+        )
+        assert report['up'] == {
+            'ok': True,
+            'staging_dir': os.path.join(shared, f'dist_logging-{user}', 'shared-run', 'staging', 'rank0'),
+        }, report
         assert report['down'] == {'ok': True, 'sha256': expected}, report
         assert sorted(os.listdir(os.path.join(bucket, 'up'))) == ['0.bin', '1.bin', '2.bin']
         bases[user] = os.path.join(shared, f'dist_logging-{user}')
@@ -307,15 +348,25 @@ def test_a_hostile_user_cannot_redirect_block_or_fool_the_victims_job(machine):
     assert all(entry[0] == hostile_uid for entry in planted.values())
 
     upload = {'do': 'upload', 'bucket': f'file://{bucket}', 'run': 'victim-run', 'files': 2, 'size': 100_000}
-    download = {'do': 'download', 'bucket': f'file://{public}', 'object': 'models/model.bin', 'dest': dest,
-                'overwrite': True, 'run': 'victim-run'}
+    download = {
+        'do': 'download',
+        'bucket': f'file://{public}',
+        'object': 'models/model.bin',
+        'dest': dest,
+        'overwrite': True,
+        'run': 'victim-run',
+    }
     staging = os.path.join(home, 'staging')
-    default = machine.job(victim, [
-        dict(upload, name='v'),  # default staging: in the planted base
-        dict(download, name='down', run=None),  # default download coordination: in the planted base
-        dict(upload, name='s', staging=staging),  # the way out the error names...
-        dict(download, name='sdown', staging=staging, dest=os.path.join(pub, 'copy.bin')),  # ...downloads too
-    ], env={'TMPDIR': shared, **CAPS})
+    default = machine.job(
+        victim,
+        [
+            dict(upload, name='v'),  # default staging: in the planted base
+            dict(download, name='down', run=None),  # default download coordination: in the planted base
+            dict(upload, name='s', staging=staging),  # the way out the error names...
+            dict(download, name='sdown', staging=staging, dest=os.path.join(pub, 'copy.bin')),  # ...downloads too
+        ],
+        env={'TMPDIR': shared, **CAPS},
+    )
     for step in ('v', 'down'):
         error = default[step]['error']
         assert default[step]['ok'] is False and error.startswith('PermissionError: '), default
@@ -329,8 +380,11 @@ def test_a_hostile_user_cannot_redirect_block_or_fool_the_victims_job(machine):
     _assert_private_tree(machine_dir, victim_uid)
 
     knob = os.path.join(home, 'dl-tmp')  # the one knob: everything moves there
-    moved = machine.job(victim, [dict(upload, name='k'), dict(download, name='kdown')],
-                        env={'TMPDIR': shared, 'DIST_LOGGING_TMPDIR': knob, **CAPS})
+    moved = machine.job(
+        victim,
+        [dict(upload, name='k'), dict(download, name='kdown')],
+        env={'TMPDIR': shared, 'DIST_LOGGING_TMPDIR': knob, **CAPS},
+    )
     assert moved['k'] == {'ok': True, 'staging_dir': os.path.join(knob, 'victim-run', 'staging', 'rank0')}, moved
     assert moved['kdown'] == {'ok': True, 'sha256': fresh}, moved  # fetched fresh: the forged marker is not read
     assert {'node-upload-rate', 'node-upload-slots', 'downloads'} <= set(os.listdir(knob))
@@ -341,4 +395,3 @@ def test_a_hostile_user_cannot_redirect_block_or_fool_the_victims_job(machine):
     assert file_sha256(precious) == before  # nothing written through a planted symlink
     assert _tree(base) == planted  # the hostile tree untouched: nothing read into, created in or removed
     assert os.listdir(shared) == [os.path.basename(base)]
-

@@ -29,8 +29,9 @@ SIZE = 64 * 1024
 
 
 def _logger(tmp_path, store, tag, **kwargs):
-    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / f'staging-{tag}'),
-                                   num_concurrent_uploads=2, **kwargs)
+    rud = RemoteUploaderDownloader(
+        object_store=store, upload_staging_folder=str(tmp_path / f'staging-{tag}'), num_concurrent_uploads=2, **kwargs
+    )
     rud.retry_policy = RetryPolicy(num_attempts=3, initial_backoff=0.01)
     return Logger(rud, run_name=tag), rud
 
@@ -91,8 +92,10 @@ def test_slow_store_blocking_time_and_bounded_staging(tmp_path, capsys):
     slow_ms = statistics.median(slow_times) * 1e3
     assert max(slow_times) < 5.0  # "does not hang": the store sleeps 0.1 s per call, the caller does not
     with capsys.disabled():
-        print(f'\n[slow store] upload_file median blocking: fast store {fast_ms:.3f} ms, slow store {slow_ms:.3f} ms; '
-              f'peak staged {sampler.peak} B (max_staged_bytes {limit})')
+        print(
+            f'\n[slow store] upload_file median blocking: fast store {fast_ms:.3f} ms, slow store {slow_ms:.3f} ms; '
+            f'peak staged {sampler.peak} B (max_staged_bytes {limit})'
+        )
 
 
 class _nothing:

@@ -27,10 +27,18 @@ SIZES = [1000 + 37 * i for i in range(10)] + [6 * MiB + 123, 7 * MiB]  # small o
 
 
 def _uploader(tmp_path, server, bucket, staging, policy) -> RemoteUploaderDownloader:
-    kwargs = {'endpoint_url': server.endpoint, 'multipart_threshold': 5 * MiB, 'multipart_chunksize': 5 * MiB,
-              'client_config': {'retries': {'total_max_attempts': 1}, 'connect_timeout': 2, 'read_timeout': 10}}
-    rud = RemoteUploaderDownloader(f's3://{bucket}/runs', backend_kwargs=kwargs,
-                                   upload_staging_folder=str(tmp_path / staging), num_concurrent_uploads=3)
+    kwargs = {
+        'endpoint_url': server.endpoint,
+        'multipart_threshold': 5 * MiB,
+        'multipart_chunksize': 5 * MiB,
+        'client_config': {'retries': {'total_max_attempts': 1}, 'connect_timeout': 2, 'read_timeout': 10},
+    }
+    rud = RemoteUploaderDownloader(
+        f's3://{bucket}/runs',
+        backend_kwargs=kwargs,
+        upload_staging_folder=str(tmp_path / staging),
+        num_concurrent_uploads=3,
+    )
     rud.retry_policy = policy
     return rud
 

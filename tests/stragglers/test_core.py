@@ -173,8 +173,23 @@ def test_the_hot_path_leaks_nothing_and_cycles_are_collected():
 def test_the_same_tests_pass_on_the_python_core():
     here = Path(__file__).parent
     env = dict(os.environ, DIST_LOGGING_NO_EXTENSIONS='1')
-    done = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:xdist', '-p', 'no:cacheprovider',
-                           str(here / 'test_core.py'), str(here / 'test_timer.py')],
-                          env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'pytest',
+            '-q',
+            '-p',
+            'no:xdist',
+            '-p',
+            'no:cacheprovider',
+            str(here / 'test_core.py'),
+            str(here / 'test_timer.py'),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert ' passed' in done.stdout

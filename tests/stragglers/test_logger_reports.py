@@ -41,8 +41,9 @@ def test_off_by_default_section_checks_names_only():
 
 def test_config_key_and_options(tmp_path):
     sink = InMemoryLogger()
-    logger = Logger.from_config({'rank_report_every': 4, 'rank_report_options': {'top_k': 1, 'memory': False}},
-                                run_name='ranks-config')
+    logger = Logger.from_config(
+        {'rank_report_every': 4, 'rank_report_options': {'top_k': 1, 'memory': False}}, run_name='ranks-config'
+    )
     logger.close()
     with pytest.raises(ValueError, match=r'^rank_report_every: must be None'):
         Logger.from_config({'rank_report_every': 0})
@@ -52,8 +53,9 @@ def test_config_key_and_options(tmp_path):
         Logger.from_config({'rank_report_options': {'k': 1}})
     with pytest.raises(ValueError, match='rank_report_every'):
         Logger(sink, run_name='x', rank_report_every=True)
-    logger = Logger(sink, run_name='ranks-config', rank_report_every=4,
-                    rank_report_options=RankReportOptions(memory=False))
+    logger = Logger(
+        sink, run_name='ranks-config', rank_report_every=4, rank_report_options=RankReportOptions(memory=False)
+    )
     _steps(logger, 9)
     report = logger.rank_report()
     assert isinstance(report, RankReport) and report.complete
@@ -94,6 +96,7 @@ def test_history_is_uploaded_and_the_cli_draws_it(tmp_path, capsys):
 
 # ---------------------------------------------------------------- a simulated world of 4,096 ranks
 
+
 @pytest.fixture
 def fake_world(monkeypatch):
     """torch's fake process group: one process plays one rank of a large world; collectives are counted."""
@@ -108,6 +111,7 @@ def fake_world(monkeypatch):
             tensor = args[1] if name == 'all_gather' else args[0]
             calls.append((name, tensor.numel() * tensor.element_size()))
             return real(*args, **kwargs)
+
         return wrapper
 
     for name in ('all_reduce', 'gather', 'all_gather'):
@@ -130,8 +134,13 @@ def test_simulated_4096_ranks_report_cost_is_o_of_sections(fake_world):
     per_world = {}
     for world, rank in ((4, 1), (4096, 1), (4096, 0)):
         calls = fake_world(world, rank)
-        logger = Logger(InMemoryLogger(), run_name='ranks-sim', rank_report_every=5, auto_flush=False,
-                        rank_report_options={'history': False})
+        logger = Logger(
+            InMemoryLogger(),
+            run_name='ranks-sim',
+            rank_report_every=5,
+            auto_flush=False,
+            rank_report_options={'history': False},
+        )
         # The first report (handed over at step 5) agrees on section names and gathers host names.
         _steps(logger, 6, seconds=0)
         assert logger.rank_report().batch == 5  # waits for the report thread
@@ -155,14 +164,20 @@ def test_simulated_4096_ranks_report_cost_is_o_of_sections(fake_world):
 
 def test_a_failed_report_reaches_the_training_thread_and_later_reports_go_on(fake_world, monkeypatch):
     fake_world(4, 0)
-    logger = Logger(InMemoryLogger(), run_name='ranks-fail', rank_report_every=3, auto_flush=False,
-                    rank_report_options={'history': False})
+    logger = Logger(
+        InMemoryLogger(),
+        run_name='ranks-fail',
+        rank_report_every=3,
+        auto_flush=False,
+        rank_report_options={'history': False},
+    )
     _steps(logger, 4, seconds=0)
     assert logger.rank_report().batch == 3  # the first report, made
     real = LoggingGroup.start_all_reduce
 
     def refuse(*args, **kwargs):
         raise DistributedLoggingError('reducing the rank report: rank 3 left')
+
     monkeypatch.setattr(LoggingGroup, 'start_all_reduce', refuse)
     _steps(logger, 2, seconds=0)  # the report at step 6 fails on the report thread ...
     deadline = time.monotonic() + 30
@@ -198,6 +213,7 @@ def test_reports_are_built_off_the_training_thread_and_close_stops_the_builder(m
     def recording(*args, **kwargs):
         built_on.append(threading.current_thread().name)
         return real_build(*args, **kwargs)
+
     monkeypatch.setattr(reporter_module, 'build_report', recording)
     _steps(logger, 3)  # one process: the report step hands the report over at once
     assert len(builders()) == 1
@@ -207,6 +223,7 @@ def test_reports_are_built_off_the_training_thread_and_close_stops_the_builder(m
 
     def broken(*args, **kwargs):
         raise RuntimeError('report bug')
+
     monkeypatch.setattr(reporter_module, 'build_report', broken)
     with pytest.raises(RuntimeError, match='report bug'):
         _steps(logger, 3)
@@ -229,7 +246,9 @@ def test_own_series_matches_per_step():
     record = np.array([4.0, 0.8, 0.1, 0.0, 1e9, 0.01, 0.2, math.nan])  # steps, wall, busy, coll., memory, jitter
     expected = [float(v[0]) for v in per_step(record[None, :], layout).values()]
     got = own_series(record, layout)
-    assert len(got) == len(expected) and all((a == b) or (math.isnan(a) and math.isnan(b)) for a, b in zip(got, expected))
+    assert len(got) == len(expected) and all(
+        (a == b) or (math.isnan(a) and math.isnan(b)) for a, b in zip(got, expected)
+    )
     empty = record.copy()
     empty[0] = 0.0  # no step in the window: nothing per step, memory kept
     got = own_series(empty, layout)

@@ -5,10 +5,30 @@ import math
 import numpy as np
 import pytest
 
-from dist_logging.stragglers.report import (BUSY, FIXED, JITTER, MEMORY, STEPS, WALL, build_report, report_metrics,
-                                       straggler_line, table_rows)
-from dist_logging.stragglers.stats import (CHRONIC, OK, ONE_OFF, VerdictTracker, Verdicts, individual_scores, reference,
-                                      relative_scores, series_stats, slow_mask)
+from dist_logging.stragglers.report import (
+    BUSY,
+    FIXED,
+    JITTER,
+    MEMORY,
+    STEPS,
+    WALL,
+    build_report,
+    report_metrics,
+    straggler_line,
+    table_rows,
+)
+from dist_logging.stragglers.stats import (
+    CHRONIC,
+    OK,
+    ONE_OFF,
+    VerdictTracker,
+    Verdicts,
+    individual_scores,
+    reference,
+    relative_scores,
+    series_stats,
+    slow_mask,
+)
 
 
 def test_series_stats_ignores_missing_ranks_and_names_the_extremes():
@@ -71,10 +91,18 @@ def test_report_uses_the_jitter_column():
     assert [e.rank for e in report.stragglers] == [1]
 
 
-@pytest.mark.parametrize('kwargs, match', [
-    ({'jitter_k': -1}, 'jitter_k'), ({'jitter_k': True}, 'jitter_k'),
-    ({'slow_ratio': 1.0}, 'slow_ratio'), ({'min_gap_s': -1}, 'min_gap_s'), ({'chronic_reports': 0}, 'chronic_reports'),
-    ({'chronic_reports': 3, 'chronic_window': 2}, 'chronic_reports'), ({'chronic_window': True}, 'chronic_window')])
+@pytest.mark.parametrize(
+    'kwargs, match',
+    [
+        ({'jitter_k': -1}, 'jitter_k'),
+        ({'jitter_k': True}, 'jitter_k'),
+        ({'slow_ratio': 1.0}, 'slow_ratio'),
+        ({'min_gap_s': -1}, 'min_gap_s'),
+        ({'chronic_reports': 0}, 'chronic_reports'),
+        ({'chronic_reports': 3, 'chronic_window': 2}, 'chronic_reports'),
+        ({'chronic_window': True}, 'chronic_window'),
+    ],
+)
 def test_bad_thresholds_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Verdicts(**kwargs)
@@ -82,8 +110,13 @@ def test_bad_thresholds_name_the_field(kwargs, match):
 
 def test_chronic_is_m_of_the_last_n_reports_and_one_off_otherwise():
     tracker = VerdictTracker(3, Verdicts(chronic_reports=2, chronic_window=4))
-    history = [[False, True, False], [False, False, True], [False, True, False], [False, False, False],
-               [False, False, False]]
+    history = [
+        [False, True, False],
+        [False, False, True],
+        [False, True, False],
+        [False, False, False],
+        [False, False, False],
+    ]
     verdicts = []
     for batch, slow in enumerate(history):
         verdict, count, since = tracker.record(np.array(slow), batch * 10)
@@ -121,8 +154,16 @@ def test_report_names_the_slowed_rank_with_host_scores_and_section():
         busy[2] *= 1.2
         sections = np.stack([busy * 0.3, busy * 0.7], axis=1)
         sections[2, 0] *= 1.5  # its data section is the one far above the median
-        report, ratio = build_report(_table(busy, sections=sections), ['data', 'forward'], hosts, tracker, ratio,
-                                     100 * (window + 1), window, top_k=2)
+        report, ratio = build_report(
+            _table(busy, sections=sections),
+            ['data', 'forward'],
+            hosts,
+            tracker,
+            ratio,
+            100 * (window + 1),
+            window,
+            top_k=2,
+        )
     assert [(e.rank, e.host, e.verdict) for e in report.stragglers] == [(2, 'node-b', CHRONIC)]
     worst = report.stragglers[0]
     assert worst.ratio == pytest.approx(1.2, rel=0.02)

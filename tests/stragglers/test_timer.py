@@ -37,8 +37,9 @@ def test_busy_is_top_level_work_minus_nested_waits():
     assert totals.steps == 2
     assert totals.busy_s == pytest.approx(2 * (1.0 + 2.5))
     assert totals.wait_s == pytest.approx(2 * 4.0)
-    assert totals.sections == pytest.approx({'data': 2.0, 'forward': 11.0, 'attention': 1.0, 'sync': 6.0,
-                                             'allreduce': 8.0})
+    assert totals.sections == pytest.approx(
+        {'data': 2.0, 'forward': 11.0, 'attention': 1.0, 'sync': 6.0, 'allreduce': 8.0}
+    )
     assert totals.wall_s == pytest.approx(2 * 10.5)
     again = timer.take()  # a new window
     assert again.steps == 0 and again.sections == {} and again.busy_s == 0.0
@@ -85,8 +86,9 @@ def test_sections_must_nest():
         outer.stop()
 
 
-@pytest.mark.parametrize('name, error', [('', ValueError), ('a/b', ValueError), ('busy', ValueError),
-                                         ('x' * 65, ValueError), (3, TypeError)])
+@pytest.mark.parametrize(
+    'name, error', [('', ValueError), ('a/b', ValueError), ('busy', ValueError), ('x' * 65, ValueError), (3, TypeError)]
+)
 def test_bad_section_names(name, error):
     with pytest.raises(error):
         check_section_name(name)

@@ -17,19 +17,26 @@ from torchrun_helper import base_env, free_port, torchrun_command
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROMETHEUS = shutil.which('prometheus') or ('/usr/bin/prometheus' if os.path.exists('/usr/bin/prometheus') else None)
-SKIP_PROMETHEUS = ("Debian's prometheus server is not installed (apt-get install prometheus; `make install` does it "
-                   'as root)')
+SKIP_PROMETHEUS = (
+    "Debian's prometheus server is not installed (apt-get install prometheus; `make install` does it as root)"
+)
 
 
 class Background:
     """A process started in a session of its own, ended by its pid (and its group's) at exit."""
 
-    def __init__(self, cmd: list[str], env: Optional[dict] = None, cwd: Optional[pathlib.Path] = None,
-                 log: Optional[pathlib.Path] = None):
+    def __init__(
+        self,
+        cmd: list[str],
+        env: Optional[dict] = None,
+        cwd: Optional[pathlib.Path] = None,
+        log: Optional[pathlib.Path] = None,
+    ):
         self.log = log
         out = open(log, 'w') if log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def wait(self, timeout: float) -> int:
         try:
@@ -125,12 +132,22 @@ class Prometheus(Background):
     def __init__(self, tmp: pathlib.Path, targets: list[str]):
         tmp.mkdir(parents=True, exist_ok=True)
         config = tmp / 'prometheus.yml'
-        config.write_text('global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n'
-                          'scrape_configs:\n  - job_name: dist_logging\n    static_configs:\n'
-                          f'      - targets: {json.dumps(targets)}\n')
+        config.write_text(
+            'global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n'
+            'scrape_configs:\n  - job_name: dist_logging\n    static_configs:\n'
+            f'      - targets: {json.dumps(targets)}\n'
+        )
         self.port = free_port()
-        super().__init__([PROMETHEUS, f'--config.file={config}', f'--storage.tsdb.path={tmp / "data"}',
-                          f'--web.listen-address=127.0.0.1:{self.port}'], cwd=tmp, log=tmp / 'prometheus.log')
+        super().__init__(
+            [
+                PROMETHEUS,
+                f'--config.file={config}',
+                f'--storage.tsdb.path={tmp / "data"}',
+                f'--web.listen-address=127.0.0.1:{self.port}',
+            ],
+            cwd=tmp,
+            log=tmp / 'prometheus.log',
+        )
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """The instant vector of ``expr`` from Prometheus' HTTP API."""

@@ -26,10 +26,16 @@ out = pathlib.Path(os.environ['OUT_DIR'])
 torch_dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=60))
 rank = torch_dist.get_rank()
 (out / f'pid{rank}').write_text(str(os.getpid()))
-logger = Logger([TensorboardLogger(log_dir=str(out / 'tb')), FileLogger(str(out / 'file{rank}.txt'), ranks='zero')],
-                run_name='telemetry-test', sync_timeout=float(os.environ.get('SYNC_TIMEOUT', '10')),
-                system_metrics_every=0.5, metrics_port=int(os.environ['METRICS_PORT']), metrics_host='127.0.0.1',
-                gather_summary_above=1, rank_report_every=5)
+logger = Logger(
+    [TensorboardLogger(log_dir=str(out / 'tb')), FileLogger(str(out / 'file{rank}.txt'), ranks='zero')],
+    run_name='telemetry-test',
+    sync_timeout=float(os.environ.get('SYNC_TIMEOUT', '10')),
+    system_metrics_every=0.5,
+    metrics_port=int(os.environ['METRICS_PORT']),
+    metrics_host='127.0.0.1',
+    gather_summary_above=1,
+    rank_report_every=5,
+)
 deadline = time.monotonic() + 90
 batch = 0
 while time.monotonic() < deadline:

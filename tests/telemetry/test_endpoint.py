@@ -13,8 +13,15 @@ pytest.importorskip('prometheus_client', reason='pip install "dist-logging[prome
 pytest.importorskip('psutil', reason='pip install "dist-logging[system]"')
 pytest.importorskip('tensorboard', reason='pip install "dist-logging[tensorboard]"')
 
-from _telemetry_job import (PROMETHEUS, SKIP_PROMETHEUS, Prometheus, by_rank, scrape, start_job,  # noqa: E402
-                            wait_for)
+from _telemetry_job import (
+    PROMETHEUS,
+    SKIP_PROMETHEUS,
+    Prometheus,
+    by_rank,
+    scrape,
+    start_job,  # noqa: E402
+    wait_for,
+)
 from torchrun_helper import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
@@ -38,6 +45,7 @@ def test_two_ranks_scraped_by_prometheus_and_node_metrics_in_tensorboard(tmp_pat
     out = tmp_path / 'job'
     with start_job(out, port) as job, Prometheus(tmp_path / 'prom', [f'127.0.0.1:{port}']) as prom:
         try:
+
             def both_ranks_progress():
                 steps = {r['metric']['rank']: float(r['value'][1]) for r in prom.query('dist_logging_step')}
                 return set(steps) == {'0', '1'} and min(steps.values()) > 0
@@ -56,8 +64,9 @@ def test_two_ranks_scraped_by_prometheus_and_node_metrics_in_tensorboard(tmp_pat
             assert set(by_rank(families['dist_logging_step'])) == {0, 1}
             assert families['dist_logging_system_memory_used_bytes'][0].value > 0
             assert by_rank(families['dist_logging_oldest_pending_upload_age_seconds']) == {0: 0.0, 1: 0.0}
-            wait_for('a rank report', lambda: 'dist_logging_straggler' in scrape(f'http://127.0.0.1:{port}/metrics'),
-                     15, job)
+            wait_for(
+                'a rank report', lambda: 'dist_logging_straggler' in scrape(f'http://127.0.0.1:{port}/metrics'), 15, job
+            )
             stragglers = by_rank(scrape(f'http://127.0.0.1:{port}/metrics')['dist_logging_straggler'])
             assert set(stragglers) == {0, 1} and set(stragglers.values()) <= {0.0, 1.0}
             gathered = {(s.labels['key'], int(s.labels['rank'])) for s in families['dist_logging_gathered']}
@@ -81,8 +90,9 @@ def test_a_stopped_rank_ages_while_rank_zero_waits_for_it(tmp_path):
     url = f'http://127.0.0.1:{port}/metrics'
     with start_job(out, port, sync_timeout=20) as job:
         try:
-            wait_for('both ranks stepping', lambda: min(by_rank(scrape(url)['dist_logging_step']).values()) > 3,
-                     120, job)  # generous: two ranks importing torch on a loaded 2-core machine
+            wait_for(
+                'both ranks stepping', lambda: min(by_rank(scrape(url)['dist_logging_step']).values()) > 3, 120, job
+            )  # generous: two ranks importing torch on a loaded 2-core machine
             pid = int((out / 'pid1').read_text())
             os.kill(pid, signal.SIGSTOP)
             try:
@@ -97,8 +107,12 @@ def test_a_stopped_rank_ages_while_rank_zero_waits_for_it(tmp_path):
             assert age2[1] >= age1[1] + 4, (age1, age2)  # rank 1's age keeps rising
             assert step2 == step1, (step1, step2)  # nobody progressed: rank zero waits for rank 1
             assert age2[0] >= age1[0] + 4, (age1, age2)  # ... and rank zero's own age rises too
-            wait_for('rank 1 progresses again',
-                     lambda: by_rank(scrape(url)['dist_logging_last_progress_age_seconds'])[1] < 5, 20, job)
+            wait_for(
+                'rank 1 progresses again',
+                lambda: by_rank(scrape(url)['dist_logging_last_progress_age_seconds'])[1] < 5,
+                20,
+                job,
+            )
         finally:
             (out / 'stop').touch()
         assert job.wait(40) == 0, job.output()

@@ -22,14 +22,17 @@ from dist_logging.telemetry import SYSTEM_METRICS, sample_once  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize('kwargs, match', [
-    ({'system_metrics_every': 0}, 'system_metrics_every'),
-    ({'system_metrics_every': 'often'}, 'system_metrics_every'),
-    ({'metrics_port': 70000}, 'metrics_port'),
-    ({'metrics_port': True}, 'metrics_port'),
-    ({'metrics_port': 0, 'metrics_host': ''}, 'metrics_host'),
-    ({'gather_summary_above': -1}, 'gather_summary_above'),
-])
+@pytest.mark.parametrize(
+    'kwargs, match',
+    [
+        ({'system_metrics_every': 0}, 'system_metrics_every'),
+        ({'system_metrics_every': 'often'}, 'system_metrics_every'),
+        ({'metrics_port': 70000}, 'metrics_port'),
+        ({'metrics_port': True}, 'metrics_port'),
+        ({'metrics_port': 0, 'metrics_host': ''}, 'metrics_host'),
+        ({'gather_summary_above': -1}, 'gather_summary_above'),
+    ],
+)
 def test_bad_values_fail_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Logger(**kwargs)

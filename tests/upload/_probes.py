@@ -23,8 +23,13 @@ class PriorityProbeStore(LocalObjectStore):
         os.makedirs(state_dir, exist_ok=True)
 
     def upload_object(self, object_name, filename, callback=None, *, overwrite=True, owned=False):
-        seen = {'pid': os.getpid(), 'tid': threading.get_native_id(), 'nice': thread_nice(),
-                'policy': thread_policy(), 'ioprio': get_ioprio()}
+        seen = {
+            'pid': os.getpid(),
+            'tid': threading.get_native_id(),
+            'nice': thread_nice(),
+            'policy': thread_policy(),
+            'ioprio': get_ioprio(),
+        }
         with open(os.path.join(self.state_dir, object_name.replace('/', '_') + '.json'), 'w') as handle:
             json.dump(seen, handle)
         return super().upload_object(object_name, filename, callback, overwrite=overwrite, owned=owned)
@@ -47,5 +52,9 @@ class PlacementProbeStore(LocalObjectStore):
         super().upload_object(object_name, filename, callback, overwrite=overwrite, owned=owned)
         landed = os.stat(os.path.join(self.root, object_name))
         with self._lock:
-            self.placed[object_name] = {'owned': owned, 'source_ino': source.st_ino,
-                                        'object_ino': landed.st_ino, 'object_nlink': landed.st_nlink}
+            self.placed[object_name] = {
+                'owned': owned,
+                'source_ino': source.st_ino,
+                'object_ino': landed.st_ino,
+                'object_nlink': landed.st_nlink,
+            }

@@ -37,8 +37,17 @@ class TestStore(ObjectStore):
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, root: str, state_dir: str, *, fail_first: int = 0, error: str = 'reset',
-                 delay: float = 0.0, gate: Optional[str] = None, fail_prefix: str = ''):
+    def __init__(
+        self,
+        root: str,
+        state_dir: str,
+        *,
+        fail_first: int = 0,
+        error: str = 'reset',
+        delay: float = 0.0,
+        gate: Optional[str] = None,
+        fail_prefix: str = '',
+    ):
         self.inner = LocalObjectStore(root)
         self.root = self.inner.root
         self.state_dir = state_dir
@@ -75,8 +84,9 @@ class TestStore(ObjectStore):
         return self.count('download', name)
 
     # ---- ObjectStore
-    def upload_object(self, name: str, filename: str, callback: Optional[Callable[[int], None]] = None, *,
-                      overwrite: bool = True) -> None:
+    def upload_object(
+        self, name: str, filename: str, callback: Optional[Callable[[int], None]] = None, *, overwrite: bool = True
+    ) -> None:
         attempt = self._bump('attempt', name)
         started = time.time()
         if self.delay:
@@ -112,8 +122,9 @@ class TestStore(ObjectStore):
             peak = max(peak, running)
         return peak
 
-    def download_object(self, name: str, filename: str, overwrite: bool = False,
-                        callback: Optional[Callable[[int], None]] = None) -> None:
+    def download_object(
+        self, name: str, filename: str, overwrite: bool = False, callback: Optional[Callable[[int], None]] = None
+    ) -> None:
         self._bump('download', name)
         if self.delay:
             time.sleep(self.delay)

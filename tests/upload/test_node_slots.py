@@ -12,8 +12,12 @@ from upload._stores import TestStore
 
 
 def _upload_many(tmp_path, store, use_procs, count=6):
-    uploader = RemoteUploaderDownloader(object_store=store, num_concurrent_uploads=3, use_procs=use_procs,
-                                        upload_staging_folder=str(tmp_path / 'staging'))
+    uploader = RemoteUploaderDownloader(
+        object_store=store,
+        num_concurrent_uploads=3,
+        use_procs=use_procs,
+        upload_staging_folder=str(tmp_path / 'staging'),
+    )
     logger = Logger([uploader], run_name='r')
     for i in range(count):
         path = tmp_path / f'f{i}'

@@ -10,18 +10,27 @@ import threading
 import pytest
 
 from dist_logging.destinations import RemoteUploaderDownloader
-from dist_logging.upload.priority import (IOPRIO_CLASS_BE, IOPRIO_LOWEST_LEVEL, WORKER_NICE, get_ioprio, thread_nice,
-                                          thread_policy)
+from dist_logging.upload.priority import (
+    IOPRIO_CLASS_BE,
+    IOPRIO_LOWEST_LEVEL,
+    WORKER_NICE,
+    get_ioprio,
+    thread_nice,
+    thread_policy,
+)
 from upload._probes import PriorityProbeStore
 
-pytestmark = [pytest.mark.timeout(60),
-              pytest.mark.skipif(not sys.platform.startswith('linux'), reason='per-thread priorities are Linux-only')]
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not sys.platform.startswith('linux'), reason='per-thread priorities are Linux-only'),
+]
 
 
 def _upload_and_probe(tmp_path, **kwargs):
     store = PriorityProbeStore(str(tmp_path / 'bucket'), str(tmp_path / 'probe'))
-    rud = RemoteUploaderDownloader(object_store=store, upload_staging_folder=str(tmp_path / 'staging'),
-                                   num_concurrent_uploads=2, **kwargs)
+    rud = RemoteUploaderDownloader(
+        object_store=store, upload_staging_folder=str(tmp_path / 'staging'), num_concurrent_uploads=2, **kwargs
+    )
     src = tmp_path / 'ckpt.bin'
     src.write_bytes(b'weights')
     rud.upload_file(None, 'ckpt.bin', str(src))

@@ -24,10 +24,22 @@ from s3_server import _moto_session, aws_credentials, s3_bucket  # noqa: F401 - 
 MiB = 1 << 20
 
 
-@pytest.mark.parametrize('text,expected', [
-    ('250000000', 250e6), ('100MB', 100e6), ('100M', 100e6), ('100 mb', 100e6), ('1.5GiB', 1.5 * 2**30),
-    ('64 KiB', 64 * 1024), ('2k', 2000), ('.5G', 0.5e9), ('3TiB', 3 * 2**40), ('1', 1.0), (' 8MiB ', 8 * MiB),
-])
+@pytest.mark.parametrize(
+    'text,expected',
+    [
+        ('250000000', 250e6),
+        ('100MB', 100e6),
+        ('100M', 100e6),
+        ('100 mb', 100e6),
+        ('1.5GiB', 1.5 * 2**30),
+        ('64 KiB', 64 * 1024),
+        ('2k', 2000),
+        ('.5G', 0.5e9),
+        ('3TiB', 3 * 2**40),
+        ('1', 1.0),
+        (' 8MiB ', 8 * MiB),
+    ],
+)
 def test_byte_rates_parse(text, expected):
     assert parse_byte_rate(text) == expected
 
@@ -130,8 +142,12 @@ class _SilentStore(ObjectStore):
 
 
 def _paced_upload(tmp_path, store, *, use_procs, files=3, size=4 * MiB, copy=False, workers=2):
-    uploader = RemoteUploaderDownloader(object_store=store, num_concurrent_uploads=workers, use_procs=use_procs,
-                                        upload_staging_folder=str(tmp_path / 'staging'))
+    uploader = RemoteUploaderDownloader(
+        object_store=store,
+        num_concurrent_uploads=workers,
+        use_procs=use_procs,
+        upload_staging_folder=str(tmp_path / 'staging'),
+    )
     logger = Logger([uploader], run_name='r')
     payloads = {}
     for i in range(files):
@@ -155,8 +171,9 @@ def test_uploads_are_paced_to_the_machine_cap(tmp_path, monkeypatch, use_procs):
     # and worker processes alike (processes share the schedule through its file).
     monkeypatch.setenv(ENV_VAR, '8MiB')
     monkeypatch.setattr(rate_limit, '_rate_for', rate_limit._rate_for.__wrapped__)  # no cached limiter
-    elapsed, payloads = _paced_upload(tmp_path, LocalObjectStore(str(tmp_path / 'bucket')), use_procs=use_procs,
-                                      files=6, size=2 * MiB)
+    elapsed, payloads = _paced_upload(
+        tmp_path, LocalObjectStore(str(tmp_path / 'bucket')), use_procs=use_procs, files=6, size=2 * MiB
+    )
     assert elapsed >= (12 - 2 - 2) / 8 - 0.05
     for name, data in payloads.items():
         assert (tmp_path / 'bucket' / name).read_bytes() == data
@@ -192,12 +209,14 @@ def test_s3_uploads_are_paced_as_they_send(s3_bucket, tmp_path, monkeypatch, ove
     endpoint, bucket = s3_bucket
     monkeypatch.setenv(ENV_VAR, '8MiB')
     monkeypatch.setattr(rate_limit, '_rate_for', rate_limit._rate_for.__wrapped__)
-    store = S3ObjectStore(bucket, 'paced', endpoint_url=endpoint, multipart_threshold=16 * MiB,
-                          multipart_chunksize=8 * MiB)
+    store = S3ObjectStore(
+        bucket, 'paced', endpoint_url=endpoint, multipart_threshold=16 * MiB, multipart_chunksize=8 * MiB
+    )
     data = os.urandom(24 * MiB)
     (tmp_path / 'f').write_bytes(data)
-    uploader = RemoteUploaderDownloader(object_store=store, num_concurrent_uploads=1,
-                                        upload_staging_folder=str(tmp_path / 'staging'))
+    uploader = RemoteUploaderDownloader(
+        object_store=store, num_concurrent_uploads=1, upload_staging_folder=str(tmp_path / 'staging')
+    )
     logger = Logger([uploader], run_name='r')
     started = time.monotonic()
     logger.upload_file('big', tmp_path / 'f', overwrite=overwrite)

@@ -94,8 +94,14 @@ def test_a_leftover_that_fails_again_is_dropped(tmp_path):
     gate = tmp_path / 'gate'
     gate.touch()
     # The resumed upload's attempt is refused for good; the new call's upload (attempt 2) lands.
-    store = TestStore(str(tmp_path / 'bucket'), str(tmp_path / 'state-2'), gate=str(gate), fail_first=1,
-                      error='denied', fail_prefix='ckpt')
+    store = TestStore(
+        str(tmp_path / 'bucket'),
+        str(tmp_path / 'state-2'),
+        gate=str(gate),
+        fail_first=1,
+        error='denied',
+        fail_prefix='ckpt',
+    )
     rud = uploader(tmp_path, store)
     rud.upload_file(State('r'), 'other.txt', write(tmp_path / 'other', b'o'))
     with pytest.warns(RuntimeWarning, match='supersedes'):
@@ -107,8 +113,9 @@ def test_a_leftover_that_fails_again_is_dropped(tmp_path):
 
 def test_a_reported_leftover_failure_is_dropped_by_the_new_call(tmp_path):
     leave_a_failed_upload(tmp_path, 'ckpt.pt', b'old bytes')
-    still_failing = TestStore(str(tmp_path / 'bucket'), str(tmp_path / 'state-2'), fail_first=1, error='denied',
-                              fail_prefix='ckpt')
+    still_failing = TestStore(
+        str(tmp_path / 'bucket'), str(tmp_path / 'state-2'), fail_first=1, error='denied', fail_prefix='ckpt'
+    )
     rud = uploader(tmp_path, still_failing)
     rud.start('r')  # the leftover resumes and fails before the job's first call
     rud.wait_for_uploads(30)

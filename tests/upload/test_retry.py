@@ -40,21 +40,24 @@ class FakeClientError(Exception):
 FakeClientError.__name__ = 'ClientError'
 
 
-@pytest.mark.parametrize('exc,transient', [
-    (ConnectionRefusedError(), True),
-    (ConnectionResetError(), True),
-    (TimeoutError(), True),
-    (OSError(errno.ECONNRESET, 'reset'), True),
-    (FakeClientError('SlowDown', 503), True),
-    (FakeClientError('InternalError', 500), True),
-    (FakeClientError('Throttling', 400), True),
-    (FakeClientError('AccessDenied', 403), False),
-    (FakeClientError('NoSuchBucket', 404), False),
-    (PermissionError('denied'), False),
-    (FileExistsError('exists'), False),
-    (FileNotFoundError('gone'), False),
-    (RuntimeError('unknown'), True),
-])
+@pytest.mark.parametrize(
+    'exc,transient',
+    [
+        (ConnectionRefusedError(), True),
+        (ConnectionResetError(), True),
+        (TimeoutError(), True),
+        (OSError(errno.ECONNRESET, 'reset'), True),
+        (FakeClientError('SlowDown', 503), True),
+        (FakeClientError('InternalError', 500), True),
+        (FakeClientError('Throttling', 400), True),
+        (FakeClientError('AccessDenied', 403), False),
+        (FakeClientError('NoSuchBucket', 404), False),
+        (PermissionError('denied'), False),
+        (FileExistsError('exists'), False),
+        (FileNotFoundError('gone'), False),
+        (RuntimeError('unknown'), True),
+    ],
+)
 def test_classification(exc, transient):
     assert is_transient(exc) is transient
 

@@ -31,8 +31,9 @@ def write(path, data: bytes) -> str:
 
 
 def test_callbacks_tell_each_upload_landed_or_failed(tmp_path):
-    store = TestStore(str(tmp_path / 'bucket'), str(tmp_path / 'state'), fail_first=1, error='denied',
-                      fail_prefix='bad')
+    store = TestStore(
+        str(tmp_path / 'bucket'), str(tmp_path / 'state'), fail_first=1, error='denied', fail_prefix='bad'
+    )
     results: dict[str, object] = {}
     landed: list[str] = []
     with make(tmp_path, store) as uploader:
@@ -117,21 +118,27 @@ def test_can_link_and_drain_of_what_a_dead_process_left(tmp_path):
     assert uploader.wait_for_uploads(30)
     with pytest.raises(UploadError):
         uploader.shutdown()  # failed: it stays in staging
-    report = Uploader.drain(tmp_path / 'staging', object_store=TestStore(str(tmp_path / 'bucket'),
-                                                                       str(tmp_path / 'state2')), progress_bar=False)
+    report = Uploader.drain(
+        tmp_path / 'staging',
+        object_store=TestStore(str(tmp_path / 'bucket'), str(tmp_path / 'state2')),
+        progress_bar=False,
+    )
     assert report.uploaded == ['left.bin'] and store.read('left.bin') == b'dd'
     assert not os.path.exists(tmp_path / 'staging' / 'rank0')
 
 
-@pytest.mark.parametrize('kwargs,error,match', [
-    ({}, ValueError, 'exactly one'),
-    ({'bucket_uri': 'magic://b'}, ValueError, "'magic'"),
-    ({'bucket_uri': '/tmp/b', 'num_attempts': 0}, ValueError, 'num_attempts'),
-    ({'bucket_uri': '/tmp/b', 'max_staged_bytes': True}, ValueError, 'max_staged_bytes'),
-    ({'bucket_uri': '/tmp/b', 'upload_priority': 'loud'}, ValueError, 'loud'),
-    ({'bucket_uri': '/tmp/b', 'run_name': 3}, TypeError, 'run_name'),
-    ({'object_store': object()}, TypeError, 'upload_object'),
-])
+@pytest.mark.parametrize(
+    'kwargs,error,match',
+    [
+        ({}, ValueError, 'exactly one'),
+        ({'bucket_uri': 'magic://b'}, ValueError, "'magic'"),
+        ({'bucket_uri': '/tmp/b', 'num_attempts': 0}, ValueError, 'num_attempts'),
+        ({'bucket_uri': '/tmp/b', 'max_staged_bytes': True}, ValueError, 'max_staged_bytes'),
+        ({'bucket_uri': '/tmp/b', 'upload_priority': 'loud'}, ValueError, 'loud'),
+        ({'bucket_uri': '/tmp/b', 'run_name': 3}, TypeError, 'run_name'),
+        ({'object_store': object()}, TypeError, 'upload_object'),
+    ],
+)
 def test_bad_arguments_are_refused_naming_the_value(kwargs, error, match):
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
@@ -162,8 +169,11 @@ def test_after_a_fatal_error_close_stops_waiting_for_a_bucket_that_does_not_answ
     assert set(raised.value.failures) == {'left.bin'}, raised.value
     assert took < 30, took  # liveness: the stall (1 s) plus stopping the workers, never the retries' 4 minutes
     assert store.successes('left.bin') == 0
-    report = Uploader.drain(tmp_path / 'staging', object_store=TestStore(str(tmp_path / 'bucket'),
-                                                                       str(tmp_path / 'state2')), progress_bar=False)
+    report = Uploader.drain(
+        tmp_path / 'staging',
+        object_store=TestStore(str(tmp_path / 'bucket'), str(tmp_path / 'state2')),
+        progress_bar=False,
+    )
     assert report.uploaded == ['left.bin'] and store.read('left.bin') == b'aa'
 
 

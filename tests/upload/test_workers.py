@@ -22,8 +22,11 @@ class Recorder:
         self.lock = threading.Lock()
 
     def kwargs(self):
-        return dict(on_done=lambda t: self.done.append(t.id), on_failed=lambda t, e: self.failed.__setitem__(t.id, e),
-                    on_superseded=lambda t: self.superseded.append(t.id))
+        return dict(
+            on_done=lambda t: self.done.append(t.id),
+            on_failed=lambda t, e: self.failed.__setitem__(t.id, e),
+            on_superseded=lambda t: self.superseded.append(t.id),
+        )
 
 
 def _task(tmp_path, upload_id, name, data):

@@ -58,8 +58,9 @@ def _chunk(*ranks: int):
 def _enumerable(*shards: tuple[list, list, int]):
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 
-    return EnumerableShardingSpec(shards=[ShardMetadata(shard_offsets=o, shard_sizes=s, placement=f'rank:{r}')
-                                          for o, s, r in shards])
+    return EnumerableShardingSpec(
+        shards=[ShardMetadata(shard_offsets=o, shard_sizes=s, placement=f'rank:{r}') for o, s, r in shards]
+    )
 
 
 def _gathered(tensor) -> torch.Tensor:
@@ -126,8 +127,9 @@ def _shard_plans():
     return [
         _chunk(0, 1),
         _chunk(0, 1, 1, 0),
-        _enumerable(([0, 0], [2, 20], 0), ([2, 0], [1, 20], 1), ([3, 0], [3, 20], 0), ([6, 0], [3, 20], 1),
-                    ([9, 0], [1, 20], 0)),
+        _enumerable(
+            ([0, 0], [2, 20], 0), ([2, 0], [1, 20], 1), ([3, 0], [3, 20], 0), ([6, 0], [3, 20], 1), ([9, 0], [1, 20], 0)
+        ),
         _enumerable(([0, 0], [8, 20], 1), ([8, 0], [2, 20], 0)),
     ]
 
@@ -162,8 +164,12 @@ def switch_between_sharded_tensor_to_tensor(S, rank, world):
     from torch.distributed._shard import sharded_tensor
 
     size = 32
-    plans = [_chunk(0, 1), _chunk(0, 1, 1, 0), _enumerable(([0], [8], 1), ([8], [size - 8], 0)),
-             _enumerable(([0], [10], 0), ([10], [size - 10], 1))]
+    plans = [
+        _chunk(0, 1),
+        _chunk(0, 1, 1, 0),
+        _enumerable(([0], [8], 1), ([8], [size - 8], 0)),
+        _enumerable(([0], [10], 0), ([10], [size - 10], 1)),
+    ]
     cid = _shared_id(S)
     for save_spec, load_spec in S.sample([(a, b) for a in plans for b in plans]):
         saved = {'sharded': sharded_tensor.rand(save_spec, size), 'replicated': torch.rand(size)}
@@ -301,8 +307,11 @@ class TrainState:
     def state_dict(self):
         buffer = io.BytesIO()
         torch.save(self.losses, buffer)
-        return {'step': torch.tensor(self.step, dtype=torch.int32),
-                'current_loss': torch.tensor(self.current_loss, dtype=torch.float32), 'losses': buffer}
+        return {
+            'step': torch.tensor(self.step, dtype=torch.int32),
+            'current_loss': torch.tensor(self.current_loss, dtype=torch.float32),
+            'losses': buffer,
+        }
 
     def load_state_dict(self, state_dict):
         self.step = state_dict['step'].item()
@@ -372,7 +381,7 @@ def _e2e(S, world: int, kind: str, async_type: str = '', cache: bool = False) ->
     cid = _shared_id(S)
     if async_type:
         writer = S.writer(cache_staged_state_dict=cache)
-        checkpointer = (AsyncCheckpointerType.PROCESS if async_type == 'process' else AsyncCheckpointerType.THREAD)
+        checkpointer = AsyncCheckpointerType.PROCESS if async_type == 'process' else AsyncCheckpointerType.THREAD
         future = dcp.async_save(sd, checkpoint_id=cid, storage_writer=writer, async_checkpointer_type=checkpointer)
         future.result(timeout=120)
         S.save_done(writer)
@@ -477,8 +486,9 @@ def partial_load(S, rank, world):
         loaded = _load_state_dict_from_keys('model', checkpoint_id=cid, storage_reader=reader)['model']
     _verify_msd(get_model_state_dict(model), loaded)
     with S.reader() as reader:
-        optim_state = _load_state_dict_from_keys('optimizer.state', checkpoint_id=cid,
-                                                 storage_reader=reader)['optimizer']['state']
+        optim_state = _load_state_dict_from_keys('optimizer.state', checkpoint_id=cid, storage_reader=reader)[
+            'optimizer'
+        ]['state']
     check('param_groups' not in optim_state)
     from torch.distributed._state_dict_utils import _gather_state_dict
 

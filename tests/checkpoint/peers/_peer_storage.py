@@ -71,11 +71,13 @@ class Storage:
 
     def reader(self, **options: Any) -> CheckpointReader:
         """A reader with torch's ``FileSystemReader`` options (``_extension_registry``)."""
-        return CheckpointReader(self.uri, backend_kwargs=self.backend_kwargs,
-                                cache_folder=os.path.join(self.root, 'cache'), **options)
+        return CheckpointReader(
+            self.uri, backend_kwargs=self.backend_kwargs, cache_folder=os.path.join(self.root, 'cache'), **options
+        )
 
-    def save(self, state_dict: Any, checkpoint_id: str, *, planner: Any = None, no_dist: bool = False,
-             **options: Any) -> None:
+    def save(
+        self, state_dict: Any, checkpoint_id: str, *, planner: Any = None, no_dist: bool = False, **options: Any
+    ) -> None:
         """``dcp.save`` through this storage's writer for ``options``; the checkpoint is committed when this
         returns (where torch's save would have returned): the coordinator waits for the commit, then every
         rank meets at a barrier. An error of the save is raised as is.
@@ -116,8 +118,9 @@ class Storage:
         for writer in writers:
             writer.close()
 
-    def load(self, state_dict: Any, checkpoint_id: str, *, planner: Any = None, no_dist: bool = False,
-             **options: Any) -> None:
+    def load(
+        self, state_dict: Any, checkpoint_id: str, *, planner: Any = None, no_dist: bool = False, **options: Any
+    ) -> None:
         """``dcp.load`` through this storage's reader for ``options`` (one per set of options, as for writers)."""
         key = repr(sorted(options.items()))
         reader = self._readers.get(key)
@@ -131,7 +134,7 @@ class Storage:
 
         store, owned = open_store(self.uri, self.backend_kwargs)
         try:
-            return sorted(info.name[len(checkpoint_id) + 1:] for info in store.list(f'{checkpoint_id}/'))
+            return sorted(info.name[len(checkpoint_id) + 1 :] for info in store.list(f'{checkpoint_id}/'))
         finally:
             if owned:
                 store.close()

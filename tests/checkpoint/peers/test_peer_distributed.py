@@ -27,10 +27,20 @@ def launch(tmp_path_factory, _moto_session):
     def run(world: int) -> dict[int, dict]:
         if world not in _launches:
             root = tmp_path_factory.mktemp(f'peers-world{world}')
-            plan = {'root': str(root), 'endpoint': _moto_session.endpoint, 'bucket': _moto_session.create_bucket(),
-                    'cases': None}
-            result = run_torchrun(SCENARIO, world, root / 'out', timeout=360, check=False,
-                                  env={'PEER_PLAN': json.dumps(plan), 'PEER_RUN': root.name, **CREDENTIALS})
+            plan = {
+                'root': str(root),
+                'endpoint': _moto_session.endpoint,
+                'bucket': _moto_session.create_bucket(),
+                'cases': None,
+            }
+            result = run_torchrun(
+                SCENARIO,
+                world,
+                root / 'out',
+                timeout=360,
+                check=False,
+                env={'PEER_PLAN': json.dumps(plan), 'PEER_RUN': root.name, **CREDENTIALS},
+            )
             outputs = read_rank_outputs(root / 'out')
             _launches[world] = {'outputs': outputs, 'returncode': result.returncode, 'stderr': result.stderr[-6000:]}
         return _launches[world]
@@ -42,8 +52,8 @@ def launch(tmp_path_factory, _moto_session):
 # torch's writer"); the case checks everything else first.
 XFAIL = {
     's3torchconnector_multi_process_save_list_load': 'no empty shard files: a rank writes at most as many files as it '
-                                                     'has items (torch writes thread_count files per rank, empty ones '
-                                                     'included); the peer counts objects',
+    'has items (torch writes thread_count files per rank, empty ones '
+    'included); the peer counts objects'
 }
 
 
@@ -62,7 +72,9 @@ def test_peer_case(launch, name, kind):
     outputs = job['outputs']
     missing = [rank for rank in range(world) if key not in outputs.get(rank, {})]
     stopped = {outputs[rank].get('desynchronized_after') for rank in outputs} - {None}
-    assert not missing, (f'{key}: no result from ranks {missing} (job exit {job["returncode"]}; the job stopped '
-                         f'after {sorted(stopped) or "?"}):\n{job["stderr"]}')
+    assert not missing, (
+        f'{key}: no result from ranks {missing} (job exit {job["returncode"]}; the job stopped '
+        f'after {sorted(stopped) or "?"}):\n{job["stderr"]}'
+    )
     failures = {rank: outputs[rank][key] for rank in range(world) if outputs[rank][key] != 'ok'}
     assert not failures, '\n'.join(f'rank {rank}:\n{text}' for rank, text in failures.items())
