@@ -84,14 +84,18 @@ def test_two_ranks_scraped_by_prometheus_and_node_metrics_in_tensorboard(tmp_pat
     assert 'loss/rank0' in text and 'loss/rank1' in text and 'loss/argmax_rank' in text
 
 
+def _both_past(steps: dict, step: int) -> bool:
+    return set(steps) == {0, 1} and min(steps.values()) > step
+
+
 def test_a_stopped_rank_ages_while_rank_zero_waits_for_it(tmp_path):
     port = free_port()
     out = tmp_path / 'job'
     url = f'http://127.0.0.1:{port}/metrics'
     with start_job(out, port, sync_timeout=20) as job:
         try:
-            wait_for(
-                'both ranks stepping', lambda: min(by_rank(scrape(url)['dist_logging_step']).values()) > 3, 120, job
+            wait_for(  # both ranks' heartbeats read (rank 1's is published at its watch thread's next beat)
+                'both ranks stepping', lambda: _both_past(by_rank(scrape(url)['dist_logging_step']), 3), 120, job
             )  # generous: two ranks importing torch on a loaded 2-core machine
             pid = int((out / 'pid1').read_text())
             os.kill(pid, signal.SIGSTOP)
