@@ -12,6 +12,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -79,7 +80,7 @@ def _tensorboard(work: pathlib.Path) -> dict[int, float]:
 def _merged_losses(work: pathlib.Path, *extra: str) -> dict[int, list[tuple[int, float]]]:
     """Rank -> [(step, loss)] in the order ``dist-logging logs`` prints them."""
     out = subprocess.run(
-        ['python', '-m', 'dist_logging', 'logs', '--no-collapse', *extra, str(work / 'logs')],
+        [sys.executable, '-m', 'dist_logging', 'logs', '--no-collapse', *extra, str(work / 'logs')],
         env=base_env(work / 'out'),
         capture_output=True,
         text=True,

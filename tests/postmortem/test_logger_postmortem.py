@@ -176,29 +176,48 @@ def test_recorder_on_by_default_and_a_user_setting_is_kept(tmp_path, setting):
         assert report['variable'] == '0' and header['flight_recorder'] == 'off'
 
 
-def test_unreachable_bucket_keeps_the_set_in_staging_for_drain(tmp_path):
-    import contextlib
-    import io
+UNREACHABLE = '''
+import contextlib, io, json, pathlib, sys
+from dist_logging import Logger
+from dist_logging.cli import main
+from dist_logging.destinations.remote import RemoteUploaderDownloader
+from dist_logging.errors import UploadError
 
-    from dist_logging.cli import main
-    from dist_logging.errors import UploadError
+tmp_path = pathlib.Path(sys.argv[1])
+blocker = tmp_path / 'bucket'
+blocker.write_text('a file where the bucket should be')  # every upload fails (not a directory)
+remote = RemoteUploaderDownloader(str(blocker / 'store'), num_attempts=1, upload_staging_folder=str(tmp_path / 'staging'))
+logger = Logger(remote, run_name='far', postmortem=True)
+prefix = logger.capture_postmortem('cut_off', wait=10)
+assert prefix == 'far/postmortem/attempt-0/rank-0/', prefix
+try:
+    logger.close()
+except UploadError:
+    pass
+else:
+    raise AssertionError('close() did not raise UploadError for the sets that could not land')
+blocker.unlink()
+(blocker / 'store').mkdir(parents=True)  # the bucket is back
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    assert main(['drain', str(tmp_path / 'staging'), '--no-progress']) == 0
+header = json.loads((blocker / 'store/far/postmortem/attempt-0/rank-0/header.json').read_text())
+assert header['reason'] == 'cut_off', header
+assert (blocker / 'store/far/postmortem/attempt-0/fr/fr_trace_rank_0').exists()
+print('ok')
+'''
 
-    blocker = tmp_path / 'bucket'
-    blocker.write_text('a file where the bucket should be')  # every upload fails (not a directory)
-    remote = RemoteUploaderDownloader(
-        str(blocker / 'store'), num_attempts=1, upload_staging_folder=str(tmp_path / 'staging')
+
+def _in_fresh_process(tmp_path, script):
+    """Run ``script`` in an interpreter of its own: the process-wide hooks and once-per-process state of other
+    tests' Loggers (in the same pytest worker) cannot leak into it."""
+    done = subprocess.run(
+        [sys.executable, '-c', script, str(tmp_path)], env=_env(tmp_path), capture_output=True, text=True, timeout=120
     )
-    logger = Logger(remote, run_name='far', postmortem=True)
-    assert logger.capture_postmortem('cut_off', wait=10) == 'far/postmortem/attempt-0/rank-0/'
-    with pytest.raises(UploadError):
-        logger.close()
-    blocker.unlink()
-    (blocker / 'store').mkdir(parents=True)  # the bucket is back
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        assert main(['drain', str(tmp_path / 'staging'), '--no-progress']) == 0
-    header = json.loads((blocker / 'store/far/postmortem/attempt-0/rank-0/header.json').read_text())
-    assert header['reason'] == 'cut_off'
-    assert (blocker / 'store/far/postmortem/attempt-0/fr/fr_trace_rank_0').exists()
+    assert done.returncode == 0 and done.stdout.strip().endswith('ok'), done.stdout + done.stderr
+
+
+def test_unreachable_bucket_keeps_the_set_in_staging_for_drain(tmp_path):
+    _in_fresh_process(tmp_path, UNREACHABLE)
 
 
 def test_a_failed_logging_collective_captures_in_the_background(tmp_path):
@@ -220,14 +239,22 @@ def test_a_failed_logging_collective_captures_in_the_background(tmp_path):
     assert data['reason'] == 'logging_error' and data['exception']['type'] == 'DistributedLoggingError'
 
 
-def test_close_restores_the_hooks_and_ends_the_threads(tmp_path):
-    import signal as signals
-    import threading
+CLOSE_RESTORES = '''
+import pathlib, signal as signals, sys, threading
+from dist_logging import Logger
+from dist_logging.destinations.remote import RemoteUploaderDownloader
 
-    before = (signals.getsignal(signals.SIGTERM), sys.excepthook, threading.excepthook)
-    logger = Logger(RemoteUploaderDownloader(str(tmp_path / 'bucket')), run_name='hooks', postmortem=True)
-    assert signals.getsignal(signals.SIGTERM) is not before[0] and sys.excepthook is not before[1]
-    logger.close()
-    assert (signals.getsignal(signals.SIGTERM), sys.excepthook, threading.excepthook) == before
-    assert signals.set_wakeup_fd(-1) == -1
-    assert not [t.name for t in threading.enumerate() if t.name.startswith('dist_logging-postmortem')]
+tmp_path = pathlib.Path(sys.argv[1])
+before = (signals.getsignal(signals.SIGTERM), sys.excepthook, threading.excepthook)
+logger = Logger(RemoteUploaderDownloader(str(tmp_path / 'bucket')), run_name='hooks', postmortem=True)
+assert signals.getsignal(signals.SIGTERM) is not before[0] and sys.excepthook is not before[1]
+logger.close()
+assert (signals.getsignal(signals.SIGTERM), sys.excepthook, threading.excepthook) == before
+assert signals.set_wakeup_fd(-1) == -1
+assert not [t.name for t in threading.enumerate() if t.name.startswith('dist_logging-postmortem')]
+print('ok')
+'''
+
+
+def test_close_restores_the_hooks_and_ends_the_threads(tmp_path):
+    _in_fresh_process(tmp_path, CLOSE_RESTORES)
