@@ -17,6 +17,7 @@ veths): parallel workers never collide, and :func:`sweep_stale` removes what a k
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import random
@@ -212,6 +213,7 @@ class Rig:
         self.hosts_file = workdir / 'etc-hosts'
         self.hosts = [Host(self, i) for i in range(1, count + 1)]
         self.s3 = None
+        self.bucket: Optional[str] = None  # set by the ``rig`` fixture (tests/hosts/conftest.py)
 
     def __enter__(self) -> 'Rig':
         sweep_stale()
@@ -297,3 +299,49 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.1) -> float:
             raise AssertionError(f'timed out after {timeout:g} s waiting for {what}')
         time.sleep(poll)
     return time.monotonic() - start
+
+
+# ---------------------------------------------------------------------------- what a scenario left
+# The scenarios (host_scenario.py) write ``start-rank<r>.json``, ``progress-rank<r>`` and ``result-rank<r>.json``
+# into ``rig.workdir / 'out'``; the hosts' torchrun logs are ``rig.workdir / 'torchrun-<host>.log'``.
+
+
+def outputs(rig: Rig, prefix: str, world: int) -> dict[int, Optional[dict]]:
+    """Rank -> the JSON a scenario wrote as ``<prefix>-rank<r>.json`` (None while it has not)."""
+    found = {}
+    for r in range(world):
+        path = rig.workdir / 'out' / f'{prefix}-rank{r}.json'
+        found[r] = json.loads(path.read_text()) if path.exists() else None
+    return found
+
+
+def progress(rig: Rig, world: int) -> list[int]:
+    """The last step each rank finished (0 before its first)."""
+    steps = []
+    for r in range(world):
+        path = rig.workdir / 'out' / f'progress-rank{r}'
+        steps.append(int(path.read_text() or 0) if path.exists() else 0)
+    return steps
+
+
+def logs(rig: Rig) -> str:
+    """The tail of every host's torchrun log, for assertion messages."""
+    return '\n'.join(
+        f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}' for p in sorted(rig.workdir.glob('*.log'))
+    )
+
+
+def landed(rig: Rig) -> set[str]:
+    """Every object name in the rig's bucket."""
+    client = rig.s3.client()
+    return {
+        item['Key']
+        for page in client.get_paginator('list_objects_v2').paginate(Bucket=rig.bucket)
+        for item in page.get('Contents', [])
+    }
+
+
+def drain(rig: Rig, host: Host, staging: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``dist-logging drain <staging> --no-progress`` run on ``host`` (its /tmp, its network)."""
+    cmd = [sys.executable, '-m', 'dist_logging', 'drain', staging, '--no-progress']
+    return host.run(cmd, rig.env(host), timeout=timeout)

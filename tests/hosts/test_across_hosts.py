@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pathlib
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -23,8 +21,7 @@ import time
 import pytest
 
 from dist_logging._world.watch import process_state
-from hosts._rig import Rig, unavailable, wait_for
-from s3_server import CREDENTIALS
+from hosts._rig import drain, landed, logs, outputs, progress, unavailable, wait_for
 
 REASON = unavailable()
 pytestmark = [pytest.mark.serial, pytest.mark.timeout(420), pytest.mark.skipif(REASON is not None, reason=REASON or '')]
@@ -36,22 +33,7 @@ SYNC_TIMEOUT = 5.0
 SLACK = 2 * 2.0 + 0.75 + 3.0
 EXIT_BOUND = SYNC_TIMEOUT + SLACK + 10.0  # + closing the Logger, gloo's exit wait, interpreter exit
 NPROC = 2
-
-
-@pytest.fixture
-def rig(monkeypatch):
-    for key, value in CREDENTIALS.items():  # the test's own S3 reads (the hosts get theirs from Rig.env)
-        monkeypatch.setenv(key, value)
-    workdir = pathlib.Path(f'/var/tmp/dlrig-{os.getpid()}-{random.randrange(10**6)}')  # /tmp is per host
-    try:
-        with Rig(workdir) as rig:
-            rig.bucket = f'rig-{random.randrange(10**9)}'
-            rig.s3.client().create_bucket(Bucket=rig.bucket)
-            (workdir / 'out').mkdir()
-            yield rig
-    finally:
-        if not os.environ.get('RIG_KEEP'):  # keep the hosts' logs and outputs for a look
-            shutil.rmtree(workdir, ignore_errors=True)
+WORLD = NPROC * 2  # two hosts
 
 
 def _start(rig, steps, checkpoint_every=0):
@@ -60,37 +42,6 @@ def _start(rig, steps, checkpoint_every=0):
     env = {'RIG_BUCKET': rig.bucket, 'RIG_SYNC_TIMEOUT': str(SYNC_TIMEOUT), 'RIG_PG_TIMEOUT': str(SYNC_TIMEOUT)}
     port = 29000 + random.randrange(20000)
     return [rig.torchrun(host, SCENARIO, NPROC, port, [str(steps), str(checkpoint_every)], env) for host in rig.hosts]
-
-
-def _json(path):
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _outputs(rig, prefix):
-    return {r: _json(rig.workdir / 'out' / f'{prefix}-rank{r}.json') for r in range(NPROC * len(rig.hosts))}
-
-
-def _logs(rig):
-    return '\n'.join(
-        f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}' for p in sorted(rig.workdir.glob('*.log'))
-    )
-
-
-def _progress(rig):
-    steps = []
-    for r in range(NPROC * len(rig.hosts)):
-        path = rig.workdir / 'out' / f'progress-rank{r}'
-        steps.append(int(path.read_text() or 0) if path.exists() else 0)
-    return steps
-
-
-def _landed(rig):
-    client = rig.s3.client()
-    objects = {}
-    for page in client.get_paginator('list_objects_v2').paginate(Bucket=rig.bucket):
-        for item in page.get('Contents', []):
-            objects[item['Key']] = item['Key']
-    return objects
 
 
 def _sha(rig, key):
@@ -104,37 +55,37 @@ def _pid_gone(pid):
 def test_happy_path_across_two_hosts(rig):
     jobs = _start(rig, steps=6)
     for job in jobs:
-        assert job.wait(timeout=180) == 0, _logs(rig)
-    results = _outputs(rig, 'result')
-    assert all(results.values()), _logs(rig)
+        assert job.wait(timeout=180) == 0, logs(rig)
+    results = outputs(rig, 'result', WORLD)
+    assert all(results.values()), logs(rig)
     assert {r: out['host'] for r, out in results.items()} == {0: 'host1', 1: 'host1', 2: 'host2', 3: 'host2'}
     assert all('error' not in out for out in results.values()), results
     means = results[0]['means']
     assert {int(step): value for step, value in means.items()} == {s: s + 1.5 for s in range(1, 7)}  # over 4 ranks
-    landed = _landed(rig)
+    in_bucket = landed(rig)
     for r, out in results.items():
         for name, digest in out['accepted'].items():
-            assert name in landed and _sha(rig, name) == digest, name
-        assert f'rig/logs/rank{r}.txt' in landed
+            assert name in in_bucket and _sha(rig, name) == digest, name
+        assert f'rig/logs/rank{r}.txt' in in_bucket
 
 
 def _wait_for_errors_and_exits(rig, fault_at, timeout=90):
     """Every rank's result (with its error) and every worker's exit, with the seconds each came after the fault."""
-    pids = {r: s['pid'] for r, s in _outputs(rig, 'start').items()}
+    pids = {r: s['pid'] for r, s in outputs(rig, 'start', WORLD).items()}
     exits = {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for r, pid in pids.items():
             if r not in exits and _pid_gone(pid):
                 exits[r] = time.time() - fault_at
-        if len(exits) == len(pids) and all(_outputs(rig, 'result').values()):
+        if len(exits) == len(pids) and all(outputs(rig, 'result', WORLD).values()):
             break
         time.sleep(0.1)
-    results = _outputs(rig, 'result')
+    results = outputs(rig, 'result', WORLD)
     if not all(results.values()):
         raise AssertionError(
             f'ranks {[r for r, o in results.items() if not o]} reported nothing; progress '
-            f'{_progress(rig)}; exits {exits}\n{_logs(rig)}'
+            f'{progress(rig, WORLD)}; exits {exits}\n{logs(rig)}'
         )
     errs = {r: out['error']['wall'] - fault_at for r, out in results.items() if out.get('error')}
     return results, errs, exits
@@ -146,7 +97,7 @@ def test_a_partition_names_the_far_side_and_every_rank_errs_and_exits_in_bounded
     the heal, draining host2's staging delivers every upload it accepted; no checkpoint is ever committed
     partially."""
     jobs = _start(rig, steps=10_000, checkpoint_every=1)  # a save every step: the cut catches one in flight
-    wait_for(lambda: min(_progress(rig)) >= 4, 120, 'every rank past step 4')
+    wait_for(lambda: min(progress(rig, WORLD)) >= 4, 120, 'every rank past step 4')
     cut_at = time.time()
     rig.hosts[1].cut()
     try:
@@ -170,7 +121,7 @@ def test_a_partition_names_the_far_side_and_every_rank_errs_and_exits_in_bounded
     assert sorted(errs) == [0, 1, 2, 3], results
     for r, seconds in errs.items():
         assert seconds < SYNC_TIMEOUT + SLACK, (r, seconds, results[r]['error'])
-    assert sorted(exits) == [0, 1, 2, 3] and max(exits.values()) < EXIT_BOUND, (exits, _logs(rig))
+    assert sorted(exits) == [0, 1, 2, 3] and max(exits.values()) < EXIT_BOUND, (exits, logs(rig))
     # The named error: what the flush raised, or, for a rank caught in a checkpoint save (DCP's own gloo
     # timeout), what close() raised completing the flush in flight.
     named = {
@@ -184,14 +135,12 @@ def test_a_partition_names_the_far_side_and_every_rank_errs_and_exits_in_bounded
         assert 'host1: ranks [0, 1]' in named[r], results[r]
     # drain after the heal: every accepted upload lands, byte-identical
     for host in rig.hosts:
-        done = host.run(
-            [sys.executable, '-m', 'dist_logging', 'drain', '/tmp/staging', '--no-progress'], rig.env(host), timeout=120
-        )
+        done = drain(rig, host, '/tmp/staging')
         assert done.returncode == 0, done.stdout + done.stderr
-    landed = _landed(rig)
+    in_bucket = landed(rig)
     for r, out in results.items():
         for name, digest in out['accepted'].items():
-            assert name in landed and _sha(rig, name) == digest, (r, name)
+            assert name in in_bucket and _sha(rig, name) == digest, (r, name)
     _assert_no_partial_checkpoint(rig)
 
 
@@ -218,17 +167,17 @@ def test_a_frozen_store_host_ends_the_other_side_in_bounded_time(rig, capsys):
     """Every process on host1 (torchrun's agent with the store, two ranks) stopped: host2's ranks err
     within the bound, saying they cannot tell, and exit; once host1 thaws, its ranks err and exit too."""
     _start(rig, steps=10_000)
-    wait_for(lambda: min(_progress(rig)) >= 4, 120, 'every rank past step 4')
+    wait_for(lambda: min(progress(rig, WORLD)) >= 4, 120, 'every rank past step 4')
     frozen_at = time.time()
     rig.hosts[0].freeze()
-    pids = {r: s['pid'] for r, s in _outputs(rig, 'start').items()}
+    pids = {r: s['pid'] for r, s in outputs(rig, 'start', WORLD).items()}
     try:
-        wait_for(lambda: all(_outputs(rig, 'result')[r] for r in (2, 3)), 60, "host2's ranks to report")
+        wait_for(lambda: all(outputs(rig, 'result', WORLD)[r] for r in (2, 3)), 60, "host2's ranks to report")
         wait_for(lambda: all(_pid_gone(pids[r]) for r in (2, 3)), EXIT_BOUND, "host2's ranks to exit")
         exited = time.time() - frozen_at
     finally:
         rig.hosts[0].thaw()
-    results = _outputs(rig, 'result')
+    results = outputs(rig, 'result', WORLD)
     errs = {r: results[r]['error']['wall'] - frozen_at for r in (2, 3)}
     with capsys.disabled():
         print(

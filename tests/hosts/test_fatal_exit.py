@@ -9,10 +9,8 @@ each collective left in flight; and after the heal, drain delivers everything ho
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import random
-import shutil
 import sys
 import time
 
@@ -20,8 +18,7 @@ import pytest
 
 from dist_logging import dist
 from dist_logging._world.watch import process_state
-from hosts._rig import Rig, unavailable, wait_for
-from s3_server import CREDENTIALS
+from hosts._rig import drain, landed, logs, outputs, progress, unavailable, wait_for
 
 REASON = unavailable()
 pytestmark = [pytest.mark.serial, pytest.mark.timeout(300), pytest.mark.skipif(REASON is not None, reason=REASON or '')]
@@ -30,48 +27,11 @@ SCENARIO = pathlib.Path(__file__).with_name('host_scenario.py')
 SYNC_TIMEOUT = 5.0
 PG_TIMEOUT = 60.0  # the default group's timeout: what its teardown would wait, per collective in flight
 NPROC = 2
+WORLD = NPROC * 2  # two hosts
 #: Documented bound (docs/guarantees.md): from leaving the script to the end of the process after a fatal
 #: error: the exit hooks before the end (the store line's goodbye <= 0.5 s, gloo's idle wait <= 2 s) and the
 #: bounded flush (FLUSH_SECONDS).
 EXIT_BOUND = 0.5 + 2.0 + dist.FLUSH_SECONDS
-
-
-@pytest.fixture
-def rig(monkeypatch):
-    for key, value in CREDENTIALS.items():  # the test's own S3 reads (the hosts get theirs from Rig.env)
-        monkeypatch.setenv(key, value)
-    workdir = pathlib.Path(f'/var/tmp/dlrig-{os.getpid()}-{random.randrange(10**6)}')  # /tmp is per host
-    try:
-        with Rig(workdir) as rig:
-            rig.bucket = f'rig-{random.randrange(10**9)}'
-            rig.s3.client().create_bucket(Bucket=rig.bucket)
-            (workdir / 'out').mkdir()
-            yield rig
-    finally:
-        if not os.environ.get('RIG_KEEP'):
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _outputs(rig, prefix):
-    out = {}
-    for r in range(NPROC * len(rig.hosts)):
-        path = rig.workdir / 'out' / f'{prefix}-rank{r}.json'
-        out[r] = json.loads(path.read_text()) if path.exists() else None
-    return out
-
-
-def _progress(rig):
-    steps = []
-    for r in range(NPROC * len(rig.hosts)):
-        path = rig.workdir / 'out' / f'progress-rank{r}'
-        steps.append(int(path.read_text() or 0) if path.exists() else 0)
-    return steps
-
-
-def _logs(rig):
-    return '\n'.join(
-        f'--- {p.name}\n{p.read_text(errors="replace")[-3000:]}' for p in sorted(rig.workdir.glob('*.log'))
-    )
 
 
 def test_after_a_partition_every_worker_ends_by_itself_despite_training_collectives_in_flight(rig, capsys):
@@ -83,8 +43,8 @@ def test_after_a_partition_every_worker_ends_by_itself_despite_training_collecti
     }
     port = 29000 + random.randrange(20000)
     jobs = [rig.torchrun(host, SCENARIO, NPROC, port, ['10000', '0'], env) for host in rig.hosts]
-    wait_for(lambda: min(_progress(rig)) >= 4, 150, 'every rank past step 4')
-    pids = {r: s['pid'] for r, s in _outputs(rig, 'start').items()}
+    wait_for(lambda: min(progress(rig, WORLD)) >= 4, 150, 'every rank past step 4')
+    pids = {r: s['pid'] for r, s in outputs(rig, 'start', WORLD).items()}
     cut_at = time.time()
     rig.hosts[1].cut()
     gone = {}
@@ -97,9 +57,9 @@ def test_after_a_partition_every_worker_ends_by_itself_despite_training_collecti
             time.sleep(0.05)
     finally:
         rig.hosts[1].heal()
-    results = _outputs(rig, 'result')
-    assert sorted(gone) == [0, 1, 2, 3], (gone, results, _logs(rig))
-    assert all(out and 'leaving' in out for out in results.values()), (results, _logs(rig))
+    results = outputs(rig, 'result', WORLD)
+    assert sorted(gone) == [0, 1, 2, 3], (gone, results, logs(rig))
+    assert all(out and 'leaving' in out for out in results.values()), (results, logs(rig))
     exit_after = {r: gone[r] - results[r]['leaving'] for r in results}
     with capsys.disabled():
         errors = {r: round(o['error']['wall'] - cut_at, 1) for r, o in results.items()}
@@ -114,26 +74,19 @@ def test_after_a_partition_every_worker_ends_by_itself_despite_training_collecti
         assert out['error']['type'] == 'DistributedLoggingError', out
     assert all(results[r]['error']['in_flight'] >= 1 for r in (2, 3)), results
     # Liveness, not performance: a generous multiple of the documented bound (torch would wait 60 s per collective).
-    assert max(exit_after.values()) < 2 * EXIT_BOUND, (exit_after, _logs(rig))
-    logs = {host.name: (rig.workdir / f'torchrun-{host.name}.log').read_text(errors='replace') for host in rig.hosts}
-    assert logs['host2'].count('dist_logging: ending this process (exit status 1) after a fatal error') == 2, logs[
-        'host2'
-    ][-4000:]
-    # Nothing accepted is lost: after the heal, drain delivers every upload host2's ranks accepted.
-    done = rig.hosts[1].run(
-        [sys.executable, '-m', 'dist_logging', 'drain', '/tmp/staging', '--no-progress'],
-        rig.env(rig.hosts[1]),
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    client = rig.s3.client()
-    landed = {
-        item['Key']
-        for page in client.get_paginator('list_objects_v2').paginate(Bucket=rig.bucket)
-        for item in page.get('Contents', [])
+    assert max(exit_after.values()) < 2 * EXIT_BOUND, (exit_after, logs(rig))
+    host_logs = {
+        host.name: (rig.workdir / f'torchrun-{host.name}.log').read_text(errors='replace') for host in rig.hosts
     }
+    assert host_logs['host2'].count('dist_logging: ending this process (exit status 1) after a fatal error') == 2, (
+        host_logs['host2'][-4000:]
+    )
+    # Nothing accepted is lost: after the heal, drain delivers every upload host2's ranks accepted.
+    done = drain(rig, rig.hosts[1], '/tmp/staging')
+    assert done.returncode == 0, done.stdout + done.stderr
+    in_bucket = landed(rig)
     for r in (2, 3):
-        assert set(results[r]['accepted']) <= landed, sorted(set(results[r]['accepted']) - landed)
+        assert set(results[r]['accepted']) <= in_bucket, sorted(set(results[r]['accepted']) - in_bucket)
     for job in jobs:  # the agents saw their workers fail (not asserted: torchrun's own business)
         try:
             job.wait(timeout=20)
