@@ -25,57 +25,18 @@ from a collective), ``gloo_exit`` (the exit-time wait for gloo's worker threads)
 
 from __future__ import annotations
 
+# The export list is built from the rooms' own ``__all__`` (one list per room, kept beside its code); the star
+# imports bring exactly those names here (type checkers read them the same way).
 # First: its exit hook must be registered before the package's others (atexit runs them last-in first-out).
-from dist_logging._world.ending import (
-    EXIT_STATUS,
-    FLUSH_SECONDS,
-    fatal_error,
-    forget_fatal_error,
-    note_fatal_error,
-    on_fatal_exit,
-)
+from dist_logging._world import ending as _ending
+from dist_logging._world.ending import *  # noqa: F403 - the names of _ending.__all__
 from dist_logging._world import gloo_exit as _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's threads
-from dist_logging._world.facts import (
-    LaunchFacts,
-    expand_hostlist,
-    get_attempt,
-    get_global_rank,
-    get_local_rank,
-    get_local_world_size,
-    get_node_rank,
-    get_num_nodes,
-    get_world_size,
-    init_process_group_from_env,
-    is_available,
-    is_initialized,
-    launch_facts,
-    launcher,
-    select_reduction_device,
-)
+from dist_logging._world import facts as _facts
+from dist_logging._world.facts import *  # noqa: F403 - the names of _facts.__all__
 from dist_logging._world.facts import rendezvous_address as _rendezvous_address  # noqa: F401 - tests/test_dist.py
 from dist_logging._world.group import LoggingGroup
 
-__all__ = [
-    'get_global_rank',
-    'get_local_rank',
-    'get_world_size',
-    'get_local_world_size',
-    'get_node_rank',
-    'get_num_nodes',
-    'get_attempt',
-    'launcher',
-    'launch_facts',
-    'LaunchFacts',
-    'expand_hostlist',
-    'init_process_group_from_env',
-    'is_initialized',
-    'is_available',
-    'select_reduction_device',
-    'LoggingGroup',
-    'note_fatal_error',
-    'fatal_error',
-    'forget_fatal_error',
-    'on_fatal_exit',
-    'FLUSH_SECONDS',
-    'EXIT_STATUS',
-]
+# The rooms' public names, plus the logging group (its module's other names are internal to the package).
+__all__ = ['LoggingGroup']
+__all__ += _facts.__all__
+__all__ += _ending.__all__
