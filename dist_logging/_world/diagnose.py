@@ -164,6 +164,7 @@ def diagnose(
     by_host: dict[str, list[int]] = {}
     for other in others:
         by_host.setdefault(found.hosts.get(other, '?'), []).append(other)
+    host_texts: dict[str, str] = {}
     for other in silent:
         host = found.hosts.get(other, '?')
         beat = last.get(other) or first.get(other)
@@ -171,10 +172,12 @@ def diagnose(
         if other in frozen:
             found.unreachable[other] = frozen[other]
         elif host != '?' and host != HOST and all(r in silent or r in found.left for r in by_host[host]):
-            ranks = [r for r in by_host[host] if r in silent]
-            found.unreachable[other] = (
-                f'host {host} ({_ranks_text(ranks)}) silent {quiet}: cut off, frozen, or every process on it ended'
-            )
+            if host not in host_texts:  # one sentence per host (its first silent rank's silence), said once
+                ranks = [r for r in by_host[host] if r in silent]
+                host_texts[host] = (
+                    f'host {host} ({_ranks_text(ranks)}) silent {quiet}: cut off, frozen, or every process on it ended'
+                )
+            found.unreachable[other] = host_texts[host]
         else:
             found.unreachable[other] = (
                 f'rank {other} on {host} silent {quiet} while other ranks answer: its process froze or ended'

@@ -4,7 +4,8 @@ A set is a handful of small files written into a local folder, then handed to th
 (see :mod:`dist_logging.postmortem.trigger`). Object names, per run, attempt and rank
 (:func:`object_names`)::
 
-    {run_name}/postmortem/attempt-{A}/rank-{N}/header.json     rank, host, pid, attempt, reason, time, world, groups
+    {run_name}/postmortem/attempt-{A}/rank-{N}/header.json     rank, host, pid, attempt, reason, time, world, groups,
+                                                               the exception (with the ranks a Logger error names)
     {run_name}/postmortem/attempt-{A}/rank-{N}/stacks.txt      every thread's Python stack (faulthandler's layout)
     {run_name}/postmortem/attempt-{A}/rank-{N}/stacks.json     the same, structured (for ``dist-logging diagnose``)
     {run_name}/postmortem/attempt-{A}/rank-{N}/exception.txt   the exception and its traceback, when there is one
@@ -151,6 +152,17 @@ def process_groups(rank: int) -> list[dict[str, Any]]:
         return []
 
 
+def _named_ranks(exception: BaseException) -> dict[str, list[int]]:
+    """The ranks a :class:`~dist_logging.DistributedLoggingError` names, by kind (``left``, ``unreachable``,
+    ``late``: see its attributes); empty for other exceptions or when it names nobody."""
+    named = {}
+    for kind in ('left', 'unreachable', 'late'):
+        ranks = getattr(exception, f'{kind}_ranks', None)
+        if isinstance(ranks, (tuple, list)) and ranks:
+            named[kind] = sorted(int(r) for r in ranks)
+    return named
+
+
 def _write(folder: str, name: str, data: bytes) -> str:
     path = os.path.join(folder, name)
     with open(path, 'wb') as handle:
@@ -197,7 +209,7 @@ def write_set(
     stacks = python_stacks(skip_thread)
     files['stacks.txt'] = _write(folder, 'stacks.txt', stacks_text(stacks).encode())
     files['stacks.json'] = _write(folder, 'stacks.json', json.dumps(stacks).encode())
-    error = None
+    error: Optional[dict[str, Any]] = None
     if exception is not None:
         text = ''.join(traceback.format_exception(type(exception), exception, exception.__traceback__))
         files['exception.txt'] = _write(folder, 'exception.txt', text.encode())
@@ -206,6 +218,9 @@ def write_set(
         frames = traceback.extract_tb(exception.__traceback__)
         if frames:
             error['where'] = f'{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}'
+        named = _named_ranks(exception)
+        if named:
+            error['named'] = named
     files['events.json'] = _write(folder, 'events.json', json.dumps(events or {}, default=str).encode())
     header = {
         'format': FORMAT_VERSION,

@@ -12,6 +12,9 @@ collective has a ``collective_seq_id``; completion shows only as ``retired``. So
 - **crash**: a rank raised an exception that is not a consequence of another rank's end (gloo's
   ``Connection closed by peer``, timeouts, the Logger's own ``DistributedLoggingError``).
 - **missing**: ranks of the world that left no set (killed before they could write, or the host is gone).
+- **partition** / **silent**: ranks that the other ranks' Logger errors named silent (``unreachable``) but
+  that were alive: each left a set, its own Logger error naming nobody silent (``partition`` when they
+  could not reach the rendezvous store either: their host was cut off).
 
 Without dumps (``TORCH_FR_BUFFER_SIZE=0``) a hang is read from the stacks alone: the ranks whose
 training thread is not inside a ``torch.distributed`` call are the culprits.
@@ -43,6 +46,8 @@ _CONSEQUENCE = re.compile(
 _LIBRARY = re.compile(r'(site-packages|dist-packages|/lib/python\d[\d.]*/|<frozen |/dist_logging/)')
 _COLLECTIVE_FRAME = re.compile(r'torch/distributed/|distributed_c10d')
 _RANK_WORD = re.compile(r'(?<!\w)rank (\d+)', re.I)
+# A Logger error of a rank that could not read the rendezvous store (dist_logging._world.diagnose says so).
+_STORE_SILENT = re.compile(r'rendezvous store did not answer|without a store this rank cannot tell')
 
 
 def rank_of_path(path: str) -> Optional[int]:
@@ -259,6 +264,36 @@ def _collective_verdict(
     return None
 
 
+def _silent_verdict(sets: dict[int, RankSet], roster: dict[int, str]) -> Optional[Verdict]:
+    """Ranks that other ranks' Logger errors named silent (``unreachable``) although they were alive: each left a
+    set of its own, and its own Logger error named nobody silent (it could not see the others, or the store).
+    That is a partition (their host cut off from the others), or a host frozen for a while; None otherwise."""
+    accusers: dict[int, set[int]] = {}
+    accusing: set[int] = set()
+    for rank, rank_set in sets.items():
+        named = (rank_set.header.get('exception') or {}).get('named') or {}
+        for other in named.get('unreachable') or []:
+            if int(other) != rank:
+                accusers.setdefault(int(other), set()).add(rank)
+                accusing.add(rank)
+    culprits = sorted(r for r in accusers if r in sets and r not in accusing)
+    if not culprits:
+        return None
+    witnesses = sorted(set().union(*(accusers[r] for r in culprits)))
+    cut_off = all(_STORE_SILENT.search(sets[r].error_line() or '') for r in culprits)
+    line = (
+        f'{"partition" if cut_off else "silent"}: {_culprits(sets, culprits, roster)} went silent to '
+        f'{_ranks(witnesses)} but were alive (each captured its own set after its Logger error)'
+    )
+    if cut_off:
+        line += ' and could not reach the rendezvous store either: cut off from the others (a network partition)'
+    else:
+        line += ': cut off from them for a while, or frozen (SIGSTOP, a stalled VM)'
+    details = [f'rank {r}: {sets[r].error_line()}' for r in culprits + witnesses if sets[r].error_line()]
+    facts = {'witnesses': witnesses}
+    return Verdict('partition' if cut_off else 'silent', line, culprits, details, EXIT_CULPRIT, facts)
+
+
 def _stack_verdict(sets: dict[int, RankSet], roster: dict[int, str]) -> Optional[Verdict]:
     """A hang read from the stacks alone: some ranks inside a collective, the others elsewhere."""
     inside = {r for r, s in sets.items() if s.stacks and s.in_collective()}
@@ -321,7 +356,11 @@ def analyse(sets: dict[int, RankSet], world_size: Optional[int] = None) -> Verdi
             details.append(f'also raised, later: rank {rank}: {sets[rank].error_line()}')
         return Verdict('crash', line, culprits, details, EXIT_CULPRIT, {'reasons': reasons})
 
-    found = _collective_verdict(sets, world, roster, missing) or _stack_verdict(sets, roster)
+    found = (
+        _silent_verdict(sets, roster)
+        or _collective_verdict(sets, world, roster, missing)
+        or _stack_verdict(sets, roster)
+    )
     if found is not None:
         found.details = details + found.details
         found.facts['reasons'] = reasons

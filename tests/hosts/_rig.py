@@ -162,6 +162,11 @@ class Host:
             self.command(cmd), env=dict(env), capture_output=True, text=True, timeout=timeout, cwd=str(REPO_ROOT)
         )
 
+    def path(self, path: str) -> pathlib.Path:
+        """``path`` (absolute) as this host sees it, readable from the test process (through its holder's
+        ``/proc/<pid>/root``: the host's private /tmp included)."""
+        return pathlib.Path(f'/proc/{self.holder.pid}/root') / path.lstrip('/')
+
     def pids(self) -> list[int]:
         """Every process on this host except its holder."""
         pids = [int(p) for p in _ip('netns', 'pids', self.ns, check=False).stdout.split()]

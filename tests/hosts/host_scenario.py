@@ -1,6 +1,8 @@
 """One rank of a two-host job on the rig (tests/hosts/test_across_hosts.py), under torchrun --nnodes 2.
 
 argv: steps (the job logs until then, or until an error), checkpoint_every (0: no checkpoints).
+With ``RIG_POSTMORTEM=1`` the Logger captures its postmortem (``postmortem=True``: the Logger's failed collective,
+an uncaught exception, SIGTERM; docs/postmortem.md) into the same bucket.
 With ``RIG_INFLIGHT=1`` each step also issues an all_reduce on the default (training) group without waiting for
 it, as DDP overlaps its bucket all-reduces with the step: after a partition they stay in flight.
 Each rank: per-rank log file and uploads staged under this host's private /tmp, a mean over every rank,
@@ -73,6 +75,7 @@ logger = Logger(
     ],
     run_name='rig',
     sync_timeout=sync_timeout,
+    postmortem=True if os.environ.get('RIG_POSTMORTEM') == '1' else None,
 )
 writer = None
 if checkpoint_every:
