@@ -39,10 +39,10 @@ test: install
 	$(PY) -m pytest -n auto -q -m "not serial" --durations=15
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q -m serial || test $$? -eq 5  # 5: no serial test selected
 
-# Lint: ruff's rules (on the package; tests/ and benchmarks/ not yet), ruff's format check, mypy at the strictness
-# pyproject.toml documents ([tool.ruff], [tool.mypy]).
+# Lint: ruff's rules and its format check on the package, the tests, the benchmarks and launch/; mypy (on the
+# package) at the strictness pyproject.toml documents ([tool.ruff], [tool.mypy]).
 lint: install
-	$(PY) -m ruff check dist_logging
+	$(PY) -m ruff check dist_logging tests benchmarks launch
 	$(PY) -m ruff format --check dist_logging tests benchmarks launch
 	$(PY) -m mypy
 

@@ -24,7 +24,8 @@ with SHA and AES instructions, the client's CPU per GiB is about the same either
 and a second read of the file over http; TLS encryption and aws-chunked copies over https).
 Both framings are decoded here: the object's size is the decoded size, checked against
 ``x-amz-decoded-content-length`` (400 ``IncompleteBody`` when they differ); chunk signatures and
-the checksum trailer are not checked (the trailer named in ``x-amz-trailer`` must be present). ``Expect: 100-continue`` (PutObject, UploadPart) is answered.
+the checksum trailer are not checked (the trailer named in ``x-amz-trailer`` must be present).
+``Expect: 100-continue`` (PutObject, UploadPart) is answered.
 
 What it is not: an S3 emulator. GetObject is not served (no bytes are kept; no benchmark
 reads an object back), ETags are not MD5s, and anything else is answered 501 with the

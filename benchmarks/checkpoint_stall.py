@@ -1,9 +1,11 @@
-"""Sharded checkpoints (torch.distributed.checkpoint) to S3 every K steps: who blocks the training loop, for how long, and when is the checkpoint committed?
+"""Sharded checkpoints (torch.distributed.checkpoint) to S3 every K steps: who blocks the training loop, for how
+long, and when is the checkpoint committed?
 
 Launch::
 
     torchrun --standalone --nproc_per_node=4 benchmarks/checkpoint_stall.py --sizes 256MiB,1GiB --every 10
-    torchrun --standalone --nproc_per_node=2 benchmarks/checkpoint_stall.py --device-ms 200,0   # GPU-like and CPU-bound steps
+    # GPU-like and CPU-bound steps:
+    torchrun --standalone --nproc_per_node=2 benchmarks/checkpoint_stall.py --device-ms 200,0
 
 The job: an MLP (``--width`` x ``--depth``, GELU) sharded with FSDP2's ``fully_shard`` (gloo, CPU),
 AdamW, random batches. The checkpointed state is the model's and the optimizer's sharded state
@@ -313,7 +315,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if errors:
             raise errors[0]
     summary: dict[str, Any] = {
-        'what': 'DCP checkpoints to S3 every K steps: training-thread blocking, time to committed, CPU, local disk bytes',
+        'what': 'DCP checkpoints to S3 every K steps: training-thread blocking, time to committed, CPU, '
+        'local disk bytes',
         'sizes': sizes,
         'device_ms': device_ms,
         'every': args.every,

@@ -445,7 +445,8 @@ def simulate(args: Any, ks: list[int], worlds: list[int]) -> int:
                     cpu.append(time.thread_time_ns() - t0)
                 row[f'old_{who}'] = {'cpu_us': C.summarize(cpu), 'bytes': wire_bytes(calls, world, rank)}
                 print(
-                    f'[bench] simulated N={world} rank={rank} K={k}: new {row[f"new_{who}"]["cpu_us"]["median"]:.0f} µs, '
+                    f'[bench] simulated N={world} rank={rank} K={k}: '
+                    f'new {row[f"new_{who}"]["cpu_us"]["median"]:.0f} µs, '
                     f'old {row[f"old_{who}"]["cpu_us"]["median"]:.0f} µs',
                     file=sys.stderr,
                     flush=True,

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Optional
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -152,6 +152,10 @@ def render(docs: list[dict]) -> str:
                 def med(mode: str) -> Optional[float]:
                     return m[mode]['blocking_us']['median'] if mode in m else None
 
+                def ratio(top: str, bottom: str) -> Optional[float]:
+                    a, b = med(top), med(bottom)
+                    return a / b if a and b else None
+
                 def e2e(mode: str) -> Optional[float]:
                     return m[mode].get('end_to_end_ms', {}).get('median') if mode in m else None
 
@@ -163,8 +167,8 @@ def render(docs: list[dict]) -> str:
                     f"| {_f(med('floor_cfr'))} | {_f(med('floor_copy2'))} | {_f(med('floor_link'))} "
                     f"| {_f(med('sync_upload'))} | {_f(med('composer_design'))} "
                     f"| {_x(med('ours_copy') / med('floor_cfr') if med('ours_copy') and med('floor_cfr') else None)} "
-                    f"| {_x(med('composer_design') / med('ours_nocopy') if med('composer_design') and med('ours_nocopy') else None)} "
-                    f"| {_x(med('ours_copy') / med('composer_design') if med('ours_copy') and med('composer_design') else None)} "
+                    f"| {_x(ratio('composer_design', 'ours_nocopy'))} "
+                    f"| {_x(ratio('ours_copy', 'composer_design'))} "
                     f"| {_x(ratio_e2e)} ({_f(e2e('ours_copy'))} / {_f(e2e('composer_design'))} ms) |"
                 )
     stall = by_name.get('training_stall', [])
@@ -223,7 +227,8 @@ def render(docs: list[dict]) -> str:
         out.append('\n**log_overhead** (µs per `log_metrics` call, median)\n')
         out.append(
             '| ranks | rank 0: ours, 1 in-memory dest | rank 0: Composer design | rank 0: ours, 3 dests '
-            '| rank 0: dict append | other ranks: ours, 3 rank-zero dests | other ranks: no-op call | ours in-mem / Composer |'
+            '| rank 0: dict append | other ranks: ours, 3 rank-zero dests | other ranks: no-op call '
+            '| ours in-mem / Composer |'
         )
         out.append('|---|---|---|---|---|---|---|---|')
         for doc in logs:
@@ -239,16 +244,20 @@ def render(docs: list[dict]) -> str:
     if gathers:
         out.append('\n**gather_cost** (µs per flush, median over rounds of the slowest rank)\n')
         out.append(
-            '| ranks | K | flush() | one all_reduce (floor) | K all_reduces | flush / floor | per-key / flush | collectives per flush |'
+            '| ranks | K | flush() | one all_reduce (floor) | K all_reduces | flush / floor | per-key / flush '
+            '| collectives per flush |'
         )
         out.append('|---|---|---|---|---|---|---|---|')
         for doc in gathers:
             for k, e in doc['results'].items():
                 coll = e.get('collectives_per_flush') or {}
                 out.append(
-                    f"| {doc['environment']['world_size']}{_oversub(doc)} | {k} | {_f(e['flush']['slowest_rank']['median'])} "
-                    f"| {_f(e['floor_1tensor']['slowest_rank']['median'])} | {_f(e['per_key']['slowest_rank']['median'])} "
-                    f"| {_x(e['ratio_flush_over_floor'])} | {_x(e['ratio_per_key_over_flush'])} | {coll.get('max', '–')} |"
+                    f"| {doc['environment']['world_size']}{_oversub(doc)} | {k} "
+                    f"| {_f(e['flush']['slowest_rank']['median'])} "
+                    f"| {_f(e['floor_1tensor']['slowest_rank']['median'])} "
+                    f"| {_f(e['per_key']['slowest_rank']['median'])} "
+                    f"| {_x(e['ratio_flush_over_floor'])} | {_x(e['ratio_per_key_over_flush'])} "
+                    f"| {coll.get('max', '–')} |"
                 )
     out += _stragglers_table(by_name.get('stragglers', []))
     out += _load_table(by_name.get('checkpoint_load', []))
@@ -287,7 +296,8 @@ def _stragglers_table(docs: list[dict]) -> list[str]:
     out = [
         '\n**stragglers** (rank reports every 100 steps; slowed rank 1.2x, +-5 % jitter)\n',
         '| ranks | slowed rank chronic at report | other ranks flagged (slowed run) | false flags / steps (even run) '
-        '| Logger CPU on-off, % of step | wall step on/off | simulated 4,096: chronic at / false flags / rank-0 ms per report |',
+        '| Logger CPU on-off, % of step | wall step on/off '
+        '| simulated 4,096: chronic at / false flags / rank-0 ms per report |',
         '|---|---|---|---|---|---|---|',
     ]
     for doc in docs:

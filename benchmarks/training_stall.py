@@ -444,7 +444,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         infl = per_mode['ours_nocopy']['inflation_with_tail']
         note = None
         if ckpt_size != 256 << 20 or args.every != 10:
-            note = f'the target is stated for 256MiB every 10 steps; this run used {C.format_size(ckpt_size)} every {args.every}'
+            note = (
+                f'the target is stated for 256MiB every 10 steps; this run used {C.format_size(ckpt_size)} '
+                f'every {args.every}'
+            )
         targets['nocopy_inflation_le_5pct'] = {'value': infl, 'target': 0.05, 'met': infl <= 0.05, 'note': note}
     for mode in ('ours_procs_nocopy', 'ours_copy', 'ours_procs', 'sync_upload', 'composer_design'):
         if mode in per_mode:

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             folder = folder.relative_to(pathlib.Path.cwd()) if folder.is_relative_to(pathlib.Path.cwd()) else folder
             print('Read them as one time-ordered stream (identical lines of several ranks shown once, as [ranks 0-N]):')
             print(
-                f'  .venv/bin/dist-logging logs {folder}/python-rank*.log    (also: --level WARNING, --ranks 1, --follow)'
+                f'  .venv/bin/dist-logging logs {folder}/python-rank*.log'
+                '    (also: --level WARNING, --ranks 1, --follow)'
             )
         for bucket in sorted(buckets):
             objects = sorted(p for p in (bucket / run_name).rglob('*') if p.is_file())

@@ -8,7 +8,8 @@ from dist_logging.destination import LoggerDestination
 
 
 class RecordingUploader(LoggerDestination):
-    """Keeps ``uploads``: a list of ``(remote_name, bytes at the call, overwrite)``, and ``objects``: name -> newest bytes."""
+    """Keeps ``uploads``: a list of ``(remote_name, bytes at the call, overwrite)``, and ``objects``: name -> newest
+    bytes."""
 
     def __init__(self, ranks: str = 'all'):
         super().__init__(ranks=ranks)
@@ -50,4 +51,7 @@ def logger_refuses_uploads_at_close() -> bool:
     return False
 
 
-UPLOADS_AT_CLOSE_BUG = 'Logger.close() marks the Logger closed before the CLOSE event, so upload_file from a destination\'s close() raises (dist_logging/logger.py)'
+UPLOADS_AT_CLOSE_BUG = (
+    'Logger.close() marks the Logger closed before the CLOSE event, so upload_file from a destination\'s close() '
+    'raises (dist_logging/logger.py)'
+)

@@ -38,7 +38,8 @@ def _has_remote() -> bool:
         ),
         (
             {'destinations': [{'type': 'tensorbord'}]},
-            r"destinations\[0\]\.type: unknown destination type 'tensorbord'; did you mean 'tensorboard'\? known types: "
+            r"destinations\[0\]\.type: unknown destination type 'tensorbord'; "
+            r"did you mean 'tensorboard'\? known types: "
             r'cometml, console, file, in_memory, mlflow, neptune, remote, tensorboard',
         ),
         ({'destinations': [{'type': 'nope'}]}, r"unknown destination type 'nope'; known types: cometml, console, file"),

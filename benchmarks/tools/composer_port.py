@@ -259,7 +259,8 @@ def pytest_configure(config):
     config.addinivalue_line('markers', 'world_size(n): needs n ranks')
 '''
 
-OBJECT_STORE_SETTINGS = '''"""Composer's tests/utils/object_store/object_store_settings.py, for the stores dist_logging has (S3)."""
+OBJECT_STORE_SETTINGS = '''\
+"""Composer's tests/utils/object_store/object_store_settings.py, for the stores dist_logging has (S3)."""
 import contextlib
 
 import pytest

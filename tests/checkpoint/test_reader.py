@@ -13,7 +13,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch

@@ -68,7 +68,8 @@ class CollectiveCounter:
 
 
 class RecordingLocalStore(LocalObjectStore):
-    """A local bucket that also appends ``{"rank", "name", "size"}`` per upload to ``$OUT_DIR/uploads-rank{RANK}.jsonl``.
+    """A local bucket that also appends ``{"rank", "name", "size"}`` per upload to
+    ``$OUT_DIR/uploads-rank{RANK}.jsonl``.
 
     The upload workers run in the uploading process, so the rank in the record is the rank that uploaded.
     """

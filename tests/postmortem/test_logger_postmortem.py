@@ -186,7 +186,9 @@ from dist_logging.errors import UploadError
 tmp_path = pathlib.Path(sys.argv[1])
 blocker = tmp_path / 'bucket'
 blocker.write_text('a file where the bucket should be')  # every upload fails (not a directory)
-remote = RemoteUploaderDownloader(str(blocker / 'store'), num_attempts=1, upload_staging_folder=str(tmp_path / 'staging'))
+remote = RemoteUploaderDownloader(
+    str(blocker / 'store'), num_attempts=1, upload_staging_folder=str(tmp_path / 'staging')
+)
 logger = Logger(remote, run_name='far', postmortem=True)
 prefix = logger.capture_postmortem('cut_off', wait=10)
 assert prefix == 'far/postmortem/attempt-0/rank-0/', prefix

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from dist_logging import Logger, UploadError, format_name_with_dist, format_log_data_value
+from dist_logging import Logger, format_name_with_dist, format_log_data_value
 from dist_logging.destinations import ConsoleLogger, FileLogger, InMemoryLogger, RemoteUploaderDownloader
 from reliability._common import TESTS_DIR, bucket_objects, sha256, write
 from torchrun_helper import read_rank_outputs, run_torchrun, write_script

@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import io
 import json
-import os
 import pathlib
 import uuid
 import warnings

@@ -1,4 +1,5 @@
-"""The hot path of section timing (dist_logging.stragglers._core): the compiled core, the Python core, and that they agree.
+"""The hot path of section timing (dist_logging.stragglers._core): the compiled core, the Python core, and that
+they agree.
 
 These run on the real clock (the core's: a timer with a clock of its own always takes the Python path,
 which tests/stragglers/test_timer.py covers with a hand-driven clock), so they check relations that hold

@@ -31,7 +31,8 @@ rank = torch_dist.get_rank()
 out = {}
 for phase, slow in (('slowed', 1.5),):
     sink = InMemoryLogger()
-    remote = RemoteUploaderDownloader(os.environ['BUCKET'], upload_staging_folder=os.environ['OUT_DIR'] + f'/staging-{rank}')
+    staging = os.environ['OUT_DIR'] + f'/staging-{rank}'
+    remote = RemoteUploaderDownloader(os.environ['BUCKET'], upload_staging_folder=staging)
     logger = Logger([sink, remote], run_name=f'ranks-{phase}', rank_report_every=20, sync_timeout=60)
     grad = torch.ones(1000)
     reports = []

@@ -1,4 +1,5 @@
-"""The rank report's statistics, scores and verdicts (dist_logging.stragglers.stats and .report), on synthetic tables."""
+"""The rank report's statistics, scores and verdicts (dist_logging.stragglers.stats and .report), on synthetic
+tables."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Section timing on one rank (dist_logging.stragglers.timer): nesting, wait sections, busy time, CUDA events read later."""
+"""Section timing on one rank (dist_logging.stragglers.timer): nesting, wait sections, busy time, CUDA events read
+later."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""Upload workers run below the training loop: SCHED_IDLE, nice 19 and best-effort I/O level 7, per worker thread or process."""
+"""Upload workers run below the training loop: SCHED_IDLE, nice 19 and best-effort I/O level 7, per worker thread
+or process."""
 
 from __future__ import annotations
 

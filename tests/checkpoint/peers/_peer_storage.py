@@ -66,7 +66,8 @@ class Storage:
         return f'{name}-{uuid.uuid4().hex[:8]}'
 
     def writer(self, **options: Any) -> CheckpointWriter:
-        """A writer with torch's ``FileSystemWriter`` options (``thread_count``, ``overwrite``, ``_extensions``, ...)."""
+        """A writer with torch's ``FileSystemWriter`` options (``thread_count``, ``overwrite``, ``_extensions``,
+        ...)."""
         return CheckpointWriter(self.uri, backend_kwargs=self.backend_kwargs, **options)
 
     def reader(self, **options: Any) -> CheckpointReader:
@@ -107,7 +108,8 @@ class Storage:
             tdist.barrier()
 
     def close(self) -> None:
-        """Close every reader :meth:`load` and every writer :meth:`save` built (each waits for its uploads and commits; raises their errors)."""
+        """Close every reader :meth:`load` and every writer :meth:`save` built (each waits for its uploads and
+        commits; raises their errors)."""
         readers, self._readers = list(self._readers.values()), {}
         for reader in readers:
             reader.close()
