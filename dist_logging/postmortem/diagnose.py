@@ -289,7 +289,13 @@ def _silent_verdict(sets: dict[int, RankSet], roster: dict[int, str]) -> Optiona
         line += ' and could not reach the rendezvous store either: cut off from the others (a network partition)'
     else:
         line += ': cut off from them for a while, or frozen (SIGSTOP, a stalled VM)'
-    details = [f'rank {r}: {sets[r].error_line()}' for r in culprits + witnesses if sets[r].error_line()]
+    # The capture times tell a partition (both sides fail within their sync timeouts of each other) from a
+    # witnesses' host frozen for a while (they fail once thawed, long after): the sets alone look the same.
+    start = min(float(sets[r].header.get('time') or 0) for r in culprits + witnesses)
+    details = [
+        f'rank {r} captured at +{float(sets[r].header.get("time") or 0) - start:.1f} s: {sets[r].error_line()}'
+        for r in culprits + witnesses
+    ]
     facts = {'witnesses': witnesses}
     return Verdict('partition' if cut_off else 'silent', line, culprits, details, EXIT_CULPRIT, facts)
 

@@ -52,6 +52,7 @@ def test_the_cut_off_side_is_named_when_every_rank_left_a_set():
     assert verdict.line.startswith('partition: rank 2 (host host2), rank 3 (host host2) went silent to ranks 0, 1')
     assert 'rank 1 ' not in verdict.line  # named silent by its host mate, but it named host2 itself: a witness
     assert verdict.facts['witnesses'] == [0, 1]
+    assert verdict.details[0].startswith('rank 2 captured at +2.0 s: DistributedLoggingError: ')  # times, to judge
 
 
 def test_alive_but_able_to_read_the_store_is_silent_not_partition():
