@@ -311,3 +311,18 @@ def test_getters_see_a_changed_environment(monkeypatch):
     assert (dist.get_global_rank(), dist.launcher()) == (3, 'env')
     monkeypatch.setenv('RANK', '2')
     assert dist.get_global_rank() == 2
+
+
+def test_the_public_face_exports_exactly_the_rooms_names():
+    """dist.__all__ is built from the rooms' own __all__ (facts, ending) plus LoggingGroup: each name once, each
+    the room's object, and a star import brings exactly them."""
+    from dist_logging._world import ending, facts, group
+
+    assert sorted(dist.__all__) == sorted({*facts.__all__, *ending.__all__, 'LoggingGroup'})
+    assert len(dist.__all__) == len(set(dist.__all__))
+    for name in dist.__all__:
+        room = facts if name in facts.__all__ else ending if name in ending.__all__ else group
+        assert getattr(dist, name) is getattr(room, name), name
+    namespace: dict = {}
+    exec('from dist_logging.dist import *', namespace)
+    assert sorted(k for k in namespace if k != '__builtins__') == sorted(dist.__all__)
