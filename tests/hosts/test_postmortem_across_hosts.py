@@ -7,6 +7,10 @@ The job: torchrun --nnodes 2 --nproc-per-node 2 (host1 holds the rendezvous stor
 rank's Logger collective fails (``DistributedLoggingError``, the ``logging_error`` trigger) and each rank
 captures its set. host1's sets land at once; host2's stay journaled in its (private) /tmp/staging, and its
 processes exit non-zero without any signal from the test. After the heal, drain delivers them.
+
+Duration: 157-210 s on the shared 2-core machine at load average 25-45, where starting the job (48-80 s) and
+the drain command's interpreter (33-49 s) dominate; the cut to the far side's exit is 16 s. Serial tier, as
+the rig's other tests (a 4-rank job on two hosts).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dist_logging.upload.drain import list_pending
 from hosts._rig import drain, landed, logs, outputs, progress, unavailable, wait_for
 
 REASON = unavailable()
-pytestmark = [pytest.mark.serial, pytest.mark.timeout(300), pytest.mark.skipif(REASON is not None, reason=REASON or '')]
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(420), pytest.mark.skipif(REASON is not None, reason=REASON or '')]
 
 SCENARIO = pathlib.Path(__file__).with_name('host_scenario.py')
 SYNC_TIMEOUT = 5.0
