@@ -110,9 +110,10 @@ def _cmd_drain(args: argparse.Namespace) -> int:
     try:
         report = drain_module.drain(args.staging_folder, num_workers=args.workers, progress_bar=not args.no_progress)
     except UploadError as exc:
-        report = getattr(exc, 'report', None)
-        if report is None:
+        failed_report = getattr(exc, 'report', None)
+        if failed_report is None:
             raise CommandError(str(exc)) from None
+        report = failed_report
     except Exception as exc:  # noqa: BLE001 - e.g. StagingBusyError: say it in one line
         if busy_error is not None and isinstance(exc, busy_error):
             raise CommandError(f'{exc} (is the run still going? stop it first, or wait)') from None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import inspect
 import pathlib
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union, cast
 
 if TYPE_CHECKING:
     from dist_logging.state import ResumeInfo, State
@@ -148,7 +148,9 @@ def post_close_caller(destination: 'LoggerDestination') -> Callable[['State', 'L
     except TypeError:
         pass
     else:
-        return method
+        # A subclass's post_close(state, logger): the base class declares the no-argument form, the signature
+        # just bound two arguments.
+        return cast('Callable[[State, LoggerLike], None]', method)
     try:
         signature.bind()
     except TypeError:

@@ -269,7 +269,7 @@ def _run_name(run_name: Optional[str], logger: Optional['Logger'], template: str
     from dist_logging._logger.run_name import resolve_run_name
 
     # The Logger's own derivation (argument, environment, torchrun's run id), so both name the same folder.
-    return resolve_run_name(run_name, _NoCollective())  # type: ignore[arg-type]
+    return resolve_run_name(run_name, _NoCollective())
 
 
 def _remote_name(template: str, run_name: str) -> str:

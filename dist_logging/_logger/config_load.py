@@ -7,6 +7,7 @@ class as an argument, so that ``Logger.from_config`` (in the logger) and ``confi
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import difflib
 import importlib
@@ -147,7 +148,7 @@ class DestinationSpec:
 
     path: str
     type: str
-    cls: type
+    cls: builtins.type[LoggerDestination]  # builtins: the field above shadows `type` in the class body
     kwargs: dict[str, Any]
     packages: tuple[tuple[str, str], ...] = ()
     side_effect_free: bool = False
@@ -178,7 +179,7 @@ class LoggerConfig:
     source: str = '<dict>'
 
 
-def _init_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
+def _init_parameters(cls: type[Any]) -> tuple[dict[str, inspect.Parameter], bool]:
     signature = inspect.signature(cls.__init__)
     params, var_kw = {}, False
     for index, (name, param) in enumerate(signature.parameters.items()):

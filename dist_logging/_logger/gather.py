@@ -122,12 +122,12 @@ class FlushSchedule:
     def __init__(self, flush_every: int = 1):
         if isinstance(flush_every, bool) or not isinstance(flush_every, numbers.Integral) or flush_every < 1:
             raise ValueError(f'flush_every must be a positive int (batches between flushes), got {flush_every!r}')
-        self.flush_every = int(flush_every)
-        self.max_gap = self.flush_every
+        self.flush_every: int = int(flush_every)
+        self.max_gap: int = self.flush_every
         while self.max_gap * 2 <= MAX_FLUSH_GAP:
             self.max_gap *= 2
-        self.gap = self.flush_every
-        self.last = 0  # batch count of the last automatic flush issued
+        self.gap: int = self.flush_every
+        self.last: int = 0  # batch count of the last automatic flush issued
 
     def is_checkpoint(self, batch: int) -> bool:
         """Whether ``batch`` is a point where the schedule may act (a multiple of ``flush_every``)."""
@@ -170,6 +170,23 @@ class _Flight:
         'group',
         'device',
     )
+
+    # Declared for type checkers (the values live in the slots above, set by MetricGatherer._issue).
+    seq: int
+    position: int
+    what: str
+    layout: Layout
+    header: list[float]  # (flush number, position, layout digest, new-key payload length, has data)
+    held: dict[str, list[Any]]  # buffered entries outside the layout
+    payload: bytes  # JSON list of the held keys and their reduce
+    works: list[Any]  # torch.distributed Work handles
+    tensors: dict[str, torch.Tensor]
+    gather_out: list[torch.Tensor]
+    host: Optional[dict[str, Any]]  # device-to-host copies of the results (CUDA only)
+    event: Any  # a torch.cuda.Event after the copies (CUDA only), else None
+    deadline: float
+    group: Any  # the process group the collectives run in
+    device: torch.device
 
 
 class MetricGatherer:
@@ -378,8 +395,8 @@ class MetricGatherer:
         flight.payload = payload
         header = [float(flight.seq), float(position), layout.digest, float(len(payload)), 1.0 if buffered else 0.0]
         flight.header = header
-        header = np.array(header + [-header[0], -header[1], -header[2]], dtype=np.float64)
-        vectors = {'max': to_vector(np.concatenate([header, body]), device)}
+        header_mirrored = np.array(header + [-header[0], -header[1], -header[2]], dtype=np.float64)
+        vectors = {'max': to_vector(np.concatenate([header_mirrored, body]), device)}
         if S:
             vectors['sum'] = to_vector(sums_counts, device)
         if G:

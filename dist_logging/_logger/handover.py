@@ -10,7 +10,7 @@ import os
 import pathlib
 import stat
 import warnings
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Protocol, Sequence, Union, cast
 
 from dist_logging._logger.routing import Router
 from dist_logging.destination import LoggerDestination
@@ -120,13 +120,21 @@ def _files_under(local: str) -> Sequence[str]:
     return found
 
 
+class _UploadsWithCopy(Protocol):
+    """An uploader whose ``upload_file`` also takes ``copy=`` and a str path (``Router.takes_copy`` says which)."""
+
+    def upload_file(
+        self, state: State, remote_file_name: str, file_path: Union[str, pathlib.Path], *, overwrite: bool, copy: bool
+    ) -> None: ...
+
+
 def _hand_one(
     router: Router, destination: LoggerDestination, state: State, remote: str, local: str, overwrite: bool, copy: bool
 ) -> Any:
     if router.takes_copy(destination):
         # Destinations that take copy= also take the path as a str (building a pathlib.Path
         # costs more than the whole hand-over).
-        destination.upload_file(state, remote, local, overwrite=overwrite, copy=copy)  # type: ignore[call-arg]
+        cast(_UploadsWithCopy, destination).upload_file(state, remote, local, overwrite=overwrite, copy=copy)
     else:
         destination.upload_file(state, remote, pathlib.Path(local), overwrite=overwrite)
 

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from dist_logging import dist
 from dist_logging._logger.resume import PendingResume, PendingRoutes, logger_state, parse_state
@@ -23,7 +23,6 @@ class ResumeMethods:
     """Checkpointing the Logger and resuming it (see the "Resume" section of docs/destinations.md)."""
 
     state: State
-    run_name: str
     _resumes: int
     _pending_resume: Optional[PendingResume]
     _closed: bool
@@ -32,6 +31,11 @@ class ResumeMethods:
     _batch_routes: Any
     _dispatch: Callable[..., Any]
     _check_open: Callable[[], None]
+
+    if TYPE_CHECKING:  # the Logger's read-only property, declared for type checkers only
+
+        @property
+        def run_name(self) -> str: ...
 
     def state_dict(self) -> dict[str, Any]:
         """The Logger's state, for a checkpoint (torch's ``Stateful`` protocol, as ``dcp.save`` calls it).

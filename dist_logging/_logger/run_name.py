@@ -9,12 +9,20 @@ import hashlib
 import os
 import time
 import uuid
-from typing import Optional
+from typing import Any, Optional, Protocol
 
 from dist_logging import dist
 
 
-def resolve_run_name(run_name: Optional[str], group: dist.LoggingGroup) -> str:
+class ObjectBroadcaster(Protocol):
+    """What naming a run needs of a group: :meth:`dist_logging.dist.LoggingGroup.broadcast_object`, or a stand-in."""
+
+    def broadcast_object(self, obj: Any, what: str) -> Any:
+        """Return rank zero's ``obj`` on every rank (``what`` names the collective in errors)."""
+        ...
+
+
+def resolve_run_name(run_name: Optional[str], group: ObjectBroadcaster) -> str:
     """The run name, identical on every rank: given, from the environment, or agreed on.
 
     Raises:

@@ -143,6 +143,7 @@ def diagnose(
         if other in frozen or (not one_read and (after is None or before is None or after.count == before.count)):
             silent.append(other)
             continue
+        assert after is not None  # one read: `other` is in `last` (skipped above otherwise); two: checked just above
         reached = after.sequences.get(group_id, 0)
         if reached < sequence:
             idle = after.idle + max(now - after.wall, 0.0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from typing import Mapping, Optional
+from typing import Mapping, Optional, overload
 
 __all__ = [
     'LaunchFacts',
@@ -136,6 +136,14 @@ class LaunchFacts:
         if self.requeues and self.restarts:
             return f'{self.requeues}.{self.restarts}'
         return str(self.requeues or self.restarts)
+
+
+@overload
+def _int(env: Mapping[str, str], *names: str, default: int) -> int: ...
+
+
+@overload
+def _int(env: Mapping[str, str], *names: str, default: None = None) -> Optional[int]: ...
 
 
 def _int(env: Mapping[str, str], *names: str, default: Optional[int] = None) -> Optional[int]:
@@ -282,13 +290,14 @@ def _slurm(env: Mapping[str, str]) -> LaunchFacts:
         # The batch script of an sbatch job: one process, whatever -n asked for its steps.
         return LaunchFacts('slurm', 0, 1, 0, 1, 0, 1, _slurm_run_id(env), requeues=requeues)
     rank = _int(env, 'SLURM_PROCID')
+    assert rank is not None  # _LAUNCHER_SOURCES calls _slurm only when SLURM_PROCID is set (non-empty)
     world_size = _int(env, 'SLURM_STEP_NUM_TASKS', 'SLURM_NTASKS', 'SLURM_NPROCS')
     if world_size is None:
         raise ValueError(f'SLURM: SLURM_PROCID={rank} is set but no world size (SLURM_STEP_NUM_TASKS, SLURM_NTASKS)')
     local_rank = _int(env, 'SLURM_LOCALID', default=0)
     node_rank = _int(env, 'SLURM_NODEID', default=0)
     num_nodes = _int(env, 'SLURM_STEP_NUM_NODES', 'SLURM_NNODES', 'SLURM_JOB_NUM_NODES', default=1)
-    local_world_size = None
+    local_world_size: Optional[int] = None
     for name in ('SLURM_STEP_TASKS_PER_NODE', 'SLURM_NTASKS_PER_NODE', 'SLURM_TASKS_PER_NODE'):
         raw = env.get(name)
         if raw:
@@ -340,6 +349,7 @@ def _per_node(
 
 def _openmpi(env: Mapping[str, str]) -> LaunchFacts:
     rank = _int(env, 'OMPI_COMM_WORLD_RANK')
+    assert rank is not None  # _LAUNCHER_SOURCES calls _openmpi only when OMPI_COMM_WORLD_RANK is set (non-empty)
     world_size = _int(env, 'OMPI_COMM_WORLD_SIZE')
     if world_size is None:
         raise ValueError(f'Open MPI: OMPI_COMM_WORLD_RANK={rank} is set but OMPI_COMM_WORLD_SIZE is not')
@@ -356,6 +366,7 @@ def _openmpi(env: Mapping[str, str]) -> LaunchFacts:
 
 def _mpich(env: Mapping[str, str]) -> LaunchFacts:
     rank = _int(env, 'PMI_RANK', 'PMIX_RANK')
+    assert rank is not None  # _LAUNCHER_SOURCES calls _mpich only when PMI_RANK or PMIX_RANK is set (non-empty)
     world_size = _int(env, 'PMI_SIZE')
     if world_size is None:
         which = 'PMI_RANK' if env.get('PMI_RANK') else 'PMIX_RANK'

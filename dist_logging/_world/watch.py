@@ -104,7 +104,7 @@ def _own_connection(store: Any) -> Any:
         base = base.underlying_store
     if isinstance(base, torch_dist.TCPStore):
         try:
-            clone = base.clone()
+            clone = base.clone()  # type: ignore[attr-defined]  # torch's stubs omit TCPStore.clone (it exists)
             clone.set_timeout(datetime.timedelta(seconds=STORE_ANSWER_SECONDS))
             return clone
         except Exception:  # noqa: BLE001 - an older torch: share the connection
@@ -133,7 +133,8 @@ class StoreLine:
         self.last_entered = time.monotonic()  # when this rank last entered a logging collective
         self.waiting = 0  # logging waits in progress on this process
         self.ticks: list[Callable[[], None]] = []  # run after every beat, on this thread (the postmortem watchdog)
-        self._source, self._clone, self._store = store, clone, None
+        self._source, self._clone = store, clone
+        self._store: Any = None  # this thread's store (its own connection when cloned), made at its first run
         self._calls: 'queue.SimpleQueue[Any]' = queue.SimpleQueue()
         self._busy_since: Optional[float] = None
         self._count = 0

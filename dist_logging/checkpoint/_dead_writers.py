@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from dist_logging.checkpoint._intents import write_intent
 from dist_logging.checkpoint._paths import WRITES_FOLDER
@@ -158,7 +158,7 @@ def take_left_saves(rank_folder: str, adopt: Callable[[LeftSave], Optional[bool]
                     info.get('bucket_uri'),
                     dict(info.get('backend_kwargs') or {}),
                     info.get('keep_last'),
-                    cid,
+                    cast(str, cid),  # an ok manifest names its checkpoint (written after reset() set the id)
                     manifest,
                     commit,
                 )

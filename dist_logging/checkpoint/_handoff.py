@@ -24,7 +24,7 @@ import shutil
 import threading
 import time
 import uuid
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, cast
 
 from dist_logging.checkpoint._dead_writers import (
     COMMIT,
@@ -208,8 +208,10 @@ class HandOff:
                 self._fail(sent, f"its write failed in the checkpoint process: {manifest.get('error')}", remove=True)
                 return True
             sent.coordinator = bool(manifest['coordinator'])
-            total = target.queue_files(sent.folder, sent.cid, manifest['files'])
-            sent.timing = target.saved(sent.cid, sent.started_at, sent.t0, total)
+            # An ok manifest names its checkpoint: the process-side writer writes it after reset() set the id.
+            cid = cast(str, sent.cid)
+            total = target.queue_files(sent.folder, cid, manifest['files'])
+            sent.timing = target.saved(cid, sent.started_at, sent.t0, total)
             sent.files_done = True
         if sent.coordinator:
             commit = read_json(os.path.join(sent.folder, COMMIT))

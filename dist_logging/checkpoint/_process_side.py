@@ -47,7 +47,8 @@ from dist_logging.checkpoint._shards import (
 __all__ = ['ProcessSideWriter']
 
 
-class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
+# torch's checkpoint_id property is never None; ours is None before the first save (what torch's would be is a path).
+class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):  # type: ignore[misc]
     """One save of a ``CheckpointWriter`` in torch's checkpoint process: writes files, uploads nothing.
 
     Built by ``CheckpointWriter.__reduce__``; not meant to be made by hand.
@@ -162,7 +163,7 @@ class ProcessSideWriter(CheckpointIdMixin, FileSystemWriter):
             for relative, size in files.items():
                 check_file_size(os.path.join(self.folder, relative), size)
         except BaseException as exc:
-            record = {'checkpoint_id': self._cid, 'ok': False, 'error': f'{type(exc).__name__}: {exc}'}
+            record: dict[str, Any] = {'checkpoint_id': self._cid, 'ok': False, 'error': f'{type(exc).__name__}: {exc}'}
             try:
                 publish(os.path.join(self.folder, MANIFEST), json.dumps(record).encode(), self.sync_files)
             except OSError as also:

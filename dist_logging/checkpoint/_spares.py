@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 import uuid
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional, Union, cast
 
 __all__ = ['SparePool', 'SPARE_SAVES']
 
@@ -53,7 +53,9 @@ class SparePool:
         from its start (cut to size at close), else a new file."""
         spare = self.take()
         if spare is None:
-            stream: io.BufferedIOBase = open(path, mode)
+            # torch opens shard files in binary mode ('wb'): a buffered binary stream, which mypy cannot see
+            # from a mode held in a variable.
+            stream = cast(io.BufferedIOBase, open(path, mode))
         else:
             os.rename(spare, path)
             stream = _WrittenOver(path, self.sync)

@@ -44,12 +44,13 @@ def uploader_for(bucket: Any, options: dict, *, sync_files: bool) -> tuple[Uploa
     if isinstance(bucket, (str, os.PathLike)):
         uploader, owned = Uploader(os.fspath(bucket), fsync=sync_files or None, **options), True
     else:
-        uploader = bucket if isinstance(bucket, Uploader) else getattr(bucket, 'uploader', None)
-        if not isinstance(uploader, Uploader):
+        candidate = bucket if isinstance(bucket, Uploader) else getattr(bucket, 'uploader', None)
+        if not isinstance(candidate, Uploader):
             raise TypeError(
                 f'CheckpointWriter: bucket must be a URI, an Uploader or a RemoteUploaderDownloader, '
                 f'got {type(bucket).__name__}'
             )
+        uploader = candidate
         if options:
             raise ValueError(
                 f'CheckpointWriter: {sorted(options)} only apply to a bucket URI; configure the '

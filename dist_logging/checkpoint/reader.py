@@ -43,7 +43,8 @@ MAX_IN_FLIGHT = 16  # ranged GETs per rank at a time: S3 serves each at ~100 MB/
 PART_BYTES = 8 * MiB  # the largest ranged GET (S3's own guidance for byte-range fetches: 8-16 MB)
 
 
-class CheckpointReader(CheckpointIdMixin, FileSystemReader):
+# torch's checkpoint_id property is never None; ours is None before the first load (what torch's would be is a path).
+class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[misc]
     """Reads a committed checkpoint from the bucket for ``dcp.load``, straight into memory.
 
     ``dcp.load(state_dict, checkpoint_id=latest_checkpoint(bucket, 'run/checkpoints'),
@@ -282,6 +283,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
             ChecksumMismatch: a shard's bytes differ from those its writer wrote (named, with the checkpoint).
             TimeoutError: no range arrived for ``timeout`` seconds.
         """
+        assert self._cid is not None  # reset() set it (or raised): dcp.load calls it first
         if self.node_cache:
             return self._read_cached(plan, planner)
         sums = {

@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 _TIMINGS_KEPT = 100  # SaveTiming records kept (about 250 bytes each)
 
 
-class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
+# torch's checkpoint_id property is never None; ours is None before the first save (what torch's would be is a path).
+class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):  # type: ignore[misc]
     """Writes a DCP checkpoint to local staging, uploads it in the background, commits it when complete.
 
     Use it as ``dcp.save(state_dict, checkpoint_id='run/checkpoints/step100', storage_writer=writer)``
@@ -279,6 +280,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         self._start()
         self._staging_buffers.claim()  # torch's thread that sends the save waits for the process to finish it
         self._staged_async = False  # this staged save runs in the checkpoint process, not in our reset()
+        assert self._handoff is not None  # made by _start(), never unset
         return self._handoff.send().__reduce__()
 
     def __copy__(self) -> Any:
@@ -296,6 +298,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
                 return
             self.uploader.start()
             self.staging_root = root = self.uploader.staging_folder
+            assert root is not None  # the uploader made its staging folder when it started
             rank = dist.get_global_rank()
             self._writes_dir = os.path.join(
                 root, WRITES_FOLDER, rank_folder_name(rank), f'{os.getpid()}-{uuid.uuid4().hex[:8]}'
@@ -439,9 +442,14 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         future.set_result(results)
         return future
 
+    def _save_cid(self) -> str:
+        """The id of the save in progress: reset() set it before torch calls the save's other methods."""
+        assert self._cid is not None
+        return self._cid
+
     def _hand_over_file(self, results: list[WriteResult]) -> int:
         """Queue one complete, closed shard file for upload (a link and a journal line); its size."""
-        return self._queue_for_upload(str(self.path), self._cid, file_sizes(results), recyclable=True)
+        return self._queue_for_upload(str(self.path), self._save_cid(), file_sizes(results), recyclable=True)
 
     def _queue_for_upload(
         self, local: str, cid: str, files: dict[str, int], skip_missing: bool = False, recyclable: bool = False
@@ -551,7 +559,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         """Record the commit intent and hand it to the background committer (coordinator only; no I/O to the bucket)."""
         files, checksums = seal_metadata(metadata, results, self.storage_meta())
         self._submit_commit(
-            self._cid,
+            self._save_cid(),
             files,
             time.time_ns(),
             pickle.dumps(metadata),  # type: ignore[arg-type]
@@ -643,6 +651,7 @@ class CheckpointWriter(CheckpointIdMixin, FileSystemWriter):
         failures: dict[str, BaseException] = {}
         try:
             if started:
+                assert self._handoff is not None  # made by _start() before it set _started
                 self._handoff.close(self.commit_timeout)
                 self.uploader.wait_for_uploads()
                 self._spare_pool.clear()  # type: ignore[union-attr]

@@ -125,11 +125,11 @@ class CometMLLogger(TrackerDestination):
                 if kwargs.get(key) is not None and kwargs[key] != value:
                     raise ValueError(f'{owner}: {key}={value!r} contradicts exp_kwargs[{key!r}]={kwargs[key]!r}')
                 kwargs[key] = value
-        for key, value in (('log_code', log_code), ('log_graph', log_graph)):
+        for key, flag in (('log_code', log_code), ('log_graph', log_graph)):
             # The arguments default to False; exp_kwargs may switch them on, never a True argument off.
-            if value and key in kwargs and not kwargs[key]:
+            if flag and key in kwargs and not kwargs[key]:
                 raise ValueError(f'{owner}: {key}=True contradicts exp_kwargs[{key!r}]={kwargs[key]!r}')
-            kwargs[key] = bool(value) or bool(kwargs.get(key, False))
+            kwargs[key] = bool(flag) or bool(kwargs.get(key, False))
         if online is True and 'offline_directory' in kwargs:
             raise ValueError(
                 f'{owner}: online=True contradicts exp_kwargs[\'offline_directory\']={kwargs["offline_directory"]!r}'

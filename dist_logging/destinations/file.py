@@ -280,19 +280,19 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         for handle, _ in self._tables.values():
             handle.flush()
         uploads: list[tuple[str, str, bool]] = []
-        logger = self._logger
-        can_upload = self.remote_file_name and logger is not None and logger.has_file_upload_destination()
-        if can_upload:
+        logger, remote_name = self._logger, self.remote_file_name
+        if remote_name and logger is not None and logger.has_file_upload_destination():
+            local_base = self._artifact_folder()
             if dirty:
-                uploads.append((self.remote_file_name, self.filename, True))
-            remote_base = _artifact_base(self.remote_file_name)
-            local_base = self.artifact_dir
+                uploads.append((remote_name, self._open_filename(), True))
+            remote_base = _artifact_base(remote_name)
             uploads += [
                 (f'{remote_base}/{rel}', os.path.join(local_base, rel), overwrite)
                 for rel, overwrite in self._dirty_artifacts.items()
             ]
         self._dirty_artifacts = {}
         for remote, local, overwrite in uploads:
+            assert logger is not None  # uploads are only listed when there is a Logger that can upload
             logger.upload_file(remote, local, overwrite=overwrite)
 
     def batch_end(self, state: 'State', logger: 'Logger') -> None:
@@ -325,6 +325,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         facts = dist.launch_facts()
         if facts.attempt == '0':
             return
+        assert self._file is not None  # init() opened it just before, under the write lock
         started = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
         if self.format == 'jsonl':
             self._file.write(
@@ -381,6 +382,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
                 },
             }
             with self._write_lock:
+                assert self._file is not None  # checked open above; only close(), on the owner's thread, clears it
                 self._file.write(json.dumps(record) + '\n')
                 self._dirty = True
         else:
@@ -394,7 +396,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
     def _last_step_written(self) -> Optional[int]:
         """The highest step of a step-bearing line in the last MiB of the log (None: none there)."""
         try:
-            with open(self.filename, 'rb') as handle:
+            with open(self._open_filename(), 'rb') as handle:
                 size = handle.seek(0, os.SEEK_END)
                 handle.seek(max(0, size - _RESUME_SCAN_BYTES))
                 tail = handle.read().decode('utf-8', errors='replace')
@@ -407,6 +409,15 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
     def _check_open(self) -> None:
         if self._file is None:
             raise RuntimeError(f'FileLogger({self.filename_template!r}) is not open: it is opened by the Logger')
+
+    def _open_filename(self) -> str:
+        """The log's path, once init() set it (before it opened the log: callers checked it is open)."""
+        assert self.filename is not None
+        return self.filename
+
+    def _artifact_folder(self) -> str:
+        """The local folder of tables and images, once init() set the log's path (as :attr:`artifact_dir`)."""
+        return _artifact_base(self._open_filename())
 
     def _write(self, kind: str, data: Any, step: Optional[int] = None, **extra: Any) -> None:
         self._check_open()
@@ -424,6 +435,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             except TypeError:  # mapping keys JSON cannot hold (e.g. tuples): store them as text, never crash
                 line = json.dumps(json_safe(record), default=format_log_data_value, allow_nan=True)
             with self._write_lock:
+                assert self._file is not None  # checked open above; only close(), on the owner's thread, clears it
                 self._file.write(line + '\n')
                 self._dirty = True
         elif kind == 'metric':  # Composer's text lines, one per name; the trailing space is Composer's too
@@ -505,7 +517,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
         self._check_open()
         step_value = self._step(step)
         rel = f'tables/{safe_artifact_name(name)}.{self.table_format}'
-        path = os.path.join(self.artifact_dir, rel)
+        path = os.path.join(self._artifact_folder(), rel)
         entry = self._tables.get(rel)
         if entry is None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -513,7 +525,7 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             if self.table_format == 'csv' and os.path.exists(path) and os.path.getsize(path) > 0:
                 with open(path, newline='', encoding='utf-8') as f:  # a restarted run appends to the same table
                     existing_header = next(csv.reader(f), None)
-            handle = open(path, 'a', encoding='utf-8', newline='', buffering=1 << 16)
+            handle: TextIO = open(path, 'a', encoding='utf-8', newline='', buffering=1 << 16)
             entry = (handle, existing_header[1:] if existing_header else None)
             self._tables[rel] = entry
         handle, header = entry
@@ -565,16 +577,17 @@ class FileLogger(PeriodicFlushMixin, LoggerDestination):
             suffix = f'_{counter}'
         stem += suffix
         self._used_image_names.add(stem)
-        os.makedirs(os.path.join(self.artifact_dir, folder), exist_ok=True)
+        artifact_dir = self._artifact_folder()
+        os.makedirs(os.path.join(artifact_dir, folder), exist_ok=True)
         written = []
         for rel, image in image_files(batch, mask_batches, stem):
-            write_png(os.path.join(self.artifact_dir, rel), image)
+            write_png(os.path.join(artifact_dir, rel), image)
             self._dirty_artifacts[rel] = True
             written.append(rel)
         self._write(
             'images',
-            f'{len(written)} file(s) in {os.path.join(self.artifact_dir, folder)}',
+            f'{len(written)} file(s) in {os.path.join(artifact_dir, folder)}',
             step,
             name=name,
-            files=[os.path.join(self.artifact_dir, rel) for rel in written],
+            files=[os.path.join(artifact_dir, rel) for rel in written],
         )

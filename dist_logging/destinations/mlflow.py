@@ -328,7 +328,12 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self._last_send = time.monotonic()
         while self._metrics:
             chunk, self._metrics = self._metrics[:MAX_METRICS_PER_BATCH], self._metrics[MAX_METRICS_PER_BATCH:]
-            self._submit(lambda chunk=chunk: self.client.log_batch(self.run_id, metrics=chunk))
+
+            # A def, not a lambda with a default: type checkers cannot infer a lambda's default-bound argument.
+            def send_metrics(chunk: list[Any] = chunk) -> None:
+                self.client.log_batch(self.run_id, metrics=chunk)
+
+            self._submit(send_metrics)
 
     # ------------------------------------------------------------------ background work
     def _submit(self, job: Callable[[], None]) -> None:
@@ -439,7 +444,11 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         self._existing_params.update({p.key: p.value for p in todo})
         for start in range(0, len(todo), MAX_PARAMS_PER_BATCH):
             chunk = todo[start : start + MAX_PARAMS_PER_BATCH]
-            self._submit(lambda chunk=chunk: self.client.log_batch(self.run_id, params=chunk))
+
+            def send_params(chunk: list[Any] = chunk) -> None:
+                self.client.log_batch(self.run_id, params=chunk)
+
+            self._submit(send_params)
 
     def log_metrics(self, metrics: dict[str, float], step: Optional[int] = None) -> None:
         from mlflow.entities import Metric
@@ -483,7 +492,11 @@ class MLFlowLogger(PeriodicFlushMixin, LoggerDestination):
         for name, value in traces.items():
             text = format_log_data_value(value)
             path = f'traces/{safe_artifact_name(name)}.txt'
-            self._submit(lambda text=text, path=path: self.client.log_text(self.run_id, text, path))
+
+            def send_trace(text: str = text, path: str = path) -> None:
+                self.client.log_text(self.run_id, text, path)
+
+            self._submit(send_trace)
 
     def log_table(
         self, columns: list[str], rows: list[list[Any]], name: str = 'Table', step: Optional[int] = None

@@ -121,9 +121,9 @@ class NeptuneLogger(TrackerDestination):
         for arg, value in (('project', project), ('api_token', api_token), ('mode', mode)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f'{owner}: {arg} must be a str or None, got {type(value).__name__}')
-        for arg, value in (('upload_checkpoints', upload_checkpoints),):
-            if not isinstance(value, bool):
-                raise TypeError(f'{owner}: {arg} must be a bool, got {value!r}')
+        for arg, flag in (('upload_checkpoints', upload_checkpoints),):
+            if not isinstance(flag, bool):
+                raise TypeError(f'{owner}: {arg} must be a bool, got {flag!r}')
         if not isinstance(base_namespace, str):
             raise TypeError(f'{owner}: base_namespace must be a str, got {base_namespace!r}')
         if not base_namespace.strip('/'):

@@ -123,9 +123,15 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
         except FileNotFoundError:
             return []
 
+    def _open_log_dir(self) -> str:
+        """``log_dir``, once init() set it (callers run after init(): the writer is open or being opened)."""
+        assert self.log_dir is not None
+        return self.log_dir
+
     def _open_writer(self, purge_step: Optional[int]) -> Any:
         """A SummaryWriter on ``log_dir`` whose event file sorts after every event file there (TensorBoard
         reads them in name order, and a purge only drops events read before it)."""
+        log_dir = self._open_log_dir()
         summary_writer = import_installed('torch.utils.tensorboard', INSTALL_HINT).SummaryWriter
         deadline = time.monotonic() + _ORDER_WAIT_S
         while True:
@@ -137,7 +143,7 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
             writer.flush()
             names = self._event_files()
             new = [name for name in names if name not in before]
-            self._writer_file = os.path.join(self.log_dir, new[-1]) if new else None
+            self._writer_file = os.path.join(log_dir, new[-1]) if new else None
             self._written = False
             if not new or names[-1] == new[-1] or not before:
                 return writer
@@ -154,7 +160,7 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
                 )
                 return writer
             writer.close()
-            os.remove(os.path.join(self.log_dir, new[-1]))
+            os.remove(os.path.join(log_dir, new[-1]))
             time.sleep(max(0.05, int(ahead.group(1)) + 1 - time.time()))
 
     def on_resume(self, info: 'ResumeInfo', state: 'State', logger: 'Logger') -> None:
@@ -204,12 +210,13 @@ class TensorboardLogger(PeriodicFlushMixin, LoggerDestination):
         logger = self._logger
         if not self.remote_dir or logger is None or not logger.has_file_upload_destination():
             return
-        for root, _, files in os.walk(self.log_dir):
+        log_dir = self._open_log_dir()
+        for root, _, files in os.walk(log_dir):
             for file in sorted(files):
                 if '.tfevents.' not in file:
                     continue
                 path = os.path.join(root, file)
-                rel = os.path.relpath(path, self.log_dir).replace(os.sep, '/')
+                rel = os.path.relpath(path, log_dir).replace(os.sep, '/')
                 logger.upload_file(f'{self.remote_dir}/{rel}', path, overwrite=True)
 
     # ------------------------------------------------------------------ writing

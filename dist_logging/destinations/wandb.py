@@ -536,7 +536,8 @@ class WandBLogger(TrackerDestination):
         if artifact_type.startswith('wandb'):
             artifact_type = 'file'  # W&B reserves types starting with 'wandb-' for itself
         file_name = posixpath.basename(remote.replace('\\', '/')) or name
-        timestamp = (state or self._state).timestamp if (state or self._state) is not None else None
+        current = state or self._state
+        timestamp = current.timestamp if current is not None else None
         aliases = ['latest']
         metadata: dict[str, Any] = {}
         if timestamp is not None:

@@ -30,8 +30,11 @@ _tracking = import_framework(('accelerate.tracking',), 'accelerate', 'dist_loggi
 
 __all__ = ['DistLoggingTracker']
 
+# The framework's base classes, named for type checkers (a base must be a name: the module is imported at run time).
+_GeneralTracker: Any = _tracking.GeneralTracker
 
-class DistLoggingTracker(_tracking.GeneralTracker):
+
+class DistLoggingTracker(_GeneralTracker):
     """An Accelerate ``GeneralTracker`` named ``'dist_logging'`` that logs through a :class:`~dist_logging.Logger`.
 
     Mapping: ``store_init_configuration(values)`` -> ``log_hyperparameters(values)``;

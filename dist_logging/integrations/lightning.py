@@ -38,13 +38,17 @@ _pl = import_framework(('lightning.pytorch', 'pytorch_lightning'), 'lightning', 
 
 __all__ = ['DistLoggingLogger', 'RankSections', 'LoggerState']
 
+# The framework's base classes, named for type checkers (a base must be a name: the module is imported at run time).
+_LightningLogger: Any = _pl.loggers.Logger
+_Callback: Any = _pl.Callback
+
 log = logging.getLogger(__name__)
 
 #: Lightning's own checkpoint folder layout is ``<root>/<name>/<version>/checkpoints``.
 EXPERIMENT_NAME = 'dist_logging'
 
 
-class DistLoggingLogger(_pl.loggers.Logger):
+class DistLoggingLogger(_LightningLogger):
     """A Lightning ``Logger`` that routes everything through a :class:`~dist_logging.Logger`.
 
     Mapping: ``log_hyperparams`` -> ``log_hyperparameters`` (a dict or ``Namespace``; emitted by
@@ -289,7 +293,7 @@ class DistLoggingLogger(_pl.loggers.Logger):
         self._finalizer = _close_when_collected(self)
 
 
-class RankSections(_pl.Callback):
+class RankSections(_Callback):
     """Marks the rank report's sections from Lightning's batch hooks (a Lightning ``Logger`` gets none).
 
     ::
@@ -335,7 +339,7 @@ class RankSections(_pl.Callback):
         self._sections.switch(self._adapter.experiment, None)
 
 
-class LoggerState(_pl.Callback):
+class LoggerState(_Callback):
     """Keeps the Logger's state in Lightning's checkpoints, so a resumed fit continues its step count and rewinds
     no history (a Lightning ``Logger`` takes no part in checkpoints; a callback does).
 

@@ -40,11 +40,14 @@ _integration_utils = import_framework(
 
 __all__ = ['DistLoggingCallback']
 
+# The framework's base classes, named for type checkers (a base must be a name: the module is imported at run time).
+_TrainerCallback: Any = _transformers.TrainerCallback
+
 _RNG_STATE = re.compile(r'rng_state(?:_(\d+))?\.pth')
 _CHECKPOINT_PREFIX = 'checkpoint'  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
 
 
-class DistLoggingCallback(_transformers.TrainerCallback):
+class DistLoggingCallback(_TrainerCallback):
     """A ``TrainerCallback`` that logs through a :class:`~dist_logging.Logger` and uploads checkpoints.
 
     Mapping: ``on_train_begin`` -> ``log_hyperparameters`` (``TrainingArguments.to_dict()`` plus the
@@ -166,7 +169,8 @@ class DistLoggingCallback(_transformers.TrainerCallback):
         if not logs:
             return
         logger = self._handle.get()
-        metrics, traces = {}, {}
+        metrics: dict[str, Any] = {}
+        traces: dict[str, Any] = {}
         for key, value in logs.items():
             is_number = isinstance(value, numbers.Number) and not isinstance(value, bool)
             (metrics if is_number else traces)[key] = value

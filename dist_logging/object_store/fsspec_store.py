@@ -46,7 +46,7 @@ def _install_hint(protocol: str, error: BaseException) -> str:
     return f'the {protocol}:// object store needs {package or "a missing package"} ({wanted})'
 
 
-def filesystem_class(protocol: str) -> type:
+def filesystem_class(protocol: str) -> type[Any]:
     """fsspec's filesystem class for ``protocol``, imported now.
 
     Raises:

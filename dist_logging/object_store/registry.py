@@ -114,7 +114,7 @@ def _fsspec_knows(scheme: str) -> bool:
     return scheme in known_implementations or scheme in registry
 
 
-def get_store_class(scheme: str) -> type:
+def get_store_class(scheme: str) -> type[Any]:
     """The :class:`ObjectStore` class for ``scheme``, imported on first use.
 
     ``file`` and ``s3`` have native stores; any other scheme fsspec implements gets

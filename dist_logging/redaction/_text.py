@@ -198,7 +198,9 @@ def _redact_pairs(text: str, is_secret: Callable[[str], bool]) -> str:
             parts.append(text[position : match.start()] + match.group(head_group) + quoted_or_bare(value))
             position = match.end()
             if head_group == 'head3' and value[:1] not in '"\'`':  # the rest of a long ``name: many words`` value
-                position = _MORE_WORDS.match(text, position).end()
+                more = _MORE_WORDS.match(text, position)
+                assert more is not None  # the pattern matches the empty string: it always matches
+                position = more.end()
             continue
         elif names_credential_by_value(name):
             # ``name: value`` reads up to 8 words; a credential decided by its value is the first one.

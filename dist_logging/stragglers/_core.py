@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 __all__ = ['ACCELERATED', 'NullSectionCore', 'SectionCore', 'TimerCore', 'clock']
 
@@ -25,6 +25,22 @@ class _PyTimerCore:
 
     __slots__ = ('_busy', '_wait', 'work_marked')
 
+    _busy: float
+    _wait: float
+    work_marked: bool
+
+
+class _Timer(Protocol):
+    """What a section's core needs of its timer (SectionTimer, in timer.py)."""
+
+    _busy: float
+    _wait: float
+    work_marked: bool
+
+    def enter(self, section: Any) -> None: ...
+
+    def exit(self, section: Any) -> None: ...
+
 
 class _PySectionCore:
     """A section's with-statement (Python core): the outermost frame on the wall clock inline, else the timer's."""
@@ -32,6 +48,16 @@ class _PySectionCore:
     # The with-statement is the hot path, and after a step's device wait it runs with cold caches, so it
     # touches as few objects as it can.
     __slots__ = ('_timer', '_stack', '_clock', '_top', '_seconds', '_entered', '_wall', 'wait')
+
+    # Set by Section.__init__ (timer.py).
+    _timer: _Timer
+    _stack: list[tuple[Any, float, int, bool, Any]]  # the timer's open frames: (section, start, contribution, ...)
+    _clock: Callable[[], float]
+    _top: int  # the contribution of an outermost frame: timer._ADD or timer._NONE
+    _seconds: float
+    _entered: bool
+    _wall: bool
+    wait: bool
 
     def __enter__(self) -> Any:
         stack = self._stack
@@ -86,4 +112,12 @@ def _load() -> tuple[bool, Any, Any, Any, Any]:
 
 #: Whether the compiled core is in use.
 ACCELERATED: bool
-ACCELERATED, TimerCore, SectionCore, NullSectionCore, clock = _load()
+if TYPE_CHECKING:
+    # Type checkers see the Python core: the compiled one implements the same slots and methods.
+    ACCELERATED = False
+    TimerCore = _PyTimerCore
+    SectionCore = _PySectionCore
+    NullSectionCore = _PyNullSectionCore
+    clock = time.perf_counter
+else:
+    ACCELERATED, TimerCore, SectionCore, NullSectionCore, clock = _load()

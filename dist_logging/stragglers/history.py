@@ -64,7 +64,7 @@ class HistoryWriter:
         """Write one report: every rank's per-step values of each series."""
         values = per_step(table, layout)
         memory = values.pop('memory')
-        line = {
+        line: dict[str, Any] = {
             'window': report.window,
             'batch': report.batch,
             'time': round(when, 3),

@@ -168,20 +168,20 @@ class Journal:
             if done is not None:
                 self._open_ids.discard(done)
                 if self._can_restart and not self._open_ids and os.fstat(self._fd).st_size >= COMPACT_AT:
-                    self._start_over()
+                    self._start_over(self._fd)
             if self.fsync:
                 os.fdatasync(self._fd)
 
-    def _start_over(self) -> None:
+    def _start_over(self, fd: int) -> None:
         # Nothing is pending: only the store lines matter (later queued lines refer to them).
         # Cut and rewrite under the lock; a kill in between leaves an empty journal, which says
         # the same (nothing pending) to whoever reads it next.
-        os.ftruncate(self._fd, 0)
+        os.ftruncate(fd, 0)
         stores = ''.join(self._store_lines.values()).encode('utf-8')
         if stores:
-            written = os.write(self._fd, stores)
+            written = os.write(fd, stores)
             if written != len(stores):
-                self._finish_short_write(self._fd, stores, written)
+                self._finish_short_write(fd, stores, written)
 
     @staticmethod
     def _finish_short_write(fd: int, data: bytes, written: int) -> None:

@@ -114,7 +114,7 @@ class StagingBusyError(RuntimeError):
 
 def rank_dirs(staging_folder: str) -> dict[int, str]:
     """Rank -> ``<staging>/rank{r}`` for every rank folder present."""
-    found = {}
+    found: dict[int, str] = {}
     try:
         entries = os.listdir(staging_folder)
     except FileNotFoundError:

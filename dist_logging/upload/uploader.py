@@ -262,13 +262,13 @@ class Uploader:
                 raise
             staging.journal.append_store(self.store_record)
             self._staging, self._scheduler = staging, scheduler
-            self._resume(staging)
+            self._resume(staging, scheduler)
 
     def _matches(self, record: StoreRecord) -> bool:
         mine = self.store_record
         return record.uri == mine.uri if mine.uri is not None else record.custom == mine.custom
 
-    def _resume(self, staging: RankStaging) -> None:
+    def _resume(self, staging: RankStaging, scheduler: UploadScheduler) -> None:
         recovered = staging.recovered
         if not recovered.pending:
             return
@@ -298,8 +298,8 @@ class Uploader:
                     record.owned,
                 )
             self._leftover_names.add(record.name)
-            self._scheduler.submit(
-                UploadTask(  # type: ignore[union-attr]
+            scheduler.submit(
+                UploadTask(
                     record.id,
                     record.name,
                     staging.path_of(record),
@@ -354,6 +354,7 @@ class Uploader:
         if scheduler is None or staging is None:
             self.start()
             scheduler, staging = self._scheduler, self._staging
+            assert scheduler is not None and staging is not None  # start() set both (they are never unset), or raised
         if self._closed:
             raise RuntimeError('this Uploader is closed')
         if name in self._leftover_names:

@@ -416,8 +416,9 @@ class ProcessExecutor:
                 for slot in self._slots:
                     if slot.task is None and self._ready and not self._abort:
                         task = self._ready.popleft()
+                        assert slot.conn is not None  # every slot was spawned before the loop
                         try:
-                            slot.conn.send(task)  # type: ignore[union-attr]
+                            slot.conn.send(task)
                             slot.task = task
                         except OSError:
                             self._ready.appendleft(task)  # the child is gone; its EOF is handled below
@@ -425,11 +426,13 @@ class ProcessExecutor:
                 if self._stopping and (self._abort or (not busy and not self._ready)):
                     break
             # A child that dies closes its end of the socket: its connection becomes readable (EOF).
-            ready = wait_connections([self._wake_r] + [slot.conn for slot in self._slots], timeout=5.0)
+            waited: list[Any] = [self._wake_r] + [slot.conn for slot in self._slots]  # a pipe fd and connections
+            ready = wait_connections(waited, timeout=5.0)
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
             for slot in self._slots:
-                if slot.conn in ready or slot.proc.poll() is not None:  # type: ignore[union-attr]
+                assert slot.proc is not None  # every slot was spawned before the loop
+                if slot.conn in ready or slot.proc.poll() is not None:
                     self._poll_slot(slot)
         for slot in self._slots:
             self._stop_child(slot)
@@ -441,24 +444,25 @@ class ProcessExecutor:
 
     def _poll_slot(self, slot: _Slot) -> None:
         conn, proc = slot.conn, slot.proc
+        assert conn is not None and proc is not None  # every slot was spawned before the manager loop polls it
         try:
-            if conn.poll():  # type: ignore[union-attr]
-                upload_id, error = conn.recv()  # type: ignore[union-attr]
+            if conn.poll():
+                upload_id, error = conn.recv()
                 task, slot.task = slot.task, None
                 if task is not None and task.id == upload_id:
                     self._on_result(task, error)
                 return
         except (EOFError, OSError):
             pass  # the child is gone
-        if proc.poll() is None:  # type: ignore[union-attr]
+        if proc.poll() is None:
             try:
-                proc.wait(timeout=5)  # type: ignore[union-attr]
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                proc.kill()  # type: ignore[union-attr]
-                proc.wait()  # type: ignore[union-attr]
+                proc.kill()
+                proc.wait()
         task, slot.task = slot.task, None
-        code = proc.returncode  # type: ignore[union-attr]
-        conn.close()  # type: ignore[union-attr]
+        code = proc.returncode
+        conn.close()
         if not self._stopping or task is not None or self._ready:
             log.warning('upload worker process %d exited with %s; starting a new one', proc.pid, code)
             self._spawn(slot)
@@ -470,11 +474,12 @@ class ProcessExecutor:
         proc, conn = slot.proc, slot.conn
         if proc is None:
             return
+        assert conn is not None  # _spawn sets the connection right after the process
         if self._abort:
             proc.kill()
         else:
             try:
-                conn.send(None)  # type: ignore[union-attr]
+                conn.send(None)
             except OSError:
                 pass
         try:
@@ -482,7 +487,7 @@ class ProcessExecutor:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        conn.close()  # type: ignore[union-attr]
+        conn.close()
         if slot.task is not None:
             task, slot.task = slot.task, None
             self._on_result(task, Interrupted('upload interrupted: the uploader was stopped'))
