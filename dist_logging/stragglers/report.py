@@ -412,12 +412,16 @@ def straggler_line(report: RankReport, verdicts: Verdicts) -> Optional[str]:
         return None
     worst = chronic[0]
     where = f' on {worst.host}' if worst.host else ''
-    # busy_s (and ratio) are None when a chronic rank ended no step in this window: a latent TypeError here,
-    # left as it is (typing changes no behaviour).
-    busy_ms = worst.busy_s * 1e3  # type: ignore[operator]
+    # busy_s and ratio are None when a chronic rank (slow in earlier reports) ended no step in this window.
+    if worst.busy_s is None or worst.ratio is None or worst.relative_score is None:
+        pace = 'ended no step in this window'
+    else:
+        pace = (
+            f'busy {worst.busy_s * 1e3:.2f} ms/step, {worst.ratio:.2f}x the lower quartile '
+            f'(relative score {worst.relative_score:.2f})'
+        )
     parts = [
-        f'rank {worst.rank}{where} is a chronic straggler: busy {busy_ms:.2f} ms/step, '
-        f'{worst.ratio:.2f}x the lower quartile (relative score {worst.relative_score:.2f}), '
+        f'rank {worst.rank}{where} is a chronic straggler: {pace}, '
         f'slow in {worst.slow_reports} of the last {verdicts.chronic_window} reports'
     ]
     if worst.since_batch is not None:

@@ -1,6 +1,7 @@
 """The rank report's statistics, scores and verdicts (dist_logging.stragglers.stats and .report), on synthetic
 tables."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -180,6 +181,11 @@ def test_report_names_the_slowed_rank_with_host_scores_and_section():
     assert rows[0][:2] == [2, 'node-b'] and rows[0][6] == CHRONIC and len(rows) == 2
     line = straggler_line(report, Verdicts())
     assert line.startswith('rank 2 on node-b is a chronic straggler') and 'since batch 100' in line
+
+    # A rank chronic from earlier reports that ended no step in this window has no busy time: the line says so.
+    idle = dataclasses.replace(worst, busy_s=None, ratio=None, relative_score=None)
+    line = straggler_line(dataclasses.replace(report, stragglers=[idle]), Verdicts())
+    assert line.startswith('rank 2 on node-b is a chronic straggler: ended no step in this window, slow in 2 of')
 
 
 def test_no_false_reports_with_jitter_only():
