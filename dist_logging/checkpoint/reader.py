@@ -145,6 +145,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
         self._pools: list[ThreadPoolExecutor] = []  # the read pool, created by the first read_data
         self._lock = threading.Lock()
         self.downloaded_bytes = 0
+        self.direct_bytes = 0
         # Runs at close(), when the reader is garbage-collected, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _release, self._dirs, self._holder, self._pools)
 
@@ -294,7 +295,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
             if not self._pools:
                 self._pools.append(ThreadPoolExecutor(self.max_in_flight, thread_name_prefix='dist_logging-ckpt-read'))
             pool = self._pools[0]
-        RangedLoad(
+        load = RangedLoad(
             self.store,
             self._cid,
             sums,
@@ -303,7 +304,9 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):
             self.part_bytes,  # type: ignore[arg-type]
             self.timeout,
             self._count,
-        ).run(plan, planner, self.storage_data, self.transforms)
+        )
+        load.run(plan, planner, self.storage_data, self.transforms)
+        self.direct_bytes += load.direct_bytes
         future: Future = Future()
         future.set_result(None)
         return future
