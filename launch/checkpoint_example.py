@@ -155,11 +155,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         msd, osd = get_state_dict(model, optimizer)
         osd = _with_optimizer_slots(model, optimizer)
         state = {'model': msd, 'optim': osd, 'meta': {'step': torch.tensor(-1)}}
-        # The node's download cache next to the staging folder (the work folder), removed by the reader's close.
-        cache = os.path.join(args.staging, 'reader-cache') if args.staging else None
-        with CheckpointReader(
-            args.bucket, backend_kwargs=backend_kwargs, run_name=args.run_name, cache_folder=cache
-        ) as reader:
+        # Ranged reads straight into memory (whole tensors into their destination): nothing on local disk.
+        with CheckpointReader(args.bucket, backend_kwargs=backend_kwargs, run_name=args.run_name) as reader:
             dcp.load(state, checkpoint_id=latest, storage_reader=reader, process_group=ckpt_group)
         set_state_dict(model, optimizer, model_state_dict=state['model'], optim_state_dict=state['optim'])
         start = int(state['meta']['step'])

@@ -13,16 +13,18 @@ Nothing is written to local disk.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import dataclasses
 import io
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed._shard._utils import narrow_tensor_by_index
 
 from dist_logging.checkpoint._chunk_sums import crc32c, decode, decode_chunks, encode, fast_combine
+from dist_logging.checkpoint._saved_tensor import HEAD_BYTES, TAIL_BYTES, saved_layout
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
 
 __all__ = ['FileSums', 'RangedLoad', 'MemoryReader', 'plan_parts', 'fetch_object']
@@ -57,10 +59,12 @@ class FileSums:
         return cls(size, value, chunk, sums)
 
 
-def plan_parts(ranges: list[tuple[int, int]], sums: FileSums, part_bytes: int) -> list[tuple[int, int]]:
+def plan_parts(
+    ranges: list[tuple[int, int]], sums: FileSums, part_bytes: int, cuts: Iterable[int] = ()
+) -> list[tuple[int, int]]:
     """``(start, length)`` of the parts to read so that every byte of ``ranges`` (``(offset, length)``) is read
-    and verifiable: widened to whole chunks (or the whole file without chunk checksums), merged, cut into
-    parts of at most ``part_bytes`` (chunk-aligned)."""
+    and verifiable: widened to whole chunks (or the whole file without chunk checksums), merged, cut at ``cuts``
+    (chunk-aligned offsets where a part must end) and into parts of at most ``part_bytes`` (chunk-aligned)."""
     size = sums.size
     if sums.chunks is not None:
         chunk = sums.chunk
@@ -75,10 +79,13 @@ def plan_parts(ranges: list[tuple[int, int]], sums: FileSums, part_bytes: int) -
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
+    boundaries = sorted(set(cuts))
     parts = []
     for start, end in merged:
-        for offset in range(start, end, step):
-            parts.append((offset, min(step, end - offset)))
+        inner = [cut for cut in boundaries[bisect.bisect_right(boundaries, start) :] if cut < end]
+        for low, high in zip([start] + inner, inner + [end]):
+            for offset in range(low, high, step):
+                parts.append((offset, min(step, high - offset)))
     return parts
 
 
@@ -127,6 +134,14 @@ class _Blob:
     requests: list[ReadItem]
     buffer: Optional[bytearray] = None
     remaining: int = 0  # parts still to arrive
+    target: Optional[torch.Tensor] = None  # the one request's destination, resolved once (direct candidates)
+    # Direct reads: '' (general), 'pending' (waiting for its head), 'direct' (storage read into ``target``).
+    mode: str = ''
+    body: tuple[int, int] = (0, 0)  # chunk-aligned file range inside the storage, read straight into ``target``
+    head_left: int = 0  # parts covering the item's head (its torch.save records) still to arrive
+    stash: list[tuple[int, memoryview]] = dataclasses.field(default_factory=list)  # parts that came while pending
+    data_start: int = 0  # where the storage's bytes start in the file (direct)
+    dest: Optional[memoryview] = None  # the bytes of ``target`` (direct)
 
 
 @dataclasses.dataclass
@@ -137,6 +152,8 @@ class _File:
     blobs: list[_Blob]
     offsets: list[int]
     verified: bool
+    gates: dict[int, _Blob] = dataclasses.field(default_factory=dict)  # part index -> blob whose body it is
+    heads: set[int] = dataclasses.field(default_factory=set)  # indexes of the parts with a pending blob's head
     crcs: dict[int, int] = dataclasses.field(default_factory=dict)  # whole-file check: part index -> crc
     ready: list[tuple[_Blob, memoryview]] = dataclasses.field(default_factory=list)  # waiting for that check
 
@@ -183,6 +200,7 @@ class RangedLoad:
         self.transforms: Any = None
         self.budget = max_in_flight * part_bytes  # bytes of buffers held at a time (beyond one item)
         self.held = 0
+        self.direct_bytes = 0  # bytes of tensors read straight into their destination
 
     def run(self, plan: LoadPlan, planner: LoadPlanner, storage_data: dict[Any, Any], transforms: Any) -> None:
         """Load every item of ``plan`` into the planner's tensors (or ``load_bytes``).
@@ -194,7 +212,11 @@ class RangedLoad:
         """
         self.planner, self.transforms = planner, transforms
         files = self._files(plan, storage_data)
-        queue = [(entry, index) for entry in files for index in range(len(entry.parts))]
+        # The parts holding the heads of items that may be read straight into their tensors go first: the rest of
+        # such an item waits for its head (where its storage lies in the item).
+        heads = [(entry, index) for entry in files for index in sorted(entry.heads)]
+        rest = [(entry, index) for entry in files for index in range(len(entry.parts)) if index not in entry.heads]
+        queue = heads + rest
         running: dict[Future, tuple[_File, int, Optional[memoryview]]] = {}
         position = 0
         try:
@@ -205,6 +227,11 @@ class RangedLoad:
                     and (not running or self.held < self.budget)
                 ):
                     entry, index = queue[position]
+                    gate = entry.gates.get(index)
+                    if gate is not None and gate.mode == 'pending':
+                        if running:
+                            break  # its head is on its way
+                        self._decide(gate)  # cannot happen (heads go first); never wait for nothing
                     position += 1
                     target = self._target(entry, index)
                     own = None if target is not None else memoryview(bytearray(entry.parts[index][1]))
@@ -241,7 +268,11 @@ class RangedLoad:
             if sums is None:
                 raise FileNotFoundError(f'checkpoint {self.cid!r}: {relative} is not in its commit marker')
             ordered = sorted(by_range.values(), key=lambda blob: blob.offset)
-            parts = plan_parts([(blob.offset, blob.length) for blob in ordered], sums, self.part_bytes)
+            cuts: list[int] = []
+            for blob in ordered:
+                if self._candidate(blob, sums):
+                    cuts.extend(blob.body)
+            parts = plan_parts([(blob.offset, blob.length) for blob in ordered], sums, self.part_bytes, cuts)
             entry = _File(
                 f'{self.cid}/{relative}',
                 sums,
@@ -258,8 +289,120 @@ class RangedLoad:
                 first = bisect.bisect_right(starts, blob.offset) - 1
                 last = bisect.bisect_right(starts, blob.offset + blob.length - 1) - 1
                 blob.remaining = last - first + 1
+                if blob.mode == 'pending':
+                    for index in range(first, last + 1):
+                        start, length = parts[index]
+                        if blob.body[0] <= start < blob.body[1]:
+                            entry.gates[index] = blob
+                        elif start < blob.offset + min(HEAD_BYTES, blob.length):
+                            entry.heads.add(index)
+                            blob.head_left += 1
             files.append(entry)
         return files
+
+    def _candidate(self, blob: _Blob, sums: FileSums) -> bool:
+        """Whether ``blob`` may be read straight into its tensor: one request for the whole saved tensor into a
+        plain contiguous CPU tensor of its size, in a file with chunk checksums, big enough to hold whole chunks
+        past its head and before its tail (then ``pending``: the head tells; else the general path)."""
+        if len(blob.requests) != 1 or sums.chunks is None or blob.info.transform_descriptors:
+            return False
+        request = blob.requests[0]
+        chunk = sums.chunk
+        low = -(-(blob.offset + HEAD_BYTES) // chunk) * chunk
+        high = (blob.offset + blob.length - TAIL_BYTES) // chunk * chunk
+        if request.type != LoadItemType.TENSOR or low >= high or any(request.storage_offsets):
+            return False
+        target = self.planner.resolve_tensor(request).detach()
+        blob.target = target  # resolved once: the general path loads into it too
+        if (
+            type(target) is not torch.Tensor
+            or target.device.type != 'cpu'
+            or target.layout != torch.strided
+            or not target.is_contiguous()
+            or target.is_conj()
+            or target.is_neg()
+            or list(target.size()) != list(request.lengths)
+            or not 0 < target.numel() * target.element_size() < blob.length
+        ):
+            return False
+        blob.mode, blob.body = 'pending', (low, high)
+        return True
+
+    def _decide(self, blob: _Blob) -> None:
+        """Its head arrived (or never will): read the rest straight into its tensor if the saved tensor's storage
+        is exactly the tensor's bytes (same dtype, size, contiguous) and holds the body; else the general path."""
+        target = blob.target
+        assert target is not None
+        size = min(HEAD_BYTES, blob.length)
+        head = bytearray(size)
+        for start, view in blob.stash:
+            low, high = max(start, blob.offset), min(start + len(view), blob.offset + size)
+            if low < high:
+                head[low - blob.offset : high - blob.offset] = view[low - start : high - start]
+        layout = saved_layout(bytes(head)) if blob.head_left == 0 else None
+        nbytes = target.numel() * target.element_size()
+        direct = (
+            layout is not None
+            and layout.tensor.dtype == target.dtype
+            and layout.tensor.size() == target.size()
+            and layout.tensor.is_contiguous()
+            and layout.tensor.storage_offset() == 0
+            and layout.nbytes == nbytes
+            and layout.offset + nbytes <= blob.length
+            and blob.offset + layout.offset <= blob.body[0]
+            and blob.body[1] <= blob.offset + layout.offset + nbytes
+        )
+        stash, blob.stash = blob.stash, []
+        if direct:
+            assert layout is not None
+            blob.mode, blob.data_start = 'direct', blob.offset + layout.offset
+            blob.dest = memoryview((ctypes.c_ubyte * nbytes).from_address(target.data_ptr())).cast('B')
+            for start, view in stash:
+                self._place(blob, start, view)
+            if blob.remaining == 0:
+                self._commit(blob)
+            return
+        blob.mode = ''
+        blob.buffer = bytearray(blob.length)
+        self.held += blob.length
+        for start, view in stash:
+            low, high = max(start, blob.offset), min(start + len(view), blob.offset + blob.length)
+            blob.buffer[low - blob.offset : high - blob.offset] = view[low - start : high - start]
+        if blob.remaining == 0:
+            buffer, blob.buffer = blob.buffer, None
+            self.held -= blob.length
+            self._load(blob, memoryview(buffer))
+
+    @staticmethod
+    def _place(blob: _Blob, start: int, view: memoryview) -> None:
+        """Copy the bytes of a part read into a buffer of its own that belong to a direct blob's tensor."""
+        assert blob.dest is not None
+        end = blob.data_start + len(blob.dest)
+        low, high = max(start, blob.data_start), min(start + len(view), end)
+        if low < high:
+            blob.dest[low - blob.data_start : high - blob.data_start] = view[low - start : high - start]
+
+    def _commit(self, blob: _Blob) -> None:
+        assert blob.dest is not None
+        self.direct_bytes += len(blob.dest)
+        blob.dest = None
+        self.planner.commit_tensor(blob.requests[0], blob.target)
+
+    def _arrived_direct(self, blob: _Blob, start: int, length: int, own: Optional[memoryview]) -> None:
+        """A verified part of a pending or direct blob."""
+        blob.remaining -= 1
+        if blob.mode == 'pending':
+            assert own is not None  # its body parts wait for its head
+            blob.stash.append((start, own))
+            if start < blob.offset + min(HEAD_BYTES, blob.length):
+                blob.head_left -= 1
+                if blob.head_left == 0:
+                    self._decide(blob)
+            return
+        if own is not None:
+            self._place(blob, start, own)
+        if blob.remaining == 0:
+            self._commit(blob)
 
     @staticmethod
     def _inside(start: int, length: int, blob: _Blob) -> bool:
@@ -269,6 +412,11 @@ class RangedLoad:
         """The part's place in the buffer of a blob that holds all of it and more (read there, no copy)."""
         start, length = entry.parts[index]
         for blob in entry.blobs_in(start, length):
+            if blob.mode == 'direct' and blob.body[0] <= start and start + length <= blob.body[1]:
+                assert blob.dest is not None
+                return blob.dest[start - blob.data_start : start - blob.data_start + length]  # straight in
+            if blob.mode:
+                continue  # a pending or direct blob's head or tail: a buffer of its own
             if self._inside(start, length, blob) and blob.length > length:
                 if blob.buffer is None:
                     blob.buffer = bytearray(blob.length)
@@ -304,6 +452,9 @@ class RangedLoad:
         if not entry.verified:
             entry.crcs[index] = crc
         for blob in entry.blobs_in(start, length):
+            if blob.mode:
+                self._arrived_direct(blob, start, length, own)
+                continue
             offset, size = blob.offset, blob.length
             if own is not None:
                 if start <= offset and offset + size <= start + length:
@@ -358,7 +509,7 @@ class RangedLoad:
                 seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
                 tensor = torch.load(seekable, map_location='cpu', weights_only=True)
             piece = narrow_tensor_by_index(tensor, request.storage_offsets, request.lengths)
-            target = self.planner.resolve_tensor(request).detach()
+            target = blob.target if blob.target is not None else self.planner.resolve_tensor(request).detach()
             if target.size() != piece.size():
                 raise AssertionError(f'req {request.storage_index} mismatch sizes {target.size()} vs {piece.size()}')
             target.copy_(piece)

@@ -65,9 +65,16 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
     :class:`~dist_logging.checkpoint.commit.ChecksumMismatch` naming the object, the chunk and the
     checkpoint. Checkpoints committed before checksums were recorded at all are checked by size only.
 
+    Straight into the tensors: a saved tensor loaded whole into a plain contiguous CPU tensor of its dtype and
+    size (the common resume: same world, same dtypes) is not deserialized: the parts holding its head (torch.save's
+    records, ~700 bytes) are read first and parsed, then the rest of its storage is read into the destination
+    tensor's memory and verified there, chunk by chunk (the chunk or two it shares with its neighbours are read
+    into a buffer and copied once). Anything else (resharded or partial reads, another dtype, non-contiguous
+    tensors, bytes, checkpoints without chunk checksums) is deserialized as torch's ``FileSystemReader`` does.
+
     Memory: the tensors being loaded, plus at most ``max_in_flight * part_bytes`` bytes of parts in
-    flight (128 MiB by default), plus, per saved item being deserialized, one more copy of it (torch's
-    ``torch.load`` of the item, copied into the destination tensor).
+    flight (128 MiB by default), plus, per saved item deserialized (not read straight in), one more copy of it
+    (torch's ``torch.load`` of the item, copied into the destination tensor).
 
     With ``node_cache=True`` (and for a store without ``read_range``, e.g. one written for Composer) the
     reader works as it did before ranged reads: every shard file its plan reads is downloaded whole into
@@ -83,9 +90,9 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         part_bytes: the largest ranged read, in bytes (at least 1 MiB).
         timeout: seconds a load waits without any range arriving before it fails.
         node_cache: download whole files into a node cache instead of reading ranges into memory.
-        cache_folder: with ``node_cache``: where downloaded files go; must be the same folder for the ranks of a
-            node (default: ``<private base>/<run_name>/checkpoint-cache``, see :mod:`dist_logging._private_dirs`).
-            Unused otherwise.
+        cache_folder: with ``node_cache=True`` only (a ValueError without it): where downloaded files go; must be
+            the same folder for the ranks of a node (default: ``<private base>/<run_name>/checkpoint-cache``, see
+            :mod:`dist_logging._private_dirs`).
         run_name: with ``node_cache``: names the default cache folder (use the same on every rank of a node).
         _extension_registry: as torch's ``FileSystemReader``'s (EXPERIMENTAL there too): the stream
             transforms (e.g. ``ZStandard``) the reader may find named in the ``.metadata``; None: torch's
@@ -94,10 +101,11 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
     Attributes:
         downloaded_bytes: bytes this rank read from the bucket (with ``node_cache``: downloaded; the others of
             its node reused them).
+        direct_bytes: bytes of tensors this rank read straight into their destination (not deserialized).
 
     Raises:
-        TypeError, ValueError: a bad bucket (see :func:`latest_checkpoint`), or a bad ``max_in_flight``,
-            ``part_bytes`` or ``timeout`` (named).
+        TypeError, ValueError: a bad bucket (see :func:`latest_checkpoint`), a bad ``max_in_flight``,
+            ``part_bytes`` or ``timeout`` (named), or a ``cache_folder`` without ``node_cache=True``.
     """
 
     def __init__(
@@ -118,6 +126,12 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
                 raise ValueError(f'CheckpointReader: {label} must be an int >= {least}, got {value!r}')
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f'CheckpointReader: timeout must be a positive number, got {timeout!r}')
+        if cache_folder is not None and not node_cache:
+            raise ValueError(
+                f'CheckpointReader: cache_folder={os.fspath(cache_folder)!r} is only used with node_cache=True '
+                f'(got node_cache={node_cache!r}): without it nothing is cached (ranged reads straight into '
+                'memory); pass node_cache=True to download into that folder, or drop cache_folder'
+            )
         self.store, self._owns_store = open_store(bucket, backend_kwargs)
         super().__init__('.', _extension_registry=_extension_registry)
         self.max_in_flight, self.part_bytes, self.timeout = max_in_flight, part_bytes, float(timeout)
@@ -146,6 +160,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         self._pools: list[ThreadPoolExecutor] = []  # the read pool, created by the first read_data
         self._lock = threading.Lock()
         self.downloaded_bytes = 0
+        self.direct_bytes = 0
         # Runs at close(), when the reader is garbage-collected, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _release, self._dirs, self._holder, self._pools)
 
@@ -296,7 +311,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             if not self._pools:
                 self._pools.append(ThreadPoolExecutor(self.max_in_flight, thread_name_prefix='dist_logging-ckpt-read'))
             pool = self._pools[0]
-        RangedLoad(
+        load = RangedLoad(
             self.store,
             self._cid,
             sums,
@@ -305,7 +320,9 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             self.part_bytes,  # type: ignore[arg-type]
             self.timeout,
             self._count,
-        ).run(plan, planner, self.storage_data, self.transforms)
+        )
+        load.run(plan, planner, self.storage_data, self.transforms)
+        self.direct_bytes += load.direct_bytes
         future: Future = Future()
         future.set_result(None)
         return future

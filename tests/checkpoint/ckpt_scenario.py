@@ -62,7 +62,7 @@ out['latest'] = latest
 if latest is not None:
     step = int(latest.rsplit('step', 1)[1])
     got = blank()
-    with CheckpointReader(bucket, backend_kwargs=kwargs, cache_folder=plan['root'] + '/cache', run_name='t') as reader:
+    with CheckpointReader(bucket, backend_kwargs=kwargs, run_name='t') as reader:
         dcp.load(got, checkpoint_id=latest, storage_reader=reader)
         out['downloaded_bytes'] = reader.downloaded_bytes
     out['exact'] = exact(got, state(step))

@@ -93,7 +93,7 @@ def main():
     tdist.barrier()  # only the coordinator's close waits for the commits
 
     loaded = {}
-    with CheckpointReader(bucket, cache_folder=plan['root'] + '/cache', run_name='t') as reader:
+    with CheckpointReader(bucket, run_name='t') as reader:
         for step in kinds:
             got = blank()
             dcp.load(got, checkpoint_id=f'run/ckpt/step{step}', storage_reader=reader)

@@ -197,7 +197,7 @@ def test_crash_matrix_chain(tmp_path, world, kind, variant, request):
     # No further launch: the test process loads the latest checkpoint, resharded from the job's ranks into
     # one process's whole tensors, and compares every tensor with the state saved at that step.
     got = zeros_like_state(world)
-    with CheckpointReader(bucket, backend_kwargs=kwargs, cache_folder=str(tmp_path / 'cache')) as reader:
+    with CheckpointReader(bucket, backend_kwargs=kwargs) as reader:
         dcp.load(got, checkpoint_id='run/ckpt/step7', storage_reader=reader)
     want = full_state(world, 7)
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)

@@ -133,7 +133,7 @@ def test_a_bit_flipped_in_a_landed_object_fails_the_load_naming_it(bucket, tmp_p
         data = bytearray(client.get_object(Bucket=store.bucket, Key=key)['Body'].read())
         data[len(data) // 2] ^= 0x01
         client.put_object(Bucket=store.bucket, Key=key, Body=bytes(data))  # replaced by someone else, same size
-    with CheckpointReader(uri, backend_kwargs=kwargs, cache_folder=tmp_path / 'cache') as reader:
+    with CheckpointReader(uri, backend_kwargs=kwargs) as reader:
         with pytest.raises(CheckpointException) as caught:  # DCP's error carries each rank's
             dcp.load(_blank(), checkpoint_id='run/step1', storage_reader=reader, no_dist=True)
     assert shard in str(caught.value) and "checkpoint 'run/step1'" in str(caught.value)

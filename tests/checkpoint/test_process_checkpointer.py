@@ -236,7 +236,7 @@ def test_a_restarted_writer_or_drain_takes_over_what_a_killed_trainer_left(tmp_p
         expected = ['r/ck/s7']
     assert list_checkpoints(bucket, 'r/ck') == expected
     got = state(0)
-    with CheckpointReader(bucket, cache_folder=str(tmp_path / 'cache')) as reader:
+    with CheckpointReader(bucket) as reader:
         dcp.load(got, checkpoint_id='r/ck/s7', storage_reader=reader)
     assert torch.equal(got['w'], torch.arange(500, dtype=torch.float32) * 7) and torch.equal(
         got['b'], torch.full((4, 3), 7.0)

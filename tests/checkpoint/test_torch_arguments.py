@@ -27,7 +27,7 @@ def _writer(tmp_path, **kwargs) -> CheckpointWriter:
 
 
 def _load(tmp_path, cid: str, like: dict) -> dict:
-    with CheckpointReader(str(tmp_path / 'bucket'), cache_folder=tmp_path / 'cache') as reader:
+    with CheckpointReader(str(tmp_path / 'bucket')) as reader:
         dcp.load(like, checkpoint_id=cid, storage_reader=reader, no_dist=True)
     return like
 

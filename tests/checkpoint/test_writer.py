@@ -84,7 +84,7 @@ def test_save_returns_before_the_upload_and_commits_in_the_background(tmp_path):
     assert len(in_memory.data['checkpoint/local_s']) == 2 and len(in_memory.data['checkpoint/commit_s']) == 2
     logger.close()
     got = blank()
-    with CheckpointReader(store, cache_folder=str(tmp_path / 'cache')) as reader:
+    with CheckpointReader(store) as reader:
         dcp.load(got, checkpoint_id=latest_checkpoint(store, 'run/ck'), storage_reader=reader)
     assert same(got, state(2))
 
@@ -215,11 +215,11 @@ def test_s3_save_latest_load(tmp_path, s3_bucket):
     assert list_checkpoints(uri, 'run/ck', backend_kwargs=kwargs) == ['run/ck/step2']
     latest = latest_checkpoint(uri, 'run/ck', backend_kwargs=kwargs)
     got = blank()
-    with CheckpointReader(uri, backend_kwargs=kwargs, cache_folder=str(tmp_path / 'cache')) as reader:
+    with CheckpointReader(uri, backend_kwargs=kwargs) as reader:
         dcp.load(got, checkpoint_id=latest, storage_reader=reader)
     assert same(got, state(2))
     with pytest.raises(BaseException) as raised:  # CheckpointException is a BaseException
-        with CheckpointReader(uri, backend_kwargs=kwargs, cache_folder=str(tmp_path / 'cache')) as reader:
+        with CheckpointReader(uri, backend_kwargs=kwargs) as reader:
             dcp.load(blank(), checkpoint_id='run/ck/step1', storage_reader=reader)  # deleted by retention
     assert 'not committed' in rank_error(raised.value)
 
@@ -233,7 +233,7 @@ def test_second_job_in_the_same_prefix_never_makes_latest_partial(tmp_path):
     def latest_state():
         cid = latest_checkpoint(store, 'run/ck')
         got = blank()
-        with CheckpointReader(store, cache_folder=str(tmp_path / 'cache')) as reader:
+        with CheckpointReader(store) as reader:
             dcp.load(got, checkpoint_id=cid, storage_reader=reader)
         return cid, got
 
@@ -326,7 +326,7 @@ def _shard_inodes(writer) -> list[int]:
 
 def _load(store, tmp_path, checkpoint_id, like):
     got = {k: torch.zeros_like(v) for k, v in like.items()}
-    with CheckpointReader(store, cache_folder=str(tmp_path / f'cache-{checkpoint_id.replace("/", "-")}')) as reader:
+    with CheckpointReader(store) as reader:
         dcp.load(got, checkpoint_id=checkpoint_id, storage_reader=reader)
     return got
 
@@ -439,7 +439,7 @@ def test_async_saves_stage_into_the_buffers_kept_from_the_previous_save(tmp_path
     writer.close()
     for cid, sd in saves.items():
         got = {'model': {'w': torch.zeros_like(sd['model']['w']), 'b': torch.zeros(7, 3)}, 'step': -1}
-        with CheckpointReader(store, cache_folder=str(tmp_path / f'cache-{cid[2:]}')) as reader:
+        with CheckpointReader(store) as reader:
             dcp.load(got, checkpoint_id=cid, storage_reader=reader)
         assert same(got, sd), cid
 

@@ -58,7 +58,7 @@ def main() -> int:
     latest = latest_checkpoint(bucket, f'{RUN}/checkpoints')
     if latest is not None:
         state = {'model': model.state_dict(), 'logger': logger}
-        with CheckpointReader(bucket, run_name=RUN, cache_folder=os.path.join(work, f'cache-{rank}')) as reader:
+        with CheckpointReader(bucket, run_name=RUN) as reader:
             dcp.load(state, checkpoint_id=latest, storage_reader=reader)
         model.load_state_dict(state['model'])
     writer = CheckpointWriter(bucket, upload_staging_folder=os.path.join(work, 'staging'), run_name=RUN)

@@ -72,9 +72,7 @@ class Storage:
 
     def reader(self, **options: Any) -> CheckpointReader:
         """A reader with torch's ``FileSystemReader`` options (``_extension_registry``)."""
-        return CheckpointReader(
-            self.uri, backend_kwargs=self.backend_kwargs, cache_folder=os.path.join(self.root, 'cache'), **options
-        )
+        return CheckpointReader(self.uri, backend_kwargs=self.backend_kwargs, **options)
 
     def save(
         self, state_dict: Any, checkpoint_id: str, *, planner: Any = None, no_dist: bool = False, **options: Any
