@@ -27,12 +27,14 @@ from __future__ import annotations
 
 # First: its exit hook must be registered before the package's others (atexit runs them last-in first-out).
 from dist_logging._world.ending import (
+    DELIVERY_WAIT_SECONDS,
     EXIT_STATUS,
     FLUSH_SECONDS,
     fatal_error,
     forget_fatal_error,
     note_fatal_error,
     on_fatal_exit,
+    on_fatal_exit_wait,
 )
 from dist_logging._world import gloo_exit as _gloo_exit  # noqa: F401 - registers the exit-time wait for gloo's threads
 from dist_logging._world.facts import (
@@ -76,6 +78,8 @@ __all__ = [
     'fatal_error',
     'forget_fatal_error',
     'on_fatal_exit',
+    'on_fatal_exit_wait',
     'FLUSH_SECONDS',
+    'DELIVERY_WAIT_SECONDS',
     'EXIT_STATUS',
 ]

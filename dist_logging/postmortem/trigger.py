@@ -40,6 +40,7 @@ import time
 import weakref
 from typing import Any, Callable, Mapping, Optional
 
+from dist_logging import dist
 from dist_logging.postmortem.capture import object_names, rank_prefix, write_set
 
 __all__ = ['Recorder', 'DELIVERY_SECONDS']
@@ -291,6 +292,18 @@ class _ProcessHooks:
         for recorder in recorders:
             recorder.wait(max(0.0, deadline - time.monotonic()))
 
+    def wait_captures(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s in all) until every live recorder's capture, if it made one, landed.
+
+        Registered with :func:`dist_logging.dist.on_fatal_exit_wait`: the exit after a fatal error (which
+        ends with ``os._exit``) waits for a set being uploaded, e.g. the ``logging_error`` capture of a rank
+        whose script caught the :class:`~dist_logging.DistributedLoggingError` and returned.
+        """
+        deadline = time.monotonic() + timeout
+        for recorder in list(self._recorders):
+            if recorder.captured:
+                recorder.wait(max(0.0, deadline - time.monotonic()))
+
     def _excepthook(self, kind: Any, value: Any, tb: Any) -> None:
         main = threading.current_thread() is threading.main_thread()
         if main:
@@ -438,3 +451,4 @@ class _ProcessHooks:
 
 
 _hooks = _ProcessHooks()
+dist.on_fatal_exit_wait(_hooks.wait_captures)
