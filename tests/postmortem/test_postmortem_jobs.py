@@ -1,7 +1,8 @@
-"""The black box on a real 4-rank torchrun job (gloo): a hang, a desync, a crash and a clean run.
+"""The black box on real torchrun jobs (gloo): a hang, a desync, a crash and a SIGTERM on 4 ranks, a clean run on 2.
 
-Each test asserts what lands in the bucket (a local folder) and what ``dist-logging diagnose``
-prints and returns. Workers are ended by pid at the end (torchrun gives them sessions of their own).
+Each test asserts what lands in the bucket (a local folder; for the crash, S3 on moto's server) and what
+``dist-logging diagnose`` prints and returns. Workers are ended by pid at the end (torchrun gives them
+sessions of their own).
 """
 
 from __future__ import annotations
@@ -182,9 +183,25 @@ def test_desync(tmp_path):
     assert 'broadcast' in first and 'all_reduce' in first
 
 
-def test_crash(tmp_path):
-    bucket, run, proc = _run(tmp_path, 'crash', 0)
+def _mirror(server, bucket: str, prefix: str, folder: pathlib.Path) -> None:
+    """Download every object under ``prefix`` of the S3 bucket into ``folder`` (keys without the prefix)."""
+    client = server.client()
+    for page in client.get_paginator('list_objects_v2').paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get('Contents', []):
+            path = folder / item['Key'][len(prefix) :]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, item['Key'], str(path))
+
+
+def test_crash(tmp_path, s3_server, monkeypatch):
+    """One rank raises; its Logger uploads to S3 (moto's server over HTTP): every rank's set lands in the bucket
+    under ``runs/{run}/postmortem/attempt-0/``, and ``diagnose s3://...`` reads them there, naming the raiser."""
+    s3_bucket = s3_server.create_bucket()
+    monkeypatch.setenv('AWS_ENDPOINT_URL', s3_server.endpoint)  # the ranks' and diagnose's S3 endpoint
+    _, run, proc = _run(tmp_path, 'crash', 0, uri=f's3://{s3_bucket}/runs')
     assert proc.returncode != 0
+    bucket = tmp_path / 'mirror'
+    _mirror(s3_server, s3_bucket, 'runs/', bucket)
     # Every rank's set lands: the raising rank's (its exception) and the survivors' (their gloo error, torchrun's
     # SIGTERM arriving while they capture it, or the hang watchdog): consequences, which diagnose does not name.
     headers = _assert_sets(bucket, run, set(range(NPROC)))
@@ -192,15 +209,17 @@ def test_crash(tmp_path):
         assert headers[rank]['reason'] in ('exception', 'sigterm', 'hang'), headers[rank]
     assert headers[3]['reason'] == 'exception' and headers[3]['exception']['type'] == 'ValueError'
     assert 'boom on purpose' in (bucket / run / 'postmortem' / 'attempt-0' / 'rank-3' / 'exception.txt').read_text()
-    result = _diagnose(str(bucket / run))
-    first = result.stdout.splitlines()[0]
+    result = _diagnose(f's3://{s3_bucket}/runs/{run}')
+    first = result.stdout.splitlines()[0] if result.stdout else ''
     assert result.returncode == 1, result.stdout + result.stderr
     assert first.startswith('crash:') and _culprits(first) == {3}, first
     assert 'ValueError: boom on purpose' in first and f'pm_scenario.py:{_line_of("CULPRIT-CRASH")}' in first
+    by_bucket = _diagnose(f's3://{s3_bucket}/runs', '--run', run, '--json')
+    assert by_bucket.returncode == 1 and json.loads(by_bucket.stdout)['culprits'] == [3], by_bucket.stdout
 
 
 def test_clean_run_leaves_nothing(tmp_path):
-    bucket, run, proc = _run(tmp_path, 'clean', 0)
+    bucket, run, proc = _run(tmp_path, 'clean', 0, nproc=2)  # nothing here needs more ranks
     assert proc.returncode == 0, proc.stdout.read() if proc.stdout else ''
     assert not (bucket / run / 'postmortem').exists()
     result = _diagnose(str(bucket / run))
@@ -217,32 +236,3 @@ def test_sigterm_while_waiting_in_a_gloo_collective(tmp_path):
     result = _diagnose(str(bucket / run))
     first = result.stdout.splitlines()[0]
     assert result.returncode == 1 and first.startswith('hang:') and _culprits(first) == {3}, result.stdout
-
-
-def test_crash_sets_land_in_s3_and_diagnose_reads_them_there(tmp_path, s3_server, monkeypatch):
-    """A 2-rank crash whose Logger uploads to S3 (moto over HTTP): both ranks' sets land in the bucket under
-    ``{prefix}/{run}/postmortem/attempt-0/rank-N/``, and ``diagnose s3://bucket/prefix/run`` names rank 1."""
-    bucket = s3_server.create_bucket()
-    monkeypatch.setenv('AWS_ENDPOINT_URL', s3_server.endpoint)  # the ranks' and diagnose's S3 endpoint
-    _, run, proc = _run(tmp_path, 'crash', 0, nproc=2, uri=f's3://{bucket}/runs')
-    assert proc.returncode != 0
-    keys = {
-        item['Key']
-        for page in s3_server.client().get_paginator('list_objects_v2').paginate(Bucket=bucket)
-        for item in page.get('Contents', [])
-    }
-    base = f'runs/{run}/postmortem/attempt-0/'
-    for rank in (0, 1):
-        for leaf in ('header.json', 'stacks.txt', 'stacks.json', 'events.json'):
-            assert f'{base}rank-{rank}/{leaf}' in keys, sorted(keys)
-        assert f'{base}fr/fr_trace_rank_{rank}' in keys, sorted(keys)
-    assert f'{base}rank-1/exception.txt' in keys
-    header = json.loads(s3_server.client().get_object(Bucket=bucket, Key=f'{base}rank-1/header.json')['Body'].read())
-    assert header['rank'] == 1 and header['world_size'] == 2 and header['reason'] == 'exception'
-    result = _diagnose(f's3://{bucket}/runs/{run}')
-    first = result.stdout.splitlines()[0] if result.stdout else ''
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert first.startswith('crash:') and _culprits(first) == {1}, first
-    assert 'ValueError: boom on purpose' in first
-    by_bucket = _diagnose(f's3://{bucket}/runs', '--run', run, '--json')
-    assert by_bucket.returncode == 1 and json.loads(by_bucket.stdout)['culprits'] == [1], by_bucket.stdout
