@@ -36,18 +36,32 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Callable, Optional
 
-__all__ = ['note_fatal_error', 'fatal_error', 'forget_fatal_error', 'on_fatal_exit', 'FLUSH_SECONDS', 'EXIT_STATUS']
+__all__ = [
+    'note_fatal_error',
+    'fatal_error',
+    'forget_fatal_error',
+    'on_fatal_exit',
+    'on_fatal_exit_wait',
+    'FLUSH_SECONDS',
+    'DELIVERY_WAIT_SECONDS',
+    'EXIT_STATUS',
+]
 
 #: The longest the flush before the forced exit may take; past it the process ends all the same.
 FLUSH_SECONDS = 5.0
+#: The longest the exit after a fatal error waits for deliveries in progress (:func:`on_fatal_exit_wait`:
+#: a postmortem set being uploaded), before the flush.
+DELIVERY_WAIT_SECONDS = 20.0
 #: The status a process ends with after a fatal error.
 EXIT_STATUS = 1
 
 _fatal: Optional[BaseException] = None
 _lock = threading.Lock()
 _flushes: list[Callable[[], None]] = []
+_waits: list[Callable[[float], object]] = []
 
 
 def on_fatal_exit(flush: Callable[[], None]) -> None:
@@ -60,6 +74,19 @@ def on_fatal_exit(flush: Callable[[], None]) -> None:
         flush: a callable without arguments.
     """
     _flushes.append(flush)
+
+
+def on_fatal_exit_wait(wait: Callable[[float], object]) -> None:
+    """Call ``wait(timeout)`` when the process ends after a fatal error, before the flush: for work in
+    progress that must finish first (a postmortem set being uploaded). The waits share one deadline,
+    :data:`DELIVERY_WAIT_SECONDS`; each must return within the timeout it is given (the process ends at
+    the deadline plus :data:`FLUSH_SECONDS` all the same). Its exceptions are ignored. Register module-level
+    functions: the list is kept for the life of the process.
+
+    Args:
+        wait: a callable taking the seconds it may wait.
+    """
+    _waits.append(wait)
 
 
 def note_fatal_error(error: BaseException) -> None:
@@ -102,6 +129,14 @@ def _end_after_fatal_error() -> None:
     error = _fatal
     if error is None:
         return
+    if _waits:  # deliveries in progress (a postmortem set) land first, bounded
+        faulthandler.dump_traceback_later(DELIVERY_WAIT_SECONDS + FLUSH_SECONDS, exit=True)
+        deadline = time.monotonic() + DELIVERY_WAIT_SECONDS
+        for wait in list(_waits):
+            try:
+                wait(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - ending anyway
+                pass
     faulthandler.dump_traceback_later(FLUSH_SECONDS, exit=True)  # a flush that blocks still ends the process
     for flush in list(_flushes):
         try:

@@ -11,10 +11,15 @@ A :class:`Recorder` belongs to one Logger. Its triggers:
   the upload (bounded) and then calls the hook that was there before: nothing is swallowed.
 - **sigterm**: a Python handler cannot run while the main thread is inside a gloo collective, so
   the signal also wakes a thread of ours through ``signal.set_wakeup_fd`` (a byte written by
-  CPython's C-level handler); that thread captures and waits for the upload, then the process ends
-  as it would have: the main thread's handler, if it gets to run, calls the handler that was there
-  before (or restores the default and raises SIGTERM again); if the main thread is stuck in native
-  code, the thread ends the process with ``os._exit(143)`` (128 + SIGTERM).
+  CPython's C-level handler); a capture thread then captures and waits for the upload (bounded), and
+  the process ends as it would have: the capture thread signals the main thread again, whose handler
+  calls the handler that was there before (or restores the default and raises SIGTERM again); if the
+  main thread is stuck in native code, the capture thread ends the process with ``os._exit(143)``
+  (128 + SIGTERM). The main thread's handler itself never waits: it may have interrupted the main
+  thread inside a capture (our excepthook handing a set over: after a crash, the survivors' collectives
+  fail the moment torchrun's SIGTERM arrives) or holding a lock the capture needs; waiting there
+  deadlocked until the bound and lost the set. A SIGTERM that arrives while the main thread is in our
+  excepthook is acted on when the hook returns (after the previous hook printed the traceback).
 - **manual**: :meth:`Recorder.capture`.
 
 Once per rank per attempt: the first capture wins; later triggers only wait for its delivery.
@@ -35,6 +40,7 @@ import time
 import weakref
 from typing import Any, Callable, Mapping, Optional
 
+from dist_logging import dist
 from dist_logging.postmortem.capture import object_names, rank_prefix, write_set
 
 __all__ = ['Recorder', 'DELIVERY_SECONDS']
@@ -43,6 +49,10 @@ __all__ = ['Recorder', 'DELIVERY_SECONDS']
 #: torchrun SIGKILLs 30 s after its SIGTERM (its default); capturing takes well under a second.
 DELIVERY_SECONDS = 20.0
 _SIGTERM_EXIT = 128 + signal.SIGTERM
+#: After a SIGTERM's capture: how long the main thread may take to return from our excepthook (the previous
+#: hook prints the traceback), then to act on the SIGTERM, before the capture thread ends the process itself.
+_HOOK_GRACE = 5.0
+_MAIN_GRACE = 1.0
 
 
 class Recorder:
@@ -245,6 +255,9 @@ class _ProcessHooks:
         self._sigterm_started = threading.Event()
         self._sigterm_done = threading.Event()
         self._main_took_over = threading.Event()
+        self._signal_lock = threading.RLock()  # taken in the main thread's handler too (which may nest)
+        self._in_hook = threading.Event()  # the main thread is in our excepthook (capturing, then printing)
+        self._hook_returned = threading.Event()
 
     def add(self, recorder: Recorder) -> None:
         with self._lock:
@@ -279,13 +292,35 @@ class _ProcessHooks:
         for recorder in recorders:
             recorder.wait(max(0.0, deadline - time.monotonic()))
 
+    def wait_captures(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s in all) until every live recorder's capture, if it made one, landed.
+
+        Registered with :func:`dist_logging.dist.on_fatal_exit_wait`: the exit after a fatal error (which
+        ends with ``os._exit``) waits for a set being uploaded, e.g. the ``logging_error`` capture of a rank
+        whose script caught the :class:`~dist_logging.DistributedLoggingError` and returned.
+        """
+        deadline = time.monotonic() + timeout
+        for recorder in list(self._recorders):
+            if recorder.captured:
+                recorder.wait(max(0.0, deadline - time.monotonic()))
+
     def _excepthook(self, kind: Any, value: Any, tb: Any) -> None:
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            self._in_hook.set()
         try:
-            if not issubclass(kind, KeyboardInterrupt):
-                self._capture_all('exception', value, threading.get_ident())
+            try:
+                if not issubclass(kind, KeyboardInterrupt):
+                    self._capture_all('exception', value, threading.get_ident())
+            finally:
+                previous = self._previous_excepthook or sys.__excepthook__
+                previous(kind, value, tb)
         finally:
-            previous = self._previous_excepthook or sys.__excepthook__
-            previous(kind, value, tb)
+            if main:
+                self._hook_returned.set()
+                if self._sigterm_started.is_set():  # a SIGTERM came while we captured: act on it now
+                    self._sigterm_done.wait(DELIVERY_SECONDS + _HOOK_GRACE)
+                    self._act_on_sigterm(signal.SIGTERM, None)
 
     def _thread_hook(self, args: Any) -> None:
         try:
@@ -355,33 +390,56 @@ class _ProcessHooks:
             if not data or b'\0' in data:
                 return
             if signal.SIGTERM in data:
-                self._on_sigterm(from_main=False)
+                self._on_sigterm()
 
-    def _on_sigterm(self, from_main: bool) -> None:
-        """Capture once for this SIGTERM on a thread, wait for delivery; off the main thread, end the process
-        unless the main thread's handler takes over (it does what the previous handler would have)."""
-        with self._lock:
-            first = not self._sigterm_started.is_set()
+    def _on_sigterm(self) -> None:
+        """A SIGTERM arrived: start this SIGTERM's capture (once). Never blocks: the capture, the wait for its
+        delivery and the end of the process belong to the capture thread (:meth:`_sigterm_capture`)."""
+        with self._signal_lock:
+            if self._sigterm_started.is_set():
+                return
             self._sigterm_started.set()
-        if first:
-            threading.Thread(target=self._sigterm_capture, name='dist_logging-postmortem-sigterm', daemon=True).start()
-        self._sigterm_done.wait(DELIVERY_SECONDS + 2.0)
-        if from_main:
-            return
-        if not self._main_took_over.wait(1.0):  # the main thread is stuck in native code (a collective)
-            sys.stderr.write('dist_logging: SIGTERM: postmortem captured; ending the process (exit 143)\n')
-            sys.stderr.flush()
-            os._exit(_SIGTERM_EXIT)
+        threading.Thread(target=self._sigterm_capture, name='dist_logging-postmortem-sigterm', daemon=True).start()
 
     def _sigterm_capture(self) -> None:
+        """Capture (once per rank), wait for delivery (bounded), then end the process as SIGTERM would have."""
         try:
             self._capture_all('sigterm', None, None)
         finally:
             self._sigterm_done.set()
+        if self._previous_sigterm == signal.SIG_IGN:
+            return
+        # The main thread in our excepthook acts on the SIGTERM when the hook returns (the previous hook prints).
+        if not self._in_hook.is_set() or self._hook_returned.wait(_HOOK_GRACE):
+            if not self._main_took_over.is_set():
+                try:  # the main thread's handler does what the previous handler would have, if it gets to run
+                    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+                except (OSError, ValueError):
+                    pass
+            if self._main_took_over.wait(_MAIN_GRACE):
+                return
+        # The main thread is stuck in native code (a collective that will not complete): end here.
+        sys.stderr.write(f'dist_logging: SIGTERM: postmortem captured; ending the process (exit {_SIGTERM_EXIT})\n')
+        sys.stderr.flush()
+        os._exit(_SIGTERM_EXIT)
 
     def _sigterm_handler(self, signum: int, frame: Any) -> None:
-        self._main_took_over.set()
-        self._on_sigterm(from_main=True)
+        """(main thread) Never waits here: the main thread may be interrupted inside the capture (our excepthook)
+        or holding a lock the capture needs. Until the capture is done, note the signal and return; the capture
+        thread signals the main thread again when its set landed (or its bound passed)."""
+        self._on_sigterm()
+        if not self._sigterm_done.is_set():
+            return
+        if self._in_hook.is_set() and not self._hook_returned.is_set():
+            return  # the main thread is in our excepthook: it acts on the SIGTERM when the hook returns
+        self._act_on_sigterm(signum, frame)
+
+    def _act_on_sigterm(self, signum: int, frame: Any) -> None:
+        """Do what the previous handler would have done (the capture is over); once."""
+        with self._signal_lock:
+            if self._main_took_over.is_set():
+                return
+            self._main_took_over.set()
         previous = self._previous_sigterm
         if callable(previous):
             previous(signum, frame)
@@ -393,3 +451,4 @@ class _ProcessHooks:
 
 
 _hooks = _ProcessHooks()
+dist.on_fatal_exit_wait(_hooks.wait_captures)

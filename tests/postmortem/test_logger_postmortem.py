@@ -31,6 +31,11 @@ logger.batch_end()
 print('ready', flush=True)
 if mode == 'raise':
     raise KeyError('no such column')
+if mode == 'fatal':  # handed over, not awaited; then the exit after a fatal error (os._exit) must wait for it
+    logger.capture_postmortem('manual')
+    from dist_logging import dist
+    dist.note_fatal_error(RuntimeError('the job is ending'))
+    sys.exit(0)
 time.sleep(60)
 '''
 
@@ -91,11 +96,11 @@ def test_config_key(tmp_path):
     assert load_config({'hang_timeout': 600, 'upload': str(tmp_path)}).logger_kwargs['hang_timeout'] == 600
 
 
-def _child(tmp_path, mode):
+def _child(tmp_path, mode, **env):
     bucket = tmp_path / 'bucket'
     proc = subprocess.Popen(
         [sys.executable, '-c', CHILD, mode, str(bucket)],
-        env=_env(tmp_path),
+        env={**_env(tmp_path), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -132,6 +137,17 @@ def test_sigterm_captures_then_ends_the_process_by_sigterm(tmp_path):
 
     verdict = analyse({0: RankSet(0, header)})
     assert verdict.code == 0 and verdict.culprits == []
+
+
+def test_the_exit_after_a_fatal_error_waits_for_a_set_being_uploaded(tmp_path):
+    """A set handed over (not awaited) just before the process ends after a fatal error: the bounded exit
+    (``os._exit(1)``) waits for it to land first (uploads slowed to ~1.5 kB/s: the set takes seconds)."""
+    folder, code, stderr = _child(tmp_path, 'fatal', DIST_LOGGING_UPLOAD_BYTES_PER_S='1500')
+    assert code == 1, stderr  # the exit after a fatal error
+    assert 'ending this process (exit status 1) after a fatal error' in stderr
+    for leaf in ('header.json', 'stacks.txt', 'stacks.json', 'events.json'):
+        assert (folder / leaf).exists(), leaf
+    assert json.loads((folder / 'header.json').read_text())['reason'] == 'manual'
 
 
 RECORDER_CHILD = '''
