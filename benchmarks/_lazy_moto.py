@@ -6,7 +6,8 @@ on local disk above that) and slicing the copy: each range costs in proportion t
 own (a 256 MiB object on a loaded 2-core VM: a 1 MiB range 0.89 s, an 8 MiB one 0.77 s, the whole object
 3.67 s), so on plain moto a reader's load time counts how many ranges it asks for, which real S3 does not
 charge. :func:`patch` makes a ranged ``GetObject`` hand moto's range code a lazy view of the object that
-reads only the slice asked for from the object's backing buffer (the same ranges: 0.13 s each). Everything else (listing, PUT, HEAD, whole GETs) is moto's own.
+reads only the slice asked for from the object's backing buffer (the same ranges: 0.13 s each). Everything
+else (listing, PUT, HEAD, whole GETs) is moto's own.
 
 Used by the benchmarks' ``--s3-server moto-ranges`` (see ``_common.start_s3_server``).
 """

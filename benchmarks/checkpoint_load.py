@@ -11,7 +11,8 @@ memory up to 5 MiB - 1 KiB, a temporary file on local disk above that: every sha
 ranged or not, then slices the range: a range costs in proportion to its object's size, not its own (measured
 on a 256 MiB object, a loaded 2-core VM: a 1 MiB range 0.89 s, an 8 MiB range 0.77 s, the whole object 3.67 s,
 i.e. about a quarter of a whole GET per range whatever its size; patched, 0.13 s for either range). Plain moto
-would charge a reader per range it asks for, which S3 does not. Each rank owns ``size / world`` bytes of the state (its own keys, in tensors of at most 32 MiB).
+would charge a reader per range it asks for, which S3 does not. Each rank owns ``size / world`` bytes of the
+state (its own keys, in tensors of at most 32 MiB).
 Then, in interleaved rotations, every mode loads the same checkpoint into zeroed tensors, checked bit-exact
 (a CRC32C of every tensor against the saved state's):
 
