@@ -23,6 +23,14 @@ def pytest_configure(config):
     tempfile.tempdir = None
 
 
+def pytest_collection_modifyitems(config, items):
+    """The multi-process tests (marked ``multiprocess``: each launches torchrun, tens of seconds) run first,
+    each kind keeping its order. ``make test`` hands tests out in this order (``--dist loadgroup``), so the
+    long ones start while both workers are fresh and the run ends on short in-process tests that fill both
+    workers evenly, rather than on one long launch started last while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker('multiprocess') is None)
+
+
 def pytest_unconfigure(config):
     sandbox, previous = config.stash.get(_SANDBOX, (None, None))
     if sandbox is None:
