@@ -35,8 +35,11 @@ demo: install
 
 # Two tiers: everything else in parallel, then the tests that launch a framework's real
 # multi-process job (Lightning, HF Trainer, Accelerate), one at a time with one thread each.
+# --dist loadgroup: tests sharing an expensive module fixture (one torchrun launch, a SLURM cluster) carry
+# an xdist_group mark and run on one worker, so that set-up happens once; every other test is handed out
+# one at a time, the multi-process ones first (tests/conftest.py), so no long test starts last.
 test: install
-	$(PY) -m pytest -n auto -q -m "not serial" --durations=15
+	$(PY) -m pytest -n auto --dist loadgroup -q -m "not serial" --durations=15
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q -m serial || test $$? -eq 5  # 5: no serial test selected
 
 # Lint: ruff's rules and its format check on the package, the tests, the benchmarks and launch/; mypy (on the

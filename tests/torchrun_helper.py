@@ -98,14 +98,17 @@ def run_torchrun(
     timeout: float = 120,
     check: bool = True,
     cwd: Optional[pathlib.Path] = None,
+    max_restarts: int = 0,
 ) -> subprocess.CompletedProcess:
     """Run ``script`` under ``torchrun --standalone --nproc_per_node=nproc`` and wait (bounded).
+
+    ``max_restarts``: torchrun's ``--max_restarts`` (a failed worker group is restarted that many times).
 
     Raises:
         AssertionError: with the job's output, if it fails (``check``) or times out.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = torchrun_command(pathlib.Path(script), nproc, args)
+    cmd = torchrun_command(pathlib.Path(script), nproc, args, max_restarts=max_restarts)
     return _run(cmd, base_env(out_dir, env), timeout, check, cwd or out_dir)
 
 

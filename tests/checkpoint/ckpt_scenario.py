@@ -5,7 +5,8 @@ SIGKILL itself at a chosen point. Configured by the JSON in $CKPT_PLAN:
     {"root": ..., "bucket": uri, "backend_kwargs": {...}, "steps": [1, 2, 3], "keep_last": 2,
      "kill": {"point": "write|local|upload|commit|retention", "step": 3, "ranks": "all" | [1]} | null,
      "fail_upload": {"step": 2, "rank": 1} | null, "commit_timeout": 60,
-     "wait_commits": false}   # rank 0 waits for the commits after each save
+     "wait_commits": false,   # rank 0 waits for the commits after each save
+     "report_bucket": false}  # rank 0 reports, before resuming, the committed ids and the latest one's objects
 
 Kill points are armed here by wrapping methods (never hooks in the product):
   write      torch's _write_item: in the middle of writing a shard file (after its first item)
@@ -17,6 +18,11 @@ Kill points are armed here by wrapping methods (never hooks in the product):
 Only the coordinator commits and deletes, so "ranks": "all" at commit or retention kills the coordinator
 there and every other rank at the same moment: they finish the step's save, wait for the coordinator's
 flag file (written just before its SIGKILL) and SIGKILL themselves, uploads of their own still running.
+
+A chain of launches may run as one torchrun job restarted after each kill (``--max_restarts``):
+$CKPT_PLAN is then ``{"attempts": [plan, plan, ...]}``, attempt k (torchrun's restart count) runs plan k
+and writes its outputs under ``$OUT_DIR/attempt<k>``. A rank about to SIGKILL itself first leaves
+``sigkill-rank<r>`` in its output folder (so the test knows each attempt ended by its kill point).
 """
 
 import json
@@ -32,7 +38,28 @@ from torchrun_helper import dump_rank_output
 from _states import blank_sharded_state, same_sharded_state, sharded_state
 
 plan = json.loads(os.environ['CKPT_PLAN'])
-tdist.init_process_group('gloo')
+if 'attempts' in plan:  # one job, restarted by torchrun after each kill: this attempt's plan and output folder
+    attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))
+    plan = plan['attempts'][attempt]
+    os.environ['OUT_DIR'] = os.path.join(os.environ['OUT_DIR'], f'attempt{attempt}')
+    os.makedirs(os.environ['OUT_DIR'], exist_ok=True)
+    # torchrun's agent keeps one store across restarts with the killed attempt's keys in it (gloo would
+    # connect to the dead ranks' addresses): each attempt's group gets keys of its own, as
+    # dist_logging.dist.init_process_group_from_env does
+    base_store = tdist.TCPStore(
+        os.environ['MASTER_ADDR'],
+        int(os.environ['MASTER_PORT']),
+        int(os.environ['WORLD_SIZE']),
+        is_master=os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True' and os.environ['RANK'] == '0',
+    )
+    tdist.init_process_group(
+        'gloo',
+        store=tdist.PrefixStore(f'ckpt_scenario/attempt{attempt}', base_store),
+        rank=int(os.environ['RANK']),
+        world_size=int(os.environ['WORLD_SIZE']),
+    )
+else:
+    tdist.init_process_group('gloo')
 rank, world = tdist.get_rank(), tdist.get_world_size()
 mesh = init_device_mesh('cpu', (world,))
 PREFIX = 'run/ckpt'
@@ -50,7 +77,8 @@ def exact(a, b):
     return same_sharded_state(a, b, rank)
 
 
-from dist_logging.checkpoint import CheckpointReader, CheckpointWriter, latest_checkpoint  # noqa: E402
+from dist_logging.checkpoint import CheckpointReader, CheckpointWriter, latest_checkpoint, list_checkpoints  # noqa: E402
+from dist_logging.object_store import store_from_uri  # noqa: E402
 from dist_logging.checkpoint import writer as writer_module  # noqa: E402
 
 bucket, kwargs = plan['bucket'], plan.get('backend_kwargs') or None
@@ -59,6 +87,10 @@ out = {'world': world}
 # ---- resume
 latest = latest_checkpoint(bucket, PREFIX, backend_kwargs=kwargs)
 out['latest'] = latest
+if plan.get('report_bucket') and rank == 0:  # what the test would list between two launches
+    out['listed'] = list_checkpoints(bucket, PREFIX, backend_kwargs=kwargs)
+    if latest is not None:
+        out['latest_sizes'] = {i.name: i.size for i in store_from_uri(bucket, kwargs).list(latest + '/')}
 if latest is not None:
     step = int(latest.rsplit('step', 1)[1])
     got = blank()
@@ -83,11 +115,17 @@ flag = (
 )
 
 
+def sigkill_self():
+    with open(os.path.join(os.environ['OUT_DIR'], f'sigkill-rank{rank}'), 'w'):
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def die():
     if flag:
         with open(flag, 'w'):
             pass
-    os.kill(os.getpid(), signal.SIGKILL)
+    sigkill_self()
 
 
 def die_with_coordinator():
@@ -96,7 +134,7 @@ def die_with_coordinator():
         if time.monotonic() > deadline:
             raise RuntimeError(f'rank {rank}: the coordinator never reached the kill point {kill}')
         time.sleep(0.01)
-    os.kill(os.getpid(), signal.SIGKILL)
+    sigkill_self()
 
 
 if kill and (kill['ranks'] == 'all' or rank in kill['ranks']):

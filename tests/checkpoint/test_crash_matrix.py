@@ -3,7 +3,14 @@
 
 The launches are chained to keep the suite short: each launch first resumes from the latest committed
 checkpoint (checking it bit-exactly against the state saved at that step), then saves on (re-saving the
-id a crash left uncommitted, over its leftovers) and dies at the next kill point. What each chain covers:
+id a crash left uncommitted, over its leftovers) and dies at the next kill point. Consecutive launches
+with nothing to do between them run as the attempts of one torchrun job with ``--max_restarts``: torchrun
+restarts the killed worker group, which resumes from the bucket as a new job would, and the next attempt's
+resume checks what the killed one left (the latest committed checkpoint, exactly), as the test process
+did between separate launches; torchrun starts once per chain segment, not once per launch. A local
+bucket is drained between the commit kill and the next launch, so its chains are two jobs (write, local,
+upload, commit as one; retention, and for L6 the clean run, as the other), S3 chains one job of five
+attempts. What each chain covers:
 
 2 ranks, local bucket (keep_last=2):
   L1 every rank killed in the middle of writing a shard file (step 2)            -> latest step1
@@ -37,7 +44,7 @@ import torch.distributed.checkpoint as dcp
 
 from dist_logging.checkpoint import CheckpointReader, latest_checkpoint, list_checkpoints
 from dist_logging.object_store import LocalObjectStore, store_from_uri
-from _launch import launch
+from _launch import launch_attempts
 from _states import full_state, zeros_like_state
 from s3_server import aws_credentials, s3_bucket, _moto_session  # noqa: F401 - fixtures
 from torchrun_helper import REPO_ROOT
@@ -83,31 +90,42 @@ def test_crash_matrix_two_ranks_local_bucket(tmp_path):
     def kill(point, step, ranks='all'):
         return {'point': point, 'step': step, 'ranks': ranks}
 
-    launch(tmp_path, 2, {**base, 'steps': [1, 2], 'kill': kill('write', 2)}, expect_kill=True)
-    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step1'
-
-    out = launch(tmp_path, 2, {**base, 'steps': [2, 3], 'kill': kill('local', 3, [1])}, expect_kill=True)
-    check_resumed(out, 2, {1})
-    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step2'
-
-    out = launch(tmp_path, 2, {**base, 'steps': [3, 4], 'kill': kill('upload', 4)}, expect_kill=True)
-    check_resumed(out, 2, {2})
-    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step3'  # step4's shards did not all land
-
-    out = launch(tmp_path, 2, {**base, 'steps': [4, 5], 'kill': kill('commit', 5, [0])}, expect_kill=True)
-    check_resumed(out, 2, {3})
+    # one job, four attempts: each attempt's resume sees exactly what the killed attempt before it left
+    outs = launch_attempts(
+        tmp_path,
+        2,
+        [
+            {**base, 'steps': [1, 2], 'kill': kill('write', 2)},
+            {**base, 'steps': [2, 3], 'kill': kill('local', 3, [1])},
+            {**base, 'steps': [3, 4], 'kill': kill('upload', 4)},
+            {**base, 'steps': [4, 5], 'kill': kill('commit', 5, [0])},
+        ],
+    )
+    check_resumed(outs[1], 2, {1})  # the write kill lost step2
+    check_resumed(outs[2], 2, {2})  # the kill after the local write of step3 came after step2's commit
+    check_resumed(outs[3], 2, {3})  # step4's shards did not all land
     assert latest_checkpoint(bucket, 'run/ckpt') in ('run/ckpt/step4',)  # every shard of 5 landed, not committed
     drained = drain_cli(tmp_path / 'staging')
     assert 'committed checkpoint run/ckpt/step5' in drained.stdout, drained.stdout + drained.stderr
     assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step5'  # drain finished the commit
 
-    out = launch(tmp_path, 2, {**base, 'steps': [6, 7], 'kill': kill('retention', 7, [0])}, expect_kill=True)
-    check_resumed(out, 2, {5})
-    assert latest_checkpoint(bucket, 'run/ckpt') == 'run/ckpt/step7'
-    assert list_checkpoints(bucket, 'run/ckpt') == ['run/ckpt/step6', 'run/ckpt/step7']  # step5 half-deleted: invisible
+    # one job, two attempts: killed during retention, then a clean run; the clean attempt's rank 0 lists the
+    # bucket before resuming (what the test process listed between the two launches)
+    retention, out = launch_attempts(
+        tmp_path,
+        2,
+        [
+            {**base, 'steps': [6, 7], 'kill': kill('retention', 7, [0])},
+            {**base, 'steps': [8, 9], 'report_bucket': True},
+        ],
+        name='final',
+    )
+    check_resumed(retention, 2, {5})
+    assert out[0]['latest'] == 'run/ckpt/step7'
+    assert out[0]['listed'] == ['run/ckpt/step6', 'run/ckpt/step7']  # step5 half-deleted: invisible
 
-    step7 = {info.name: info.size for info in LocalObjectStore(bucket).list('run/ckpt/step7/')}
-    out = launch(tmp_path, 2, {**base, 'steps': [8, 9]}, name='final')
+    step7 = out[0]['latest_sizes']
+    assert sorted(step7) and all(name.startswith('run/ckpt/step7/') for name in step7), step7
     check_resumed(out, 2, {7})
     # ranged reads into memory: each rank reads the marker and the .metadata, and the chunks of the shards its
     # plan needs (every shard byte is needed by some rank; small files are read whole by each rank needing them)
@@ -164,28 +182,29 @@ def test_crash_matrix_chain(tmp_path, world, kind, variant, request):
     def latest():
         return latest_checkpoint(bucket, 'run/ckpt', backend_kwargs=kwargs)
 
-    launch(tmp_path, world, {**base, 'steps': [1, 2], 'kill': kill('write', 2)}, expect_kill=True)
-    assert latest() == 'run/ckpt/step1'
-
-    out = launch(tmp_path, world, {**base, 'steps': [2, 3], 'kill': kill('local', 3)}, expect_kill=True)
-    check_resumed(out, world, {1})
-    assert latest() == 'run/ckpt/step2'
-
-    out = launch(tmp_path, world, {**base, 'steps': [3, 4], 'kill': kill('upload', 4)}, expect_kill=True)
-    check_resumed(out, world, {2})
-    assert latest() == 'run/ckpt/step3'  # the killed rank's shard of step4 never got out
-
-    out = launch(tmp_path, world, {**base, 'steps': [4, 5], 'kill': kill('commit', 5)}, expect_kill=True)
-    check_resumed(out, world, {3})
-    assert latest() == 'run/ckpt/step4'  # every shard of step5 landed, the commit did not happen
+    plans = [
+        {**base, 'steps': [1, 2], 'kill': kill('write', 2)},
+        {**base, 'steps': [2, 3], 'kill': kill('local', 3)},
+        {**base, 'steps': [3, 4], 'kill': kill('upload', 4)},
+        {**base, 'steps': [4, 5], 'kill': kill('commit', 5)},
+        {**base, 'steps': [6, 7], 'kill': kill('retention', 7)},
+    ]
+    # local: one job up to the commit kill, the drain, then the retention launch; S3: one job of five attempts
+    outs = launch_attempts(tmp_path, world, plans[:4] if kind == 'local' else plans)
+    check_resumed(outs[1], world, {1})  # the write kill lost step2
+    check_resumed(outs[2], world, {2})  # the local kill came after step2's commit
+    check_resumed(outs[3], world, {3})  # the killed rank's shard of step4 never got out
     if kind == 'local':
+        assert latest() == 'run/ckpt/step4'  # every shard of step5 landed, the commit did not happen
         drained = drain_cli(tmp_path / 'staging')
         assert 'committed checkpoint run/ckpt/step5' in drained.stdout, drained.stdout + drained.stderr
         assert latest() == 'run/ckpt/step5'
-    # else: the next job's coordinator commits step5 from its intent before step6's commit
-
-    out = launch(tmp_path, world, {**base, 'steps': [6, 7], 'kill': kill('retention', 7)}, expect_kill=True)
-    check_resumed(out, world, {5} if kind == 'local' else {4})
+        (out,) = launch_attempts(tmp_path, world, plans[4:], name='retention')
+        check_resumed(out, world, {5})
+    else:
+        # every shard of step5 landed, the commit did not happen (the retention attempt resumed from step4);
+        # the restarted coordinator commits step5 from its intent before step6's commit
+        check_resumed(outs[4], world, {4})
     assert latest() == 'run/ckpt/step7'
     assert list_checkpoints(bucket, 'run/ckpt', backend_kwargs=kwargs) == ['run/ckpt/step6', 'run/ckpt/step7']
     # retention deletes committed checkpoints only, oldest first: step4 is gone and step5 is the half-deleted

@@ -7,7 +7,8 @@ Every launch resumes from ``latest_checkpoint`` (the Logger inside the DCP state
 step is the count of finished batches), so the winner of every step is known. At step ``DIE_AT`` every rank
 writes ``WORKDIR/ready-launch<L>-rank<r>.json`` (its pid) and waits to be SIGKILLed by the test.
 Destinations: TensorBoard and an MLflow run (sqlite) on rank 0, a FileLogger per rank, an InMemoryLogger on
-rank 0 whose resumes are written to ``WORKDIR/memory-launch<L>.json`` at the end.
+rank 0 whose resumes are written to ``WORKDIR/memory-launch<L>.json`` at the end (or, in a launch that is
+killed, when it reaches ``DIE_AT``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ from dist_logging.destinations import FileLogger, InMemoryLogger, MLFlowLogger, 
 
 RUN = 'resume-demo'
 EVERY = 10
+
+
+def _dump_memory(work: str, launch: int, memory: InMemoryLogger) -> None:
+    with open(os.path.join(work, f'memory-launch{launch}.json'), 'w') as handle:
+        json.dump(
+            {'resumes': [dataclasses.asdict(info) for info in memory.resumes], 'loss': memory.data.get('loss', [])},
+            handle,
+        )
 
 
 def main() -> int:
@@ -80,6 +89,8 @@ def main() -> int:
                     flush = getattr(destination, 'flush', None)
                     if flush is not None:
                         flush()
+                if rank == 0:
+                    _dump_memory(work, launch, memory)
                 ready = os.path.join(work, f'ready-launch{launch}-rank{rank}.json')
                 with open(ready + '.tmp', 'w') as handle:
                     json.dump({'pid': os.getpid(), 'step': step}, handle)
@@ -91,11 +102,7 @@ def main() -> int:
     finally:
         writer.close()
     if rank == 0:
-        with open(os.path.join(work, f'memory-launch{launch}.json'), 'w') as handle:
-            json.dump(
-                {'resumes': [dataclasses.asdict(info) for info in memory.resumes], 'loss': memory.data.get('loss', [])},
-                handle,
-            )
+        _dump_memory(work, launch, memory)
     logger.close()
     torch_dist.destroy_process_group()
     return 0

@@ -23,7 +23,8 @@ import pytest
 from slurm_cluster import ClusterUnavailable, first_job_id, start_cluster
 from torchrun_helper import REPO_ROOT, base_env
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+# One worker runs the module (make test: --dist loadgroup), so the private SLURM cluster starts once.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300), pytest.mark.xdist_group('slurm_cluster')]
 
 SCENARIO = REPO_ROOT / 'tests' / 'multiprocess' / 'launcher_scenario.py'
 

@@ -105,18 +105,22 @@ def _winner(step: int, kills: list[tuple[int, int]]) -> float:
     return float(step + 1000 * launch)
 
 
-def test_killed_at_27_resumes_from_20_and_every_destination_shows_each_step_once(tmp_path):
+def test_killed_twice_resumes_each_time_and_every_destination_shows_each_step_once(tmp_path):
+    """Killed at 27 (resumes from 20), then at 35 (resumes from 30), then runs to the end: three launches serve
+    what used to be two tests (killed once, with MLflow: 2 launches; killed twice in a row: 3 launches)."""
     _launch(tmp_path, 0, die_at=27, mlflow=True)
-    _launch(tmp_path, 1, mlflow=True)
-    expected = {step: _winner(step, [(27, 20)]) for step in range(1, STEPS + 1)}
+    _launch(tmp_path, 1, die_at=35, mlflow=True)
+    _launch(tmp_path, 2, mlflow=True)
+    kills = [(27, 20), (35, 30)]
+    expected = {step: _winner(step, kills) for step in range(1, STEPS + 1)}
     assert _tensorboard(tmp_path) == expected
 
     merged = _merged_losses(tmp_path)
     for rank in (0, 1):
         assert merged[rank] == sorted(expected.items()), rank
     everything = _merged_losses(tmp_path, '--all-attempts')
-    for rank in (0, 1):  # the killed launch's steps 21..27 are still in the file, shown on request
-        assert [step for step, _ in everything[rank]] == list(range(1, 28)) + list(range(21, 41))
+    for rank in (0, 1):  # the killed launches' steps 21..27 and 31..35 are still in the file, shown on request
+        assert [step for step, _ in everything[rank]] == list(range(1, 28)) + list(range(21, 36)) + list(range(31, 41))
 
     for rank in (0, 1):
         markers = [
@@ -126,13 +130,20 @@ def test_killed_at_27_resumes_from_20_and_every_destination_shows_each_step_once
         ]
         assert markers == [
             f'[resume]: ===== resumed at step 20 (resume 1, attempt 0, saved by attempt 0) of run '
-            f'resume-demo, rank {rank}: steps >= 21 written above are superseded (21..27) ====='
+            f'resume-demo, rank {rank}: steps >= 21 written above are superseded (21..27) =====',
+            # same attempt: told apart by resume
+            f'[resume]: ===== resumed at step 30 (resume 2, attempt 0, saved by attempt 0) of run '
+            f'resume-demo, rank {rank}: steps >= 31 written above are superseded (31..35) =====',
         ]
 
-    memory = json.loads((tmp_path / 'memory-launch1.json').read_text())
+    memory = json.loads((tmp_path / 'memory-launch1.json').read_text())  # written at step 35, before the kill
     (info,) = memory['resumes']
     assert (info['step'], info['superseded_from'], info['resume'], info['saved_attempt']) == (20, 21, 1, '0')
-    assert [step for step, _ in memory['loss']] == list(range(21, STEPS + 1))
+    assert [step for step, _ in memory['loss']] == list(range(21, 36))
+    memory = json.loads((tmp_path / 'memory-launch2.json').read_text())
+    (info,) = memory['resumes']
+    assert (info['step'], info['superseded_from'], info['resume'], info['saved_attempt']) == (30, 31, 2, '0')
+    assert [step for step, _ in memory['loss']] == list(range(31, STEPS + 1))
 
     from mlflow.tracking import MlflowClient
 
@@ -142,24 +153,9 @@ def test_killed_at_27_resumes_from_20_and_every_destination_shows_each_step_once
     (run,) = client.search_runs([client.get_experiment_by_name('resume').experiment_id])
     tag = json.loads(run.data.tags['dist_logging.resume.1'])
     assert (tag['step'], tag['superseded_from'], tag['resume']) == (20, 21, 1)
+    tag = json.loads(run.data.tags['dist_logging.resume.2'])
+    assert (tag['step'], tag['superseded_from'], tag['resume']) == (30, 31, 2)
     history = client.get_metric_history(run.info.run_id, 'loss')
-    assert len(history) == STEPS + 7  # MLflow keeps both launches' 21..27
+    assert len(history) == STEPS + 7 + 5  # MLflow keeps every launch's points: 21..27 and 31..35 twice
     kept = without_superseded(history, run.data.tags)
     assert [(point.step, point.value) for point in kept] == sorted(expected.items())
-
-
-def test_resumed_twice_in_a_row(tmp_path):
-    _launch(tmp_path, 0, die_at=27)
-    _launch(tmp_path, 1, die_at=35)
-    _launch(tmp_path, 2)
-    kills = [(27, 20), (35, 30)]
-    expected = {step: _winner(step, kills) for step in range(1, STEPS + 1)}
-    assert _tensorboard(tmp_path) == expected
-    merged = _merged_losses(tmp_path)
-    for rank in (0, 1):
-        assert merged[rank] == sorted(expected.items()), rank
-    text = (tmp_path / 'logs' / 'rank1.txt').read_text()
-    assert 'resumed at step 20 (resume 1, attempt 0, saved by attempt 0)' in text
-    assert 'resumed at step 30 (resume 2, attempt 0, saved by attempt 0)' in text  # same attempt: told apart by resume
-    memory = json.loads((tmp_path / 'memory-launch2.json').read_text())
-    assert [(info['step'], info['resume']) for info in memory['resumes']] == [(30, 2)]

@@ -38,7 +38,8 @@ import pytest
 
 from reliability._common import TESTS_DIR, file_sha256
 
-pytestmark = pytest.mark.timeout(300)
+# One worker runs the module (make test: --dist loadgroup), so the throwaway users and code copy are made once.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group('shared_machine_users')]
 
 JOB = TESTS_DIR / 'reliability' / '_shared_machine_job.py'
 CAPS = {'DIST_LOGGING_UPLOAD_BYTES_PER_S': '50MB', 'DIST_LOGGING_NODE_UPLOAD_SLOTS': '2'}

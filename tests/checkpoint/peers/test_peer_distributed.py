@@ -16,7 +16,9 @@ from _peer_dist_cases import CASES
 from s3_server import CREDENTIALS, _moto_session  # noqa: F401 - fixture
 from torchrun_helper import read_rank_outputs, run_torchrun
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
+# One worker runs every case (make test: --dist loadgroup): the launches are shared through a module fixture,
+# so cases spread over two workers would launch each world twice.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400), pytest.mark.xdist_group('peer_launches')]
 
 SCENARIO = pathlib.Path(__file__).with_name('_peer_dist_cases.py')
 _launches: dict[int, dict[int, dict]] = {}
