@@ -236,7 +236,16 @@ RANKS_SCENARIO = '''
     reader = CheckpointReader(root + '/bucket', max_in_flight=3, part_bytes=1024 * 1024)  # never closed
     dcp.load(got, checkpoint_id='run/step1', storage_reader=reader)
     exact = all(torch.equal(got[k], v) for k, v in state(rank).items())
-    dump_rank_output({'exact': exact, 'before': before, 'read': reader.downloaded_bytes})
+    # Then with the node cache asked for: the ranks of this node share each downloaded file. Both close only
+    # after both loaded (a reader that closed first would remove the folder the other still needs).
+    cached = {k: torch.zeros_like(v) for k, v in state(rank).items()}
+    node_reader = CheckpointReader(root + '/bucket', node_cache=True)
+    dcp.load(cached, checkpoint_id='run/step1', storage_reader=node_reader)
+    exact_cached = all(torch.equal(cached[k], v) for k, v in state(rank).items())
+    tdist.barrier()
+    node_reader.close()
+    dump_rank_output({'exact': exact, 'before': before, 'read': reader.downloaded_bytes,
+                      'exact_cached': exact_cached, 'cached_read': node_reader.downloaded_bytes})
     tdist.destroy_process_group()
 '''
 
@@ -255,6 +264,13 @@ def test_loads_on_2_and_4_ranks_are_bit_exact_and_leave_nothing(tmp_path, world)
     assert files_under(state_dir) == out[0]['before']  # the loads (never closed) added no file, during or after
     shards = sum(p.stat().st_size for p in (tmp_path / 'bucket/run/step1').glob('*.distcp'))
     assert all(o['read'] < shards for o in out.values())  # each rank read its part, not the checkpoint
+    # node_cache=True: every file the ranks needed was downloaded once for the node (the sum over ranks is the
+    # checkpoint's files, each once; without the sharing the shared tensor's file and the metadata come again)
+    assert all(o['exact_cached'] for o in out.values()), out
+    # (and the commit marker, read once)
+    metadata = (tmp_path / 'bucket/run/step1/.metadata').stat().st_size
+    marker = marker_path(tmp_path / 'bucket', 'run/step1').stat().st_size
+    assert sum(o['cached_read'] for o in out.values()) == shards + metadata + marker
 
 
 MEMORY_SCENARIO = '''
