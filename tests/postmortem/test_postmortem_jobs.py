@@ -1,4 +1,4 @@
-"""The black box on real torchrun jobs (gloo): a hang, a desync, a crash (4 ranks), a SIGTERM (3), a clean run (2).
+"""The black box on real torchrun jobs (gloo): a hang, a desync, a crash and a clean run (4 ranks), a SIGTERM (3).
 
 Each test asserts what lands in the bucket (a local folder; for the crash, S3 on moto's server) and what
 ``dist-logging diagnose`` prints and returns. Workers are ended by pid at the end (torchrun gives them
@@ -226,7 +226,7 @@ def test_crash(tmp_path, s3_server, monkeypatch):
 
 
 def test_clean_run_leaves_nothing(tmp_path):
-    bucket, run, proc = _run(tmp_path, 'clean', 0, nproc=2)  # nothing here needs more ranks
+    bucket, run, proc = _run(tmp_path, 'clean', 0)  # 4 ranks, as the issue's scenarios
     assert proc.returncode == 0, proc.stdout.read() if proc.stdout else ''
     assert not (bucket / run / 'postmortem').exists()
     result = _diagnose(str(bucket / run))
