@@ -41,6 +41,7 @@ import weakref
 from typing import Any, Callable, Mapping, Optional
 
 from dist_logging import dist
+from dist_logging.errors import UploadError
 from dist_logging.postmortem.capture import object_names, rank_prefix, write_set
 
 __all__ = ['Recorder', 'DELIVERY_SECONDS']
@@ -215,7 +216,13 @@ class Recorder:
             order = ['fr'] + [name for name in names if name != 'fr']  # the header last
             for name in order:
                 if name in files:
-                    self._deliver(names[name], files[name])
+                    try:
+                        self._deliver(names[name], files[name])
+                    except UploadError as exc:
+                        # An earlier upload's failure (this set's first file, when the bucket is down), raised at
+                        # this hand-over; the file of this call was queued all the same: hand over the rest.
+                        if self.error is None:
+                            self.error = exc
             self.prefix = rank_prefix(self.run_name, self.attempt, self.rank)
         except Exception as exc:  # noqa: BLE001 - recorded; a capture must never take the process down
             self.error = exc
