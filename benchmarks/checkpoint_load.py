@@ -34,9 +34,11 @@ where any cache would go) and after it. Ratios inside one run are the figures to
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import pathlib
+import re
 import shutil
 import statistics
 import sys
@@ -53,10 +55,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 from dist_logging import _private_dirs  # noqa: E402
+from dist_logging.checkpoint.reader import MAX_IN_FLIGHT, PART_BYTES  # noqa: E402
 from dist_logging.object_store.checksums import crc32c  # noqa: E402
 
 MiB = 1024 * 1024
 ALL_MODES = ('floor', 'fs_local', 'boto3_fs', 'fsspec', 's3tc', 'ours', 'ours_local')
+# CheckpointReader with other settings, compared in the same run: ours:<max_in_flight>x<part MiB>, e.g. ours:4x32
+TUNED_MODE = re.compile(r'ours:(\d+)x(\d+)')
 S3_OTHERS = ('boto3_fs', 'fsspec', 's3tc')
 TENSOR_BYTES = 32 * MiB
 
@@ -130,7 +135,14 @@ class DiskWatch:
 
 
 def build_modes(
-    d: C.Dist, endpoint: str, local_root: str, work: str, wanted: list[str], skipped: dict[str, str], max_in_flight: int
+    d: C.Dist,
+    endpoint: str,
+    local_root: str,
+    work: str,
+    wanted: list[str],
+    skipped: dict[str, str],
+    max_in_flight: int,
+    part_bytes: int,
 ) -> dict[str, Callable[[dict, str, str], None]]:
     """mode -> load(state, checkpoint_id, own shard file name)."""
     from dist_logging.checkpoint import CheckpointReader
@@ -206,12 +218,28 @@ def build_modes(
     modes['ours'] = lambda state, cid, shard: dcp.load(
         state,
         checkpoint_id=cid,
-        storage_reader=CheckpointReader(s3_uri, backend_kwargs=kwargs, max_in_flight=max_in_flight),
+        storage_reader=CheckpointReader(
+            s3_uri, backend_kwargs=kwargs, max_in_flight=max_in_flight, part_bytes=part_bytes
+        ),
     )
     modes['ours_local'] = lambda state, cid, shard: dcp.load(
-        state, checkpoint_id=cid, storage_reader=CheckpointReader(local_root, max_in_flight=max_in_flight)
+        state,
+        checkpoint_id=cid,
+        storage_reader=CheckpointReader(local_root, max_in_flight=max_in_flight, part_bytes=part_bytes),
     )
+    for mode in wanted:
+        tuned = TUNED_MODE.fullmatch(mode)
+        if tuned:
+            modes[mode] = functools.partial(load_tuned, s3_uri, kwargs, int(tuned[1]), int(tuned[2]) * MiB)
     return {mode: fn for mode, fn in modes.items() if mode in wanted}
+
+
+def load_tuned(uri: str, kwargs: dict, max_in_flight: int, part_bytes: int, state: dict, cid: str, shard: str) -> None:
+    """``CheckpointReader`` from S3 with the given settings (a ``ours:<in flight>x<part MiB>`` mode)."""
+    from dist_logging.checkpoint import CheckpointReader
+
+    reader = CheckpointReader(uri, backend_kwargs=kwargs, max_in_flight=max_in_flight, part_bytes=part_bytes)
+    dcp.load(state, checkpoint_id=cid, storage_reader=reader)
 
 
 def save_checkpoints(d: C.Dist, state: dict, cid: str, endpoint: str, local_root: str, staging: str) -> str:
@@ -236,14 +264,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument('--sizes', default='256MiB', help='checkpoint sizes (all ranks together), e.g. 256MiB,1GiB')
     parser.add_argument('--modes', default=','.join(ALL_MODES), help=f'modes: {",".join(ALL_MODES)}')
     parser.add_argument('--rounds', type=int, default=2, help='interleaved rotations of the modes per size')
-    parser.add_argument('--max-in-flight', type=int, default=16, help="CheckpointReader's ranged reads per rank")
+    parser.add_argument(
+        '--max-in-flight', type=int, default=MAX_IN_FLIGHT, help="CheckpointReader's ranged reads per rank"
+    )
+    parser.add_argument(
+        '--part-mib', type=int, default=PART_BYTES // MiB, help="CheckpointReader's largest ranged read, MiB"
+    )
     parser.add_argument('--s3-server', default='moto-ranges', choices=C.S3_SERVERS[1:])
     parser.add_argument('--s3-server-priority', default='low', choices=C.S3_SERVER_PRIORITIES)
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.rounds = '32MiB', 1
     wanted = [m.strip() for m in args.modes.split(',') if m.strip()]
-    unknown = sorted(set(wanted) - set(ALL_MODES))
+    unknown = sorted(mode for mode in set(wanted) - set(ALL_MODES) if not TUNED_MODE.fullmatch(mode))
     if unknown:
         parser.error(f'unknown modes {unknown}; known: {ALL_MODES}')
     d = C.init_distributed('gloo')
@@ -255,7 +288,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     watched = [work]
     results: dict[str, Any] = {}
     try:
-        modes = build_modes(d, endpoint, local_root, work, wanted, skipped, args.max_in_flight)
+        modes = build_modes(d, endpoint, local_root, work, wanted, skipped, args.max_in_flight, args.part_mib * MiB)
         for total in C.parse_sizes(args.sizes):
             label = C.format_size(total)
             share = total // d.world_size
@@ -310,6 +343,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'sizes': args.sizes,
         'rounds': args.rounds,
         'max_in_flight': args.max_in_flight,
+        'part_mib': args.part_mib,
         's3_server': args.s3_server,
         'tensor_bytes': TENSOR_BYTES,
         'skipped': skipped,
@@ -358,7 +392,7 @@ def plot(summary: dict[str, Any], d: C.Dist, out_json: Optional[str]) -> None:
     except ImportError:
         return
     sizes = list(summary['results'])
-    modes = [m for m in ALL_MODES if any(m in summary['results'][s] for s in sizes)]
+    modes = list(dict.fromkeys(m for s in sizes for m in summary['results'][s] if m != 'targets'))
     width = 0.8 / max(1, len(sizes))
     for column, (key, title) in enumerate(
         (('load_s', 'dcp.load, slowest rank (s)'), ('rss_added_mib', 'RSS added during the load (MiB)'))

@@ -39,8 +39,12 @@ __all__ = ['CheckpointReader', 'MAX_IN_FLIGHT', 'PART_BYTES', 'sweep_cache']
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
-MAX_IN_FLIGHT = 16  # ranged GETs per rank at a time: S3 serves each at ~100 MB/s, 16 fill a 10 Gb/s NIC
-PART_BYTES = 8 * MiB  # the largest ranged GET (S3's own guidance for byte-range fetches: 8-16 MB)
+# Ranged GETs per rank at a time, and the largest: S3 serves each connection at ~100 MB/s, so 8 per rank (64 on a
+# node of 8 ranks) fill a node's NIC, and 16 MiB (the top of S3's 8-16 MB guidance for byte-range fetches) makes
+# each request's first-byte latency small beside its transfer. Measured against 16 x 8 MiB (benchmarks/README.md,
+# issue 43): half the requests and half the concurrency loaded 256 MiB on 2 ranks in 0.70x the time.
+MAX_IN_FLIGHT = 8
+PART_BYTES = 16 * MiB
 
 
 # torch's checkpoint_id property is never None; ours is None before the first load (what torch's would be is a path).
