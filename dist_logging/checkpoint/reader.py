@@ -11,7 +11,7 @@ import threading
 import uuid
 import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future as ThreadFuture, ThreadPoolExecutor
 from torch.futures import Future
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, _generate_
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
-from dist_logging.checkpoint._chunk_sums import chunk_entries, file_crc32c
+from dist_logging.checkpoint._chunk_sums import chunk_entries, crc32c, encode, file_crc32c
 from dist_logging.checkpoint._layout import (
     METADATA_NAME,
     CheckpointIdMixin,
@@ -161,7 +161,8 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         self._chunk_sums: dict[str, str] = {}
         self._dirs: set[str] = set()
         self._holder = f'.held-by-{os.getpid()}-{uuid.uuid4().hex[:8]}'  # this reader's claim on a cache folder
-        self._pools: list[ThreadPoolExecutor] = []  # the read pool, created by the first read_data
+        self._pools: list[ThreadPoolExecutor] = []  # the read pool, created on first use (_pool)
+        self._metadata_read: Optional[ThreadFuture] = None  # the .metadata being read beside the marker (_resolve)
         self._lock = threading.Lock()
         self.downloaded_bytes = 0
         self.direct_bytes = 0
@@ -178,6 +179,14 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         self._files = {}
         self._checksums = {}
         self._chunk_sums = {}
+        self._metadata_read = None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The reader's thread pool (``max_in_flight`` threads; made on first use, shut down at close)."""
+        with self._lock:
+            if not self._pools:
+                self._pools.append(ThreadPoolExecutor(self.max_in_flight, thread_name_prefix='dist_logging-ckpt-read'))
+            return self._pools[0]
 
     def _count(self, size: int) -> None:
         with self._lock:
@@ -205,6 +214,13 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
                 data = handle.read()
             self.path = Path(folder)
         else:
+            # The .metadata is read while the marker is (one round trip less); the marker's size and CRC32C of it
+            # are checked before it is unpickled (read_metadata).
+            listed = {info.name: info.size for info in listing}.get(f'{cid}/{METADATA_NAME}')
+            if listed is not None:
+                self._metadata_read = self._pool().submit(
+                    fetch_object, self.store, f'{cid}/{METADATA_NAME}', listed, None, f'checkpoint {cid!r}'
+                )
             data = fetch_object(self.store, marker.name, marker.size, None, f'checkpoint {cid!r}')
             self._count(len(data))
         record = decode_record(data, cid)
@@ -280,14 +296,14 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             with open(path, 'rb') as handle:
                 data = handle.read()
         else:
-            data = fetch_object(
-                self.store,
-                name,
-                self._files[METADATA_NAME],
-                self._checksums.get(METADATA_NAME),
-                f'checkpoint {self._cid!r}; not loaded',
-            )
+            pending, self._metadata_read = self._metadata_read, None
+            assert pending is not None  # listed with the size the marker records (_resolve checked)
+            data = pending.result()
             self._count(len(data))
+            expected = self._checksums.get(METADATA_NAME)
+            actual = encode(crc32c(data))
+            if expected is not None and actual != expected:
+                raise ChecksumMismatch(name, expected, actual, f'checkpoint {self._cid!r}; not loaded')
         metadata = pickle.loads(data)  # DCP's own format, as FileSystemReader reads it
         if getattr(metadata, 'storage_meta', None) is None:
             metadata.storage_meta = StorageMeta()
@@ -311,10 +327,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             )
             for relative, size in self._files.items()
         }
-        with self._lock:
-            if not self._pools:
-                self._pools.append(ThreadPoolExecutor(self.max_in_flight, thread_name_prefix='dist_logging-ckpt-read'))
-            pool = self._pools[0]
+        pool = self._pool()
         load = RangedLoad(
             self.store,
             self._cid,

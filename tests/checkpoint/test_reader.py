@@ -208,6 +208,24 @@ def test_a_flipped_byte_in_a_chunked_shard_fails_naming_the_object_and_chunk(tmp
     assert isinstance(ChecksumMismatch('a', 'b', 'c'), ValueError)
 
 
+def test_a_flipped_byte_in_the_metadata_read_beside_the_marker_fails_naming_it(tmp_path):
+    sd = state(8)
+    bucket = tmp_path / 'bucket'
+    store = LocalObjectStore(str(bucket))
+    save(tmp_path, store, sd, 'run/step8')
+    metadata = bucket / 'run/step8/.metadata'
+    data = bytearray(metadata.read_bytes())
+    data[len(data) // 2] ^= 1  # same size: only its CRC32C tells
+    metadata.write_bytes(bytes(data))
+    with pytest.raises(BaseException) as info:  # DCP wraps the reader's error
+        dcp.load(blank(sd), checkpoint_id='run/step8', storage_reader=CheckpointReader(store))
+    assert 'run/step8/.metadata: checksum' in str(info.value) and 'not loaded' in str(info.value)
+    metadata.write_bytes(bytes(data[:-1]))  # another size: refused by the listing before anything is read
+    with pytest.raises(BaseException) as info:
+        dcp.load(blank(sd), checkpoint_id='run/step8', storage_reader=CheckpointReader(store))
+    assert 'files are missing now' in str(info.value) and '.metadata' in str(info.value), info.value
+
+
 @pytest.mark.parametrize('bad', [{'max_in_flight': 0}, {'part_bytes': 1000}, {'timeout': 0}, {'max_in_flight': True}])
 def test_bad_settings_are_refused_naming_them(tmp_path, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
