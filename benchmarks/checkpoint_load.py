@@ -375,11 +375,22 @@ def summarize_size(gathered: list[dict[str, list[dict[str, Any]]]], share: int) 
     ours = out.get('ours', {}).get('load_s')
     others = {m: out[m]['load_s'] for m in S3_OTHERS if m in out}
     best = min(others, key=others.get) if others else None
+    # Per round (the modes of a round ran back to back, so a round's ratios share the machine's state).
+    ours_rounds = out.get('ours', {}).get('load_s_all', [])
+    other_rounds = [out[m]['load_s_all'] for m in S3_OTHERS if m in out]
+    best_rounds = [min(times) for times in zip(*other_rounds)] if other_rounds else []
+    floor_rounds = out.get('floor', {}).get('load_s_all', [])
+    per_best = [C.ratio(a, b) for a, b in zip(ours_rounds, best_rounds)]
+    per_floor = [C.ratio(a, b) for a, b in zip(ours_rounds, floor_rounds)]
     out['targets'] = {
         'share_mib': share / MiB,
         'best_other': best,
         'ours_over_best_other': C.ratio(ours, others.get(best)) if best else None,
         'ours_over_floor': C.ratio(ours, out.get('floor', {}).get('load_s')),
+        'ours_over_best_other_per_round': per_best,
+        'ours_over_best_other_round_median': statistics.median(per_best) if per_best else None,
+        'ours_over_floor_per_round': per_floor,
+        'ours_over_floor_round_median': statistics.median(per_floor) if per_floor else None,
         'target_best_other': 0.8,
         'target_floor': 2.0,
     }

@@ -283,6 +283,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         Raises:
             FileNotFoundError: the checkpoint is not committed, or files it lists are missing.
             ChecksumMismatch: the ``.metadata`` in the bucket is not the one its checkpoint committed.
+            TimeoutError: the ``.metadata`` did not arrive in ``timeout`` seconds.
         """
         self._resolve()
         name = f'{self._cid}/{METADATA_NAME}'
@@ -298,7 +299,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         else:
             pending, self._metadata_read = self._metadata_read, None
             assert pending is not None  # listed with the size the marker records (_resolve checked)
-            data = pending.result()
+            data = pending.result(timeout=self.timeout)  # the store's own timeouts end it first
             self._count(len(data))
             expected = self._checksums.get(METADATA_NAME)
             actual = encode(crc32c(data))

@@ -115,6 +115,21 @@ def test_soak(tmp_path):
     assert set(doc['series']) == {'0', '1'}
 
 
+def test_checkpoint_load(tmp_path):
+    # The S3 readers of the table that need no extra server-side work, and a tuned reader; fsspec and
+    # s3torchconnector are exercised by test_checkpoint_stall's launch already.
+    doc = _run(tmp_path, 'checkpoint_load', '--modes', 'floor,fs_local,boto3_fs,ours,ours_local,ours:2x4')
+    ((label, result),) = doc['results'].items()
+    assert label == '32MiB'
+    for mode in ('fs_local', 'boto3_fs', 'ours', 'ours_local', 'ours:2x4'):
+        assert result[mode]['exact'] is True, mode  # every reader loaded the checkpoint bit-exactly
+        assert result[mode]['load_s'] > 0
+    assert result['ours']['disk_during_mib'] == 0 and result['ours']['disk_after_mib'] == 0
+    targets = result['targets']
+    assert targets['best_other'] == 'boto3_fs'
+    assert len(targets['ours_over_floor_per_round']) == 1 and targets['ours_over_floor_round_median'] > 0
+
+
 @pytest.mark.timeout(480)  # above its run's own bound (400 s): a loaded machine, not a hang
 def test_checkpoint_stall(tmp_path):
     doc = _run(tmp_path, 'checkpoint_stall', timeout=400)
