@@ -44,7 +44,7 @@ from dist_logging import dist
 from dist_logging.errors import UploadError
 from dist_logging.postmortem.capture import object_names, rank_prefix, write_set
 
-__all__ = ['Recorder', 'DELIVERY_SECONDS']
+__all__ = ['Recorder', 'DELIVERY_SECONDS', 'SCRATCH_PREFIX', 'sweep_scratch']
 
 #: The longest a process-ending trigger (an uncaught exception, SIGTERM) waits for its set to land.
 #: torchrun SIGKILLs 30 s after its SIGTERM (its default); capturing takes well under a second.
@@ -54,6 +54,44 @@ _SIGTERM_EXIT = 128 + signal.SIGTERM
 #: hook prints the traceback), then to act on the SIGTERM, before the capture thread ends the process itself.
 _HOOK_GRACE = 5.0
 _MAIN_GRACE = 1.0
+#: A capture writes its set into ``<temp dir>/<SCRATCH_PREFIX><rank>-pid<pid>-<random>`` before handing the files
+#: over, and removes it after; a process killed meanwhile leaves it: :func:`sweep_scratch` removes those.
+SCRATCH_PREFIX = 'dist_logging-postmortem-rank'
+
+
+def sweep_scratch(root: Optional[str] = None) -> list[str]:
+    """Remove the capture scratch folders in ``root`` (the temp dir by default) whose process has ended.
+
+    A recorder sweeps when it starts, so a job that follows a killed one leaves the machine clean. Folders of live
+    processes, of processes this user may not signal, and anything not named like a scratch folder stay.
+
+    Returns:
+        The folders removed.
+    """
+    root = root or tempfile.gettempdir()
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        if not entry.startswith(SCRATCH_PREFIX) or '-pid' not in entry:
+            continue
+        pid_text = entry.split('-pid', 1)[1].split('-', 1)[0]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # alive
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue  # not ours to judge
+        folder = os.path.join(root, entry)
+        shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.exists(folder):
+            removed.append(folder)
+    return removed
 
 
 class Recorder:
@@ -186,7 +224,7 @@ class Recorder:
         return threading.current_thread().name.startswith('dist_logging-postmortem')
 
     def _capture(self, reason: str, exception: Optional[BaseException], wait: Optional[float]) -> None:
-        folder = tempfile.mkdtemp(prefix=f'dist_logging-postmortem-rank{self.rank}-')
+        folder = tempfile.mkdtemp(prefix=f'{SCRATCH_PREFIX}{self.rank}-pid{os.getpid()}-')
         try:
             try:
                 events = dict(self._events())
@@ -234,7 +272,9 @@ class Recorder:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Install the process-wide hooks (uncaught exceptions, SIGTERM) for this recorder."""
+        """Install the process-wide hooks (uncaught exceptions, SIGTERM) for this recorder; remove the scratch
+        folders that killed captures left on this machine (:func:`sweep_scratch`)."""
+        sweep_scratch()
         _hooks.add(self)
 
     def close(self) -> None:
