@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -29,13 +30,21 @@ from dist_logging.checkpoint._layout import (
     decode_record,
     missing_files,
 )
+from dist_logging.checkpoint._node_share import (
+    SHARE_KEY,
+    SharedLoad,
+    local_annotation,
+    share_plans,
+    sweep_segments,
+    unlink_segments,
+)
 from dist_logging.checkpoint._paths import default_cache_folder
 from dist_logging.checkpoint._ranged import FileSums, RangedLoad, fetch_object
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
 from dist_logging.checkpoint.latest import committed_markers, open_store
 from dist_logging.object_store import ObjectStore
 
-__all__ = ['CheckpointReader', 'MAX_IN_FLIGHT', 'PART_BYTES', 'sweep_cache']
+__all__ = ['CheckpointReader', 'MAX_IN_FLIGHT', 'PART_BYTES', 'sweep_cache', 'sweep_shared_memory']
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -98,6 +107,9 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             the same folder for the ranks of a node (default: ``<private base>/<run_name>/checkpoint-cache``, see
             :mod:`dist_logging._private_dirs`).
         run_name: with ``node_cache``: names the default cache folder (use the same on every rank of a node).
+        share_node_reads: ranks of a node that read the same saved item (replicated tensors) share one ranged
+            download of it through shared memory (``/dev/shm``; see "Sharing a node's reads" above); False: every
+            rank reads its whole plan from the bucket. No effect with ``node_cache``.
         _extension_registry: as torch's ``FileSystemReader``'s (EXPERIMENTAL there too): the stream
             transforms (e.g. ``ZStandard``) the reader may find named in the ``.metadata``; None: torch's
             default registry.
@@ -106,10 +118,12 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         downloaded_bytes: bytes this rank read from the bucket (with ``node_cache``: downloaded; the others of
             its node reused them).
         direct_bytes: bytes of tensors this rank read straight into their destination (not deserialized).
+        shared_bytes: bytes of items this rank loaded from a node-mate's download (shared memory), not the bucket.
 
     Raises:
         TypeError, ValueError: a bad bucket (see :func:`latest_checkpoint`), a bad ``max_in_flight``,
-            ``part_bytes`` or ``timeout`` (named), or a ``cache_folder`` without ``node_cache=True``.
+            ``part_bytes``, ``timeout`` or ``share_node_reads`` (named), or a ``cache_folder`` without
+            ``node_cache=True``.
     """
 
     def __init__(
@@ -123,6 +137,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         node_cache: bool = False,
         cache_folder: Optional[Union[str, 'os.PathLike[str]']] = None,
         run_name: Optional[str] = None,
+        share_node_reads: bool = True,
         _extension_registry: Optional[ExtensionRegistry] = None,
     ):
         for label, value, least in (('max_in_flight', max_in_flight, 1), ('part_bytes', part_bytes, MiB)):
@@ -130,6 +145,8 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
                 raise ValueError(f'CheckpointReader: {label} must be an int >= {least}, got {value!r}')
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f'CheckpointReader: timeout must be a positive number, got {timeout!r}')
+        if not isinstance(share_node_reads, bool):
+            raise ValueError(f'CheckpointReader: share_node_reads must be a bool, got {share_node_reads!r}')
         if cache_folder is not None and not node_cache:
             raise ValueError(
                 f'CheckpointReader: cache_folder={os.fspath(cache_folder)!r} is only used with node_cache=True '
@@ -155,6 +172,10 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             )
             os.makedirs(self.cache_root, mode=0o700, exist_ok=True)
             sweep_cache(self.cache_root)  # what killed readers of this node left
+        # The node cache shares whole files already; ranged loads share the items 2+ ranks of a node read.
+        self.share_node_reads = share_node_reads and not self.node_cache
+        if self.share_node_reads:
+            sweep_segments()  # what killed readers of this node left in shared memory
         self._cid: Optional[str] = None
         self._files: dict[str, int] = {}
         self._checksums: dict[str, str] = {}
@@ -163,16 +184,19 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         self._holder = f'.held-by-{os.getpid()}-{uuid.uuid4().hex[:8]}'  # this reader's claim on a cache folder
         self._pools: list[ThreadPoolExecutor] = []  # the read pool, created by the first read_data
         self._lock = threading.Lock()
+        self._segments: set[str] = set()  # shared-memory segments this reader created (and may still be there)
         self.downloaded_bytes = 0
         self.direct_bytes = 0
+        self.shared_bytes = 0
         # Runs at close(), when the reader is garbage-collected, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _release, self._dirs, self._holder, self._pools)
+        self._finalizer = weakref.finalize(self, _release, self._dirs, self._holder, self._pools, self._segments)
 
     def reset(self, checkpoint_id: Union[str, 'os.PathLike[str]', None] = None) -> None:
         """Start a load of ``checkpoint_id`` (all ranks). Raises ValueError without one."""
         if checkpoint_id is None:
             raise ValueError('CheckpointReader: pass checkpoint_id= (e.g. latest_checkpoint(...)) to dcp.load')
         self._cid = check_checkpoint_id(checkpoint_id)
+        unlink_segments(self._segments)  # the last load's: every rank finished it (dcp.load ends with a collective)
         self.storage_data = {}
         self.load_id = _generate_uuid()
         self._files = {}
@@ -305,16 +329,67 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         assert self._cid is not None  # reset() set it (or raised): dcp.load calls it first
         if self.node_cache:
             return self._read_cached(plan, planner)
-        sums = {
+        sums = self._sums()
+        with self._lock:
+            if not self._pools:
+                self._pools.append(ThreadPoolExecutor(self.max_in_flight, thread_name_prefix='dist_logging-ckpt-read'))
+            pool = self._pools[0]
+        note = plan.storage_data.get(SHARE_KEY) if isinstance(plan.storage_data, dict) else None
+        if not note or 'id' not in note:
+            self._ranged(plan, planner, sums, pool)
+        else:
+            shared = SharedLoad(
+                note,
+                self._cid,
+                self.store,
+                sums,
+                pool,
+                self.max_in_flight,
+                self.part_bytes,
+                self.timeout,
+                self._count,
+                self._segments,
+            )
+            keys = shared.keys()
+            groups: dict[tuple[str, int, int], tuple[Any, list[Any]]] = {}
+            private = []
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                key = (info.relative_path, info.offset, info.length)
+                if key in keys:
+                    groups.setdefault(key, (info, []))[1].append(item)
+                else:
+                    private.append(item)
+            try:
+                shared.publish()  # first on every rank: a rank waits for node-mates only once they published
+                self._ranged(dataclasses.replace(plan, items=private), planner, sums, pool)
+                fallback = shared.take(groups, planner, self.transforms)
+            except BaseException:
+                shared.abandon()  # the others need not wait for this rank to let go of the segments
+                raise
+            finally:
+                self.shared_bytes += shared.shared_bytes
+                self.direct_bytes += shared.direct_bytes
+            if fallback:
+                self._ranged(dataclasses.replace(plan, items=fallback), planner, sums, pool)
+        future: Future = Future()
+        future.set_result(None)
+        return future
+
+    def _sums(self) -> dict[str, FileSums]:
+        return {
             relative: FileSums.from_record(
                 f'{self._cid}/{relative}', size, self._checksums.get(relative), self._chunk_sums.get(relative)
             )
             for relative, size in self._files.items()
         }
-        with self._lock:
-            if not self._pools:
-                self._pools.append(ThreadPoolExecutor(self.max_in_flight, thread_name_prefix='dist_logging-ckpt-read'))
-            pool = self._pools[0]
+
+    def _ranged(
+        self, plan: LoadPlan, planner: LoadPlanner, sums: dict[str, FileSums], pool: ThreadPoolExecutor
+    ) -> None:
+        if not plan.items:
+            return
+        assert self._cid is not None
         load = RangedLoad(
             self.store,
             self._cid,
@@ -327,9 +402,32 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         )
         load.run(plan, planner, self.storage_data, self.transforms)
         self.direct_bytes += load.direct_bytes
-        future: Future = Future()
-        future.set_result(None)
-        return future
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Attach this rank's node (host, boot id, shared-memory mount) and pid for :meth:`prepare_global_plan`."""
+        if self.share_node_reads and plan.storage_data is None:
+            annotation = local_annotation()
+            if annotation is not None:
+                return dataclasses.replace(plan, storage_data=annotation)
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """The coordinator: every saved item 2+ ranks of a node read gets one owner there (spread over the node's
+        ranks), who publishes it in shared memory; the others take it from there (see ``share_node_reads``)."""
+        if not self.share_node_reads or self.node_cache:
+            return [
+                dataclasses.replace(plan, storage_data=None)
+                if isinstance(plan.storage_data, dict) and SHARE_KEY in plan.storage_data
+                else plan
+                for plan in plans
+            ]
+        sums = self._sums()
+
+        def shareable(key: tuple[str, int, int]) -> bool:
+            found = sums.get(key[0])
+            return found is not None and found.chunks is not None and key[2] > 0
+
+        return share_plans(plans, self.storage_data, shareable)
 
     def _read_cached(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         """The node cache: fetch the files this rank's plan reads (once per node), read them as torch does."""
@@ -358,12 +456,14 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         self.close()
 
 
-def _release(dirs: set[str], holder: str, pools: list[ThreadPoolExecutor]) -> None:
-    """Shut the read pool down and give up ``holder``'s claim on each cache folder of ``dirs``, removing the folders
-    no live process holds any more (a finalizer: references no reader)."""
+def _release(dirs: set[str], holder: str, pools: list[ThreadPoolExecutor], segments: set[str]) -> None:
+    """Shut the read pool down, remove the shared-memory ``segments`` this reader created, and give up
+    ``holder``'s claim on each cache folder of ``dirs``, removing the folders no live process holds any more (a
+    finalizer: references no reader)."""
     for pool in pools:
         pool.shutdown(wait=False, cancel_futures=True)
     pools.clear()
+    unlink_segments(segments)
     for folder in sorted(dirs):
         try:
             os.unlink(os.path.join(folder, holder))
@@ -435,3 +535,9 @@ def _live_holders(folder: str) -> list[str]:
             pass  # not ours to judge: counts as live
         live.append(entry)
     return live
+
+
+def sweep_shared_memory() -> list[str]:
+    """Remove the shared-memory segments (``/dev/shm/dist_logging-ckpt-*``) whose owner process is gone (a reader
+    killed while loading); the removed paths. Every reader that shares node reads runs it when it is built."""
+    return sweep_segments()
