@@ -87,7 +87,17 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
 
     Memory: the tensors being loaded, plus at most ``max_in_flight * part_bytes`` bytes of parts in
     flight (128 MiB by default), plus, per saved item deserialized (not read straight in), one more copy of it
-    (torch's ``torch.load`` of the item, copied into the destination tensor).
+    (torch's ``torch.load`` of the item, copied into the destination tensor). Shared memory (below) adds, per
+    node, the segments being shared: at most the node's replicated bytes once, read straight into them.
+
+    Sharing a node's reads (``share_node_reads``, on by default; ``docs/checkpoints.md``): the items two or more
+    ranks of a node read (replicated tensors: under DDP, the whole model) are downloaded once per node. The
+    coordinator's :meth:`prepare_global_plan` gives each run of such items (segments of about 64 MiB) an owner
+    among its readers; the owner ranged-reads it (verified) into a segment under ``/dev/shm`` named by its pid,
+    the others wait for it (polling, bounded by ``timeout`` without progress), verify its chunks again and load
+    from it; the last reader unlinks it. An owner that fails, dies or stalls leaves its node-mates to read its
+    items from the bucket themselves. What a killed owner left is removed by the next reader built on the node
+    (:func:`sweep_shared_memory`); the rest at the owner's next load, ``close()``, collection or exit.
 
     With ``node_cache=True`` (and for a store without ``read_range``, e.g. one written for Composer) the
     reader works as it did before ranged reads: every shard file its plan reads is downloaded whole into
