@@ -7,11 +7,13 @@ ours stays in /dev/shm after the job, and what a killed owner left is swept by t
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ import torch.distributed.checkpoint as dcp
 from dist_logging.checkpoint import CheckpointReader, CheckpointWriter
 from dist_logging.checkpoint.reader import sweep_shared_memory
 from dist_logging.object_store import LocalObjectStore
+from s3_server import aws_credentials, s3_bucket, _moto_session  # noqa: F401 - fixtures
 from torchrun_helper import REPO_ROOT, free_port, read_rank_outputs, run_torchrun, write_script
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings('ignore:torch.distributed is disabled')]
@@ -36,6 +39,7 @@ SCENARIO = '''
     tdist.init_process_group('gloo', timeout=datetime.timedelta(seconds=40))
     rank, world = tdist.get_rank(), tdist.get_world_size()
     root, mode, fault = os.environ['ROOT'], os.environ['MODE'], os.environ.get('FAULT', '')
+    uri, kwargs = os.environ.get('URI') or root + '/bucket', json.loads(os.environ.get('KWARGS') or 'null')
     warnings = []
 
     class Keep(logging.Handler):
@@ -62,7 +66,8 @@ SCENARIO = '''
         return all(torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v for k, v in want.items())
 
     if not os.environ.get('SKIP_SAVE'):
-        writer = CheckpointWriter(root + '/bucket', upload_staging_folder=f'{root}/staging/r{rank}', run_name='t')
+        writer = CheckpointWriter(uri, upload_staging_folder=f'{root}/staging/r{rank}', run_name='t',
+                                  **({'backend_kwargs': kwargs} if kwargs else {}))
         dcp.save(state(rank), checkpoint_id='run/step1', storage_writer=writer)
         writer.close()
         tdist.barrier()
@@ -80,7 +85,7 @@ SCENARIO = '''
 
         reader_module.SharedLoad._fill = broken
     got = blank(state(rank))
-    reader = CheckpointReader(root + '/bucket', max_in_flight=3, part_bytes=1024 * 1024,
+    reader = CheckpointReader(uri, backend_kwargs=kwargs, max_in_flight=3, part_bytes=1024 * 1024,
                               timeout=float(os.environ.get('TIMEOUT', '60')))  # never closed
     error = None
     try:
@@ -99,7 +104,8 @@ SCENARIO = '''
     out['left'] = sorted(n for n in os.listdir('/dev/shm') if n.startswith('dist_logging-ckpt-') and
                          f'-{os.getpid()}-' in n)
     plain = blank(state(rank))
-    unshared = CheckpointReader(root + '/bucket', max_in_flight=3, part_bytes=1024 * 1024, share_node_reads=False)
+    unshared = CheckpointReader(uri, backend_kwargs=kwargs, max_in_flight=3, part_bytes=1024 * 1024,
+                                share_node_reads=False)
     dcp.load(plain, checkpoint_id='run/step1', storage_reader=unshared)
     out |= {'exact_unshared': exact(plain, state(rank)), 'read_unshared': unshared.downloaded_bytes}
     dump_rank_output(out)
@@ -117,29 +123,47 @@ def ours(pids) -> list[str]:
     )
 
 
-def sizes(root: pathlib.Path) -> tuple[int, int]:
-    """The checkpoint's shard bytes, and its metadata plus commit marker bytes."""
-    folder = root / 'bucket/run/step1'
-    shards = sum(p.stat().st_size for p in folder.glob('*.distcp'))
-    other = (folder / '.metadata').stat().st_size + next(folder.glob('.committed-*.json')).stat().st_size
+def sizes(root: pathlib.Path, s3: Optional[tuple[str, str]] = None) -> tuple[int, int]:
+    """The checkpoint's shard bytes, and its metadata plus commit marker bytes (local bucket, or S3)."""
+    if s3 is None:
+        folder = root / 'bucket/run/step1'
+        found = {p.name: p.stat().st_size for p in folder.iterdir()}
+    else:
+        import boto3
+
+        client = boto3.client('s3', endpoint_url=s3[0])
+        listing = client.list_objects_v2(Bucket=s3[1], Prefix='run/step1/')['Contents']
+        found = {item['Key'].rsplit('/', 1)[1]: int(item['Size']) for item in listing}
+    shards = sum(size for name, size in found.items() if name.endswith('.distcp'))
+    other = found['.metadata'] + next(size for name, size in found.items() if name.startswith('.committed-'))
     return shards, other
 
 
-def launch(tmp_path: pathlib.Path, world: int, mode: str, fault: str = '', timeout: str = '60') -> dict:
+def launch(
+    tmp_path: pathlib.Path,
+    world: int,
+    mode: str,
+    fault: str = '',
+    timeout: str = '60',
+    s3: Optional[tuple[str, str]] = None,
+) -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = write_script(tmp_path, SCENARIO)
     env = {'ROOT': str(tmp_path), 'MODE': mode, 'FAULT': fault, 'TIMEOUT': timeout}
+    if s3 is not None:
+        env |= {'URI': f's3://{s3[1]}', 'KWARGS': json.dumps({'endpoint_url': s3[0]})}
     run_torchrun(script, world, tmp_path / 'out', env=env, timeout=100)
     out = read_rank_outputs(tmp_path / 'out')
     assert sorted(out) == list(range(world)), out
     return out
 
 
-@pytest.mark.parametrize('world', [2, 4])
-def test_a_replicated_state_is_read_once_per_node_and_loads_bit_exact(tmp_path, world):
-    out = launch(tmp_path, world, 'replicated')
+@pytest.mark.parametrize('world, kind', [(2, 'local'), (4, 'local'), (2, 's3')])
+def test_a_replicated_state_is_read_once_per_node_and_loads_bit_exact(tmp_path, world, kind, request):
+    s3 = request.getfixturevalue('s3_bucket') if kind == 's3' else None
+    out = launch(tmp_path, world, 'replicated', s3=s3)
     assert all(o['exact'] and o['exact_unshared'] and o['error'] is None for o in out.values()), out
-    shards, other = sizes(tmp_path)
+    shards, other = sizes(tmp_path, s3)
     # Shared: the node read each saved byte once (every rank reads the metadata and the marker itself); a chunk
     # may be read twice where two segments meet (here: one segment per file, none meet).
     assert sum(o['read'] for o in out.values()) == shards + world * other
