@@ -142,7 +142,12 @@ def share_plans(
     result = []
     for rank, plan in enumerate(plans):
         given = notes.get(rank)
-        result.append(dataclasses.replace(plan, storage_data={SHARE_KEY: given} if given else None))
+        if given:
+            result.append(dataclasses.replace(plan, storage_data={SHARE_KEY: given}))
+        elif isinstance(plan.storage_data, dict) and SHARE_KEY in plan.storage_data:
+            result.append(dataclasses.replace(plan, storage_data=None))  # ours, nothing to share: as it came
+        else:
+            result.append(plan)
     return result
 
 
@@ -243,7 +248,8 @@ class SharedLoad:
 
         Raises:
             ChecksumMismatch, TimeoutError, OSError: as a ranged read (every unfinished segment is marked failed
-                first, so its node-mates read it themselves at once).
+                first, so its node-mates read it themselves at once; a segment that cannot be made is not an
+                error: its readers read its items each).
         """
         segments: list[_Segment] = []
         try:
@@ -266,31 +272,34 @@ class SharedLoad:
                 segment.close()
 
     def _create(self, segment: _Segment) -> None:
-        fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self.owned.add(segment.path)
-        segment.fd = fd
+        """Make the segment: sized, its pages reserved (``posix_fallocate``: a full ``/dev/shm`` is an error here,
+        never a ``SIGBUS`` later), its header written, then renamed into place (a node-mate never sees half a
+        header). If that fails, a ``.failed`` marker tells the node-mates to read its items themselves."""
+        temp = segment.path + '.new'
+        self.owned.update((temp, segment.path, segment.path + '.failed'))
         try:
-            os.posix_fallocate(fd, 0, HEADER_BYTES)
-            os.ftruncate(fd, HEADER_BYTES)
-            segment.map = mmap.mmap(fd, HEADER_BYTES)
+            segment.fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.posix_fallocate(segment.fd, 0, HEADER_BYTES + segment.size)
+            segment.map = mmap.mmap(segment.fd, HEADER_BYTES + segment.size)
             _HEADER.pack_into(segment.map, 0, _MAGIC, PENDING, os.getpid(), 0, 0, segment.expected)
-            try:
-                os.posix_fallocate(fd, 0, HEADER_BYTES + segment.size)  # pages reserved: no SIGBUS when /dev/shm fills
-            except OSError as exc:
-                log.warning(
-                    'CheckpointReader: no room in %s for %d bytes (%s): the node reads it per rank',
-                    SHM_DIR,
-                    segment.size,
-                    exc,
-                )
-                segment.failed = True
-                self._set_status(segment, FAILED)
-                return
-            segment.map.close()
-            segment.map = mmap.mmap(fd, HEADER_BYTES + segment.size)
-        except BaseException:
+            os.rename(temp, segment.path)
+        except OSError as exc:
             segment.close()
-            raise
+            segment.failed = True
+            log.warning(
+                'CheckpointReader: no segment of %d bytes in %s (%s): the ranks of the node read its items each',
+                segment.size,
+                SHM_DIR,
+                exc,
+            )
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            try:
+                os.close(os.open(segment.path + '.failed', os.O_WRONLY | os.O_CREAT, 0o600))
+            except OSError:
+                pass  # no marker: the node-mates give up after their timeout
 
     @staticmethod
     def _set_status(segment: _Segment, status: int) -> None:
@@ -402,14 +411,10 @@ class SharedLoad:
         if segment.map is None:
             try:
                 segment.fd = os.open(segment.path, os.O_RDWR)
-            except FileNotFoundError:
-                return PENDING
+            except FileNotFoundError:  # not made yet, or (a marker says) never will be
+                return FAILED if os.path.exists(segment.path + '.failed') else PENDING
             try:
-                size = os.fstat(segment.fd).st_size
-                if size < HEADER_BYTES:  # just created: sized next
-                    segment.close()
-                    return PENDING
-                segment.map = mmap.mmap(segment.fd, size)
+                segment.map = mmap.mmap(segment.fd, HEADER_BYTES + segment.size)  # made whole, then renamed
             except BaseException:
                 segment.close()
                 raise
@@ -418,12 +423,7 @@ class SharedLoad:
             magic, status = segment.header()[:2]
         finally:
             fcntl.flock(segment.fd, fcntl.LOCK_UN)
-        if magic != _MAGIC:
-            return PENDING  # just created: its header comes next
-        if status == COMPLETE and len(segment.map) < HEADER_BYTES + segment.size:  # type: ignore[arg-type]
-            segment.map.close()  # type: ignore[union-attr]
-            segment.map = mmap.mmap(segment.fd, HEADER_BYTES + segment.size)
-        return status
+        return status if magic == _MAGIC else FAILED  # not one of ours
 
     def _load(
         self, segment: _Segment, items: list[tuple[Any, list[ReadItem]]], planner: LoadPlanner, transforms: Any
@@ -507,7 +507,7 @@ def unlink_segments(paths: set[str]) -> None:
 
 def sweep_segments() -> list[str]:
     """Remove the shared-memory segments of this node whose owner process is gone (killed while loading); the
-    removed paths. Every reader that shares node reads runs it when it is built."""
+    removed paths. Every reader runs it when it is built."""
     try:
         entries = os.listdir(SHM_DIR)
     except OSError:

@@ -83,10 +83,15 @@ SCENARIO = '''
                 os.kill(os.getpid(), 9)  # its segments stay, empty, named by its pid
             return original(self, segments)
 
+        def full(*args):
+            raise OSError(28, 'No space left on device (injected)')
+
         reader_module.SharedLoad._fill = broken
+        if fault == 'nospace':  # /dev/shm full: its segments cannot be made
+            os.posix_fallocate = full
     got = blank(state(rank))
     reader = CheckpointReader(uri, backend_kwargs=kwargs, max_in_flight=3, part_bytes=1024 * 1024,
-                              timeout=float(os.environ.get('TIMEOUT', '60')))  # never closed
+                              share_node_reads=True, timeout=float(os.environ.get('TIMEOUT', '60')))  # never closed
     error = None
     try:
         dcp.load(got, checkpoint_id='run/step1', storage_reader=reader)
@@ -188,7 +193,7 @@ def test_a_mixed_state_shares_the_replicated_items_and_reads_the_rest_per_rank(t
     assert ours(o['pid'] for o in out.values()) == []
 
 
-def test_an_owner_that_fails_or_stalls_leaves_its_node_mates_to_read_its_items(tmp_path):
+def test_an_owner_that_fails_leaves_its_node_mates_to_read_its_items(tmp_path):
     failed = launch(tmp_path / 'fail', 2, 'replicated', fault='fail')
     # The owner's own load fails (and with it dcp.load everywhere); its node-mate read its items itself.
     assert 'injected' in (failed[1]['error'] or ''), failed
@@ -196,11 +201,24 @@ def test_an_owner_that_fails_or_stalls_leaves_its_node_mates_to_read_its_items(t
     shards, other = sizes(tmp_path / 'fail')
     assert failed[0]['read'] == shards + other  # everything, from the bucket
     assert ours(o['pid'] for o in failed.values()) == []
+
+
+def test_an_owner_that_stalls_is_given_up_on_after_the_timeout(tmp_path):
     # A stalled owner: its node-mate gives up after its timeout (2 s), reads the items itself, the load succeeds.
     stalled = launch(tmp_path / 'stall', 2, 'replicated', fault='stall', timeout='2')
     assert all(o['exact'] and o['error'] is None for o in stalled.values()), stalled
     assert any('sent nothing for 2 s' in w for w in stalled[0]['warnings']), stalled[0]
     assert ours(o['pid'] for o in stalled.values()) == []
+
+
+def test_an_owner_without_room_in_dev_shm_tells_its_node_mates_at_once(tmp_path):
+    out = launch(tmp_path, 2, 'replicated', fault='nospace', timeout='90')
+    assert all(o['exact'] and o['error'] is None for o in out.values()), out
+    assert any('no segment of' in w for w in out[1]['warnings']), out[1]
+    assert not any('sent nothing' in w for w in out[0]['warnings']), out[0]  # told by a marker, not a timeout
+    shards, other = sizes(tmp_path)
+    assert out[0]['read'] == shards + other  # its own segments' items, and those its node-mate could not share
+    assert ours(o['pid'] for o in out.values()) == []  # the markers went with their owner's reader, at its exit
 
 
 def test_a_killed_owner_is_read_around_and_its_segments_are_swept_by_the_next_reader(tmp_path):
@@ -243,9 +261,17 @@ def test_a_killed_owner_is_read_around_and_its_segments_are_swept_by_the_next_re
     assert sweep_shared_memory() == []
 
 
-def test_sharing_can_be_turned_off_and_a_bad_value_is_refused(tmp_path):
+def test_sharing_is_on_by_default_for_a_remote_store_and_can_be_turned_off(tmp_path, s3_bucket):
     with pytest.raises(ValueError, match='share_node_reads'):
         CheckpointReader(str(tmp_path / 'bucket'), share_node_reads='yes')  # type: ignore[arg-type]
+    endpoint, bucket = s3_bucket
+    assert CheckpointReader(f's3://{bucket}', backend_kwargs={'endpoint_url': endpoint}).share_node_reads
+    assert not CheckpointReader(
+        f's3://{bucket}', backend_kwargs={'endpoint_url': endpoint}, node_cache=True
+    ).share_node_reads
+    # a local bucket: the ranks' reads of one file share the node's page cache already (unless asked for)
+    assert not CheckpointReader(str(tmp_path / 'bucket')).share_node_reads
+    assert CheckpointReader(str(tmp_path / 'bucket'), share_node_reads=True).share_node_reads
     store = LocalObjectStore(str(tmp_path / 'bucket'))
 
     writer = CheckpointWriter(str(tmp_path / 'bucket'), upload_staging_folder=str(tmp_path / 'staging'), run_name='t')
