@@ -2,12 +2,13 @@
 
 The coordinator (:func:`share_plans`) groups the items the ranks' load plans read by node (the node identity each
 rank attached to its plan: host name, boot id and the ``/dev/shm`` mount, so "same node" means "sees the same
-shared memory") and by saved item (file, offset, length). An item read by two or more ranks of a node gets one
-owner there (owners spread over the node's ranks by bytes); the owner's plan says to publish it, the others' to
-take it. The owner (:class:`SharedLoad`) reads the item's chunk-aligned file range from the bucket straight into a
-segment under ``/dev/shm`` (verified chunk by chunk, as every ranged read), then marks it complete; every reader
-of the item, the owner too, loads it from there (the node-mates verify its chunks again) and counts itself done
-in the segment's header; the last one unlinks it. A segment is named ``dist_logging-ckpt-<load>-<pid>-<n>`` by
+shared memory") and by saved item (file, offset, length). Neighbouring items read by the same two or more ranks
+of a node make segments of about :data:`SEGMENT_BYTES`, each with one owner there (owners spread over the node's
+ranks by bytes); the owner's plan says to publish it, the others' to take it. The owner (:class:`SharedLoad`)
+reads the segment's chunk-aligned file range from the bucket straight into a file under ``/dev/shm`` (verified
+chunk by chunk, as every ranged read), then marks it complete; every reader of it, the owner too, loads its items
+from there (the node-mates verify its chunks again) and counts itself done in the segment's header; the last one
+unlinks it. A segment is named ``dist_logging-ckpt-<load>-<pid>-<n>`` by
 its owner's pid: what a killed owner left is removed by the next reader of the node (:func:`sweep_segments`). If
 the owner fails or dies, or nothing arrives for the reader's ``timeout``, the others read the item themselves.
 """
@@ -415,9 +416,9 @@ class SharedLoad:
                 return FAILED if os.path.exists(segment.path + '.failed') else PENDING
             try:
                 segment.map = mmap.mmap(segment.fd, HEADER_BYTES + segment.size)  # made whole, then renamed
-            except BaseException:
+            except (OSError, ValueError):  # not the size it must be: not one of ours, read the items here
                 segment.close()
-                raise
+                return FAILED
         fcntl.flock(segment.fd, fcntl.LOCK_SH)
         try:
             magic, status = segment.header()[:2]
