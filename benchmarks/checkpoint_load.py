@@ -25,6 +25,14 @@ Then, in interleaved rotations, every mode loads the same checkpoint into zeroed
 * ``s3tc``: s3torchconnector's ``S3StorageReader`` (AWS CRT; its default DCP-optimized reader).
 * ``ours``: :class:`~dist_logging.checkpoint.CheckpointReader`, as torch's docs use readers (never closed).
 * ``ours_local``: the same on the local bucket.
+* ``ours_shared``, ``ours_local_shared``: the same with ``share_node_reads=True`` (the items two or more ranks
+  of a node read are downloaded once per node and shared through ``/dev/shm``; the same as ``ours`` when no two
+  ranks of the node read the same item).
+
+``--replicated``: every rank holds (and loads) the same whole state of each size, as under DDP (DCP saves each
+tensor once); ``ours`` then downloads it once per rank, ``ours_shared`` once per node, shared through
+``/dev/shm``. The summary adds the bytes the ranks read from the bucket (``downloaded_mib``, all ranks of the
+node together) for ``CheckpointReader`` modes. ``floor`` and ``boto3_fs`` read one shard per rank: not with it.
 
 For each: the load's wall time (the slowest rank), the RSS it added (peak during the load minus before, the
 destination tensors already allocated and touched; ``/proc/self/clear_refs`` resets the peak), the bytes on
@@ -59,20 +67,34 @@ from dist_logging.checkpoint.reader import MAX_IN_FLIGHT, PART_BYTES  # noqa: E4
 from dist_logging.object_store.checksums import crc32c  # noqa: E402
 
 MiB = 1024 * 1024
-ALL_MODES = ('floor', 'fs_local', 'boto3_fs', 'fsspec', 's3tc', 'ours', 'ours_local')
+ALL_MODES = (
+    'floor',
+    'fs_local',
+    'boto3_fs',
+    'fsspec',
+    's3tc',
+    'ours',
+    'ours_local',
+    'ours_shared',
+    'ours_local_shared',
+)
+DEFAULT_MODES = ALL_MODES[:7]
+REPLICATED_MODES = ('ours', 'ours_shared', 'ours_local', 'ours_local_shared')
+LAST_READ: dict[str, int] = {}  # the bytes the last CheckpointReader mode read from the bucket (this rank)
 # CheckpointReader with other settings, compared in the same run: ours:<max_in_flight>x<part MiB>, e.g. ours:4x32
 TUNED_MODE = re.compile(r'ours:(\d+)x(\d+)')
 S3_OTHERS = ('boto3_fs', 'fsspec', 's3tc')
 TENSOR_BYTES = 32 * MiB
 
 
-def make_state(rank: int, share: int) -> dict[str, torch.Tensor]:
-    """This rank's keys: float32 tensors of at most ``TENSOR_BYTES``, ``share`` bytes in all (seeded by rank)."""
-    generator = torch.Generator().manual_seed(1234 + rank)
+def make_state(rank: int, share: int, replicated: bool = False) -> dict[str, torch.Tensor]:
+    """This rank's keys: float32 tensors of at most ``TENSOR_BYTES``, ``share`` bytes in all (seeded by rank; with
+    ``replicated`` the same keys and values on every rank)."""
+    generator = torch.Generator().manual_seed(1234 + (0 if replicated else rank))
     state, left, index = {}, share, 0
     while left > 0:
         size = min(TENSOR_BYTES, left)
-        state[f'r{rank}.w{index}'] = torch.randint(
+        state[f'w{index}' if replicated else f'r{rank}.w{index}'] = torch.randint(
             -(2**31), 2**31 - 1, (size // 4,), generator=generator, dtype=torch.int32
         ).view(torch.float32)
         left -= size
@@ -145,7 +167,6 @@ def build_modes(
     part_bytes: int,
 ) -> dict[str, Callable[[dict, str, str], None]]:
     """mode -> load(state, checkpoint_id, own shard file name)."""
-    from dist_logging.checkpoint import CheckpointReader
     from torch.distributed.checkpoint import FileSystemReader
 
     kwargs = {'endpoint_url': endpoint}
@@ -215,23 +236,38 @@ def build_modes(
         modes['s3tc'] = s3tc
     except ImportError as exc:
         skipped['s3tc'] = f's3torchconnector[dcp] not importable (pip install "dist-logging[bench]"): {exc}'
-    modes['ours'] = lambda state, cid, shard: dcp.load(
-        state,
-        checkpoint_id=cid,
-        storage_reader=CheckpointReader(
-            s3_uri, backend_kwargs=kwargs, max_in_flight=max_in_flight, part_bytes=part_bytes
-        ),
-    )
-    modes['ours_local'] = lambda state, cid, shard: dcp.load(
-        state,
-        checkpoint_id=cid,
-        storage_reader=CheckpointReader(local_root, max_in_flight=max_in_flight, part_bytes=part_bytes),
-    )
+    for name, uri, options, share in (
+        ('ours', s3_uri, kwargs, False),
+        ('ours_local', local_root, None, False),
+        ('ours_shared', s3_uri, kwargs, True),
+        ('ours_local_shared', local_root, None, True),
+    ):
+        modes[name] = functools.partial(load_ours, uri, options, max_in_flight, part_bytes, share)
     for mode in wanted:
         tuned = TUNED_MODE.fullmatch(mode)
         if tuned:
             modes[mode] = functools.partial(load_tuned, s3_uri, kwargs, int(tuned[1]), int(tuned[2]) * MiB)
     return {mode: fn for mode, fn in modes.items() if mode in wanted}
+
+
+def load_ours(
+    uri: str,
+    kwargs: Optional[dict],
+    max_in_flight: int,
+    part_bytes: int,
+    share: bool,
+    state: dict,
+    cid: str,
+    shard: str,
+) -> None:
+    """``CheckpointReader`` as torch's docs use readers (never closed); its bytes read kept in ``LAST_READ``."""
+    from dist_logging.checkpoint import CheckpointReader
+
+    reader = CheckpointReader(
+        uri, backend_kwargs=kwargs, max_in_flight=max_in_flight, part_bytes=part_bytes, share_node_reads=share
+    )
+    dcp.load(state, checkpoint_id=cid, storage_reader=reader)
+    LAST_READ['read'] = reader.downloaded_bytes
 
 
 def load_tuned(uri: str, kwargs: dict, max_in_flight: int, part_bytes: int, state: dict, cid: str, shard: str) -> None:
@@ -255,14 +291,15 @@ def save_checkpoints(d: C.Dist, state: dict, cid: str, endpoint: str, local_root
         torch_dist.barrier(group=d.cpu_group)
     listing = C.s3_client(endpoint).list_objects_v2(Bucket=C.MOTO_BUCKET, Prefix=f'{cid}/__{d.rank}_')
     mine = [item['Key'].rsplit('/', 1)[1] for item in listing.get('Contents', [])]
-    assert len(mine) == 1, mine
-    return mine[0]
+    assert len(mine) <= 1, mine
+    return mine[0] if mine else ''  # replicated: DCP saves each tensor once, some rank may write no shard
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = C.base_parser(__doc__.split('\n')[0])
     parser.add_argument('--sizes', default='256MiB', help='checkpoint sizes (all ranks together), e.g. 256MiB,1GiB')
-    parser.add_argument('--modes', default=','.join(ALL_MODES), help=f'modes: {",".join(ALL_MODES)}')
+    parser.add_argument('--modes', default=None, help=f'modes: {",".join(ALL_MODES)} (default: all but the shared ones)')
+    parser.add_argument('--replicated', action='store_true', help='every rank loads the same whole state (DDP)')
     parser.add_argument('--rounds', type=int, default=2, help='interleaved rotations of the modes per size')
     parser.add_argument(
         '--max-in-flight', type=int, default=MAX_IN_FLIGHT, help="CheckpointReader's ranged reads per rank"
@@ -275,7 +312,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.rounds = '32MiB', 1
+    if args.modes is None:
+        args.modes = ','.join(REPLICATED_MODES if args.replicated else DEFAULT_MODES)
     wanted = [m.strip() for m in args.modes.split(',') if m.strip()]
+    if args.replicated and {'floor', 'boto3_fs'} & set(wanted):
+        parser.error('--replicated: floor and boto3_fs read one shard per rank, not the whole state')
     unknown = sorted(mode for mode in set(wanted) - set(ALL_MODES) if not TUNED_MODE.fullmatch(mode))
     if unknown:
         parser.error(f'unknown modes {unknown}; known: {ALL_MODES}')
@@ -291,15 +332,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         modes = build_modes(d, endpoint, local_root, work, wanted, skipped, args.max_in_flight, args.part_mib * MiB)
         for total in C.parse_sizes(args.sizes):
             label = C.format_size(total)
-            share = total // d.world_size
+            share = total if args.replicated else total // d.world_size
             cid = f'load/{label}'
-            state = make_state(d.rank, share)
+            state = make_state(d.rank, share, args.replicated)
             expected = crcs(state)
             shard = save_checkpoints(d, state, cid, endpoint, local_root, os.path.join(work, 'staging'))
             del state
             gc.collect()
             target = {
-                key: torch.zeros(value.numel(), dtype=torch.float32) for key, value in make_state(d.rank, share).items()
+                key: torch.zeros(value.numel(), dtype=torch.float32)
+                for key, value in make_state(d.rank, share, args.replicated).items()
             }  # allocated and touched before any load
             records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
             for _, order in C.rotations(list(modes), args.rounds):
@@ -311,6 +353,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     torch_dist.barrier(group=d.cpu_group)
                     reset_peak()
                     base, _ = rss()
+                    LAST_READ.clear()
                     with DiskWatch(watched) as disk:
                         t0 = time.perf_counter()
                         modes[mode](target, cid, shard)
@@ -326,6 +369,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                             'disk_during': max(0, disk.peak - before_disk),
                             'disk_after': after,
                             'exact': exact,
+                            'downloaded': LAST_READ.get('read'),
                         }
                     )
             gathered = d.all_gather_object(records)
@@ -341,6 +385,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         'benchmark': 'checkpoint_load',
         'world_size': d.world_size,
         'sizes': args.sizes,
+        'replicated': args.replicated,
         'rounds': args.rounds,
         'max_in_flight': args.max_in_flight,
         'part_mib': args.part_mib,
@@ -372,6 +417,8 @@ def summarize_size(gathered: list[dict[str, list[dict[str, Any]]]], share: int) 
             'disk_after_mib': max(r['disk_after'] for rank in gathered for r in rank[mode]) / MiB,
             'exact': None if mode == 'floor' else all(r['exact'] for rank in gathered for r in rank[mode]),
         }
+        if gathered[0][mode][0].get('downloaded') is not None:  # CheckpointReader: the node's bytes from the bucket
+            out[mode]['downloaded_mib'] = sum(rank[mode][0]['downloaded'] for rank in gathered) / MiB
     ours = out.get('ours', {}).get('load_s')
     others = {m: out[m]['load_s'] for m in S3_OTHERS if m in out}
     best = min(others, key=others.get) if others else None

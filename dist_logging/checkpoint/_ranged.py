@@ -27,7 +27,16 @@ from dist_logging.checkpoint._chunk_sums import crc32c, decode, decode_chunks, e
 from dist_logging.checkpoint._saved_tensor import HEAD_BYTES, TAIL_BYTES, saved_layout
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
 
-__all__ = ['FileSums', 'RangedLoad', 'MemoryReader', 'plan_parts', 'fetch_object']
+__all__ = [
+    'FileSums',
+    'RangedLoad',
+    'MemoryReader',
+    'plan_parts',
+    'fetch_object',
+    'fetch_verified',
+    'check_chunks',
+    'load_item',
+]
 
 MiB = 1024 * 1024
 
@@ -427,24 +436,9 @@ class RangedLoad:
 
     def _fetch(self, entry: _File, start: int, buffer: memoryview) -> int:
         """Read a part and verify its chunks (pool thread); its CRC32C for a whole-file check, else 0."""
-        retry(self.store, lambda: self.store.read_range(entry.name, start, buffer))
+        crc = fetch_verified(self.store, entry.name, entry.sums, start, buffer, f'checkpoint {self.cid!r}')
         self.on_bytes(len(buffer))
-        sums = entry.sums
-        if sums.chunks is None:
-            return crc32c(buffer)
-        chunk = sums.chunk
-        for offset in range(0, len(buffer), chunk):
-            number = (start + offset) // chunk
-            actual = crc32c(buffer[offset : offset + chunk])
-            if actual != sums.chunks[number]:
-                end = start + min(offset + chunk, len(buffer))
-                raise ChecksumMismatch(
-                    entry.name,
-                    encode(sums.chunks[number]),
-                    encode(actual),
-                    f'checkpoint {self.cid!r}, chunk {number}: bytes {start + offset}-{end - 1}; not loaded',
-                )
-        return 0
+        return crc
 
     def _arrived(self, entry: _File, index: int, own: Optional[memoryview], crc: int) -> None:
         """A verified part: hand its bytes to its blobs; load the blobs that are complete."""
@@ -497,23 +491,119 @@ class RangedLoad:
 
     def _load(self, blob: _Blob, view: memoryview) -> None:
         """Deserialize one saved item for each read item that uses it, as torch's ``FileSystemReader`` does."""
-        tensor = None
-        for request in blob.requests:
-            stream = self.transforms.transform_load_stream(
-                request, blob.info.transform_descriptors or (), MemoryReader(view)
+        load_item(self.planner, self.transforms, blob.info, blob.requests, view, blob.target, direct=False)
+
+
+def fetch_verified(store: Any, name: str, sums: FileSums, start: int, buffer: memoryview, where: str) -> int:
+    """Read ``len(buffer)`` bytes of ``name`` from ``start`` into ``buffer`` and verify its chunks (``start``
+    chunk-aligned); its CRC32C when the file has no chunk checksums (for a whole-file check), else 0.
+
+    Raises:
+        ChecksumMismatch: a chunk differs from the one its writer recorded (naming the object, the chunk and
+            ``where``).
+    """
+    retry(store, lambda: store.read_range(name, start, buffer))
+    if sums.chunks is None:
+        return crc32c(buffer)
+    check_chunks(name, sums, start, buffer, where)
+    return 0
+
+
+def check_chunks(name: str, sums: FileSums, start: int, buffer: memoryview, where: str) -> None:
+    """Verify the bytes of ``name`` from ``start`` (chunk-aligned) held in ``buffer`` against its chunk checksums.
+
+    Raises:
+        ChecksumMismatch: a chunk differs (naming the object, the chunk and ``where``).
+    """
+    assert sums.chunks is not None
+    chunk = sums.chunk
+    for offset in range(0, len(buffer), chunk):
+        number = (start + offset) // chunk
+        actual = crc32c(buffer[offset : offset + chunk])
+        if actual != sums.chunks[number]:
+            end = start + min(offset + chunk, len(buffer))
+            raise ChecksumMismatch(
+                name,
+                encode(sums.chunks[number]),
+                encode(actual),
+                f'{where}, chunk {number}: bytes {start + offset}-{end - 1}; not loaded',
             )
-            if request.type == LoadItemType.BYTE_IO:
-                self.planner.load_bytes(request, io.BytesIO(stream.read(-1)))
-                continue
-            if tensor is None:
-                seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
-                tensor = torch.load(seekable, map_location='cpu', weights_only=True)
-            piece = narrow_tensor_by_index(tensor, request.storage_offsets, request.lengths)
-            target = blob.target if blob.target is not None else self.planner.resolve_tensor(request).detach()
-            if target.size() != piece.size():
-                raise AssertionError(f'req {request.storage_index} mismatch sizes {target.size()} vs {piece.size()}')
-            target.copy_(piece)
-            self.planner.commit_tensor(request, target)
+
+
+def plain_target(planner: Any, request: ReadItem) -> Optional[torch.Tensor]:
+    """The destination of a tensor read whole, when its bytes can be written straight in (a plain contiguous CPU
+    tensor of the request's size); else None."""
+    if request.type != LoadItemType.TENSOR or any(request.storage_offsets):
+        return None
+    target = planner.resolve_tensor(request).detach()
+    if (
+        type(target) is not torch.Tensor
+        or target.device.type != 'cpu'
+        or target.layout != torch.strided
+        or not target.is_contiguous()
+        or target.is_conj()
+        or target.is_neg()
+        or list(target.size()) != list(request.lengths)
+    ):
+        return None
+    return target
+
+
+def load_item(
+    planner: Any,
+    transforms: Any,
+    info: Any,
+    requests: list[ReadItem],
+    view: memoryview,
+    target: Optional[torch.Tensor] = None,
+    direct: bool = True,
+) -> int:
+    """Load one saved item's verified bytes (``view``, the whole item) for each read item that uses it; the bytes
+    copied straight into a tensor (0 when deserialized, as torch's ``FileSystemReader`` does).
+
+    A single read of a whole saved tensor into a plain contiguous CPU tensor of its dtype and size (no stream
+    transforms) is copied straight from ``view`` into the tensor (with ``direct``); anything else is deserialized
+    (``target``: the first request's destination, when the caller resolved it already).
+    """
+    if direct and len(requests) == 1 and not info.transform_descriptors and len(view) > 0:
+        request = requests[0]
+        plain = plain_target(planner, request)
+        if plain is not None:
+            layout = saved_layout(bytes(view[: min(HEAD_BYTES, len(view))]))
+            nbytes = plain.numel() * plain.element_size()
+            if (
+                layout is not None
+                and layout.tensor.dtype == plain.dtype
+                and layout.tensor.size() == plain.size()
+                and layout.tensor.is_contiguous()
+                and layout.tensor.storage_offset() == 0
+                and layout.nbytes == nbytes
+                and layout.offset + nbytes <= len(view)
+            ):
+                if nbytes:
+                    dest = memoryview((ctypes.c_ubyte * nbytes).from_address(plain.data_ptr())).cast('B')
+                    dest[:] = view[layout.offset : layout.offset + nbytes]
+                planner.commit_tensor(request, plain)
+                return nbytes
+            target = plain
+    tensor = None
+    for request in requests:
+        stream = transforms.transform_load_stream(request, info.transform_descriptors or (), MemoryReader(view))
+        if request.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(request, io.BytesIO(stream.read(-1)))
+            continue
+        if tensor is None:
+            seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+            tensor = torch.load(seekable, map_location='cpu', weights_only=True)
+        piece = narrow_tensor_by_index(tensor, request.storage_offsets, request.lengths)
+        dest_tensor = target if target is not None and request is requests[0] else None
+        if dest_tensor is None:
+            dest_tensor = planner.resolve_tensor(request).detach()
+        if dest_tensor.size() != piece.size():
+            raise AssertionError(f'req {request.storage_index} mismatch sizes {dest_tensor.size()} vs {piece.size()}')
+        dest_tensor.copy_(piece)
+        planner.commit_tensor(request, dest_tensor)
+    return 0
 
 
 def fetch_object(store: Any, name: str, size: int, checksum: Optional[str], where: str) -> bytes:

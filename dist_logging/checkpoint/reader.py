@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -29,13 +30,21 @@ from dist_logging.checkpoint._layout import (
     decode_record,
     missing_files,
 )
+from dist_logging.checkpoint._node_share import (
+    SHARE_KEY,
+    SharedLoad,
+    local_annotation,
+    share_plans,
+    sweep_segments,
+    unlink_segments,
+)
 from dist_logging.checkpoint._paths import default_cache_folder
 from dist_logging.checkpoint._ranged import FileSums, RangedLoad, fetch_object
 from dist_logging.checkpoint.commit import ChecksumMismatch, retry
 from dist_logging.checkpoint.latest import committed_markers, open_store
 from dist_logging.object_store import ObjectStore
 
-__all__ = ['CheckpointReader', 'MAX_IN_FLIGHT', 'PART_BYTES', 'sweep_cache']
+__all__ = ['CheckpointReader', 'MAX_IN_FLIGHT', 'PART_BYTES', 'sweep_cache', 'sweep_shared_memory']
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -78,7 +87,17 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
 
     Memory: the tensors being loaded, plus at most ``max_in_flight * part_bytes`` bytes of parts in
     flight (128 MiB by default), plus, per saved item deserialized (not read straight in), one more copy of it
-    (torch's ``torch.load`` of the item, copied into the destination tensor).
+    (torch's ``torch.load`` of the item, copied into the destination tensor). Shared memory (below) adds, per
+    node, the segments being shared: at most the node's replicated bytes once, read straight into them.
+
+    Sharing a node's reads (``share_node_reads=True``, asked for; ``docs/checkpoints.md``): the
+    items two or more ranks of a node read (replicated tensors: under DDP, the whole model) are downloaded once per
+    node. The coordinator's :meth:`prepare_global_plan` gives each run of such items (segments of about 64 MiB) an
+    owner among its readers; the owner ranged-reads it (verified) into a segment under ``/dev/shm`` named by its
+    pid, the others wait for it (polling, bounded by ``timeout`` without progress), verify its chunks again and
+    load from it; the last reader unlinks it. An owner that fails, dies or stalls leaves its node-mates to read its
+    items from the bucket themselves. What a killed owner left is removed by the next reader built on the node
+    (:func:`sweep_shared_memory`); the rest at the owner's next load, ``close()``, collection or exit.
 
     With ``node_cache=True`` (and for a store without ``read_range``, e.g. one written for Composer) the
     reader works as it did before ranged reads: every shard file its plan reads is downloaded whole into
@@ -98,6 +117,12 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             the same folder for the ranks of a node (default: ``<private base>/<run_name>/checkpoint-cache``, see
             :mod:`dist_logging._private_dirs`).
         run_name: with ``node_cache``: names the default cache folder (use the same on every rank of a node).
+        share_node_reads: True: ranks of a node that read the same saved item (replicated tensors) share one
+            ranged download of it through shared memory (``/dev/shm``; see "Sharing a node's reads" above); False
+            (default): every rank reads its whole plan from the bucket. Asked for, not on by default: it halves
+            what the node downloads but made loads slower where measured (a 2-vCPU VM, where new ``/dev/shm``
+            pages cost ~5 ms per MiB); it pays where the node's network or the store is the limit (many ranks
+            per node loading a replicated model). No effect with ``node_cache``.
         _extension_registry: as torch's ``FileSystemReader``'s (EXPERIMENTAL there too): the stream
             transforms (e.g. ``ZStandard``) the reader may find named in the ``.metadata``; None: torch's
             default registry.
@@ -106,10 +131,12 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         downloaded_bytes: bytes this rank read from the bucket (with ``node_cache``: downloaded; the others of
             its node reused them).
         direct_bytes: bytes of tensors this rank read straight into their destination (not deserialized).
+        shared_bytes: bytes of items this rank loaded from a node-mate's download (shared memory), not the bucket.
 
     Raises:
         TypeError, ValueError: a bad bucket (see :func:`latest_checkpoint`), a bad ``max_in_flight``,
-            ``part_bytes`` or ``timeout`` (named), or a ``cache_folder`` without ``node_cache=True``.
+            ``part_bytes``, ``timeout`` or ``share_node_reads`` (named), or a ``cache_folder`` without
+            ``node_cache=True``.
     """
 
     def __init__(
@@ -123,6 +150,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         node_cache: bool = False,
         cache_folder: Optional[Union[str, 'os.PathLike[str]']] = None,
         run_name: Optional[str] = None,
+        share_node_reads: bool = False,
         _extension_registry: Optional[ExtensionRegistry] = None,
     ):
         for label, value, least in (('max_in_flight', max_in_flight, 1), ('part_bytes', part_bytes, MiB)):
@@ -130,6 +158,8 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
                 raise ValueError(f'CheckpointReader: {label} must be an int >= {least}, got {value!r}')
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f'CheckpointReader: timeout must be a positive number, got {timeout!r}')
+        if not isinstance(share_node_reads, bool):
+            raise ValueError(f'CheckpointReader: share_node_reads must be True or False, got {share_node_reads!r}')
         if cache_folder is not None and not node_cache:
             raise ValueError(
                 f'CheckpointReader: cache_folder={os.fspath(cache_folder)!r} is only used with node_cache=True '
@@ -155,6 +185,9 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             )
             os.makedirs(self.cache_root, mode=0o700, exist_ok=True)
             sweep_cache(self.cache_root)  # what killed readers of this node left
+        # The node cache shares whole files already; ranged loads share the items 2+ ranks of a node read when asked.
+        self.share_node_reads = share_node_reads and not self.node_cache
+        sweep_segments()  # what killed readers of this node left in shared memory (one listdir of /dev/shm)
         self._cid: Optional[str] = None
         self._files: dict[str, int] = {}
         self._checksums: dict[str, str] = {}
@@ -164,16 +197,19 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         self._pools: list[ThreadPoolExecutor] = []  # the read pool, created on first use (_pool)
         self._metadata_read: Optional[ThreadFuture] = None  # the .metadata being read beside the marker (_resolve)
         self._lock = threading.Lock()
+        self._segments: set[str] = set()  # shared-memory segments this reader created (and may still be there)
         self.downloaded_bytes = 0
         self.direct_bytes = 0
+        self.shared_bytes = 0
         # Runs at close(), when the reader is garbage-collected, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _release, self._dirs, self._holder, self._pools)
+        self._finalizer = weakref.finalize(self, _release, self._dirs, self._holder, self._pools, self._segments)
 
     def reset(self, checkpoint_id: Union[str, 'os.PathLike[str]', None] = None) -> None:
         """Start a load of ``checkpoint_id`` (all ranks). Raises ValueError without one."""
         if checkpoint_id is None:
             raise ValueError('CheckpointReader: pass checkpoint_id= (e.g. latest_checkpoint(...)) to dcp.load')
         self._cid = check_checkpoint_id(checkpoint_id)
+        unlink_segments(self._segments)  # the last load's: every rank finished it (dcp.load ends with a collective)
         self.storage_data = {}
         self.load_id = _generate_uuid()
         self._files = {}
@@ -322,13 +358,64 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         assert self._cid is not None  # reset() set it (or raised): dcp.load calls it first
         if self.node_cache:
             return self._read_cached(plan, planner)
-        sums = {
+        sums = self._sums()
+        pool = self._pool()
+        note = plan.storage_data.get(SHARE_KEY) if isinstance(plan.storage_data, dict) else None
+        if not note or 'id' not in note:
+            self._ranged(plan, planner, sums, pool)
+        else:
+            shared = SharedLoad(
+                note,
+                self._cid,
+                self.store,
+                sums,
+                pool,
+                self.max_in_flight,
+                self.part_bytes,
+                self.timeout,
+                self._count,
+                self._segments,
+            )
+            keys = shared.keys()
+            groups: dict[tuple[str, int, int], tuple[Any, list[Any]]] = {}
+            private = []
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                key = (info.relative_path, info.offset, info.length)
+                if key in keys:
+                    groups.setdefault(key, (info, []))[1].append(item)
+                else:
+                    private.append(item)
+            try:
+                shared.publish()  # first on every rank: a rank waits for node-mates only once they published
+                self._ranged(dataclasses.replace(plan, items=private), planner, sums, pool)
+                fallback = shared.take(groups, planner, self.transforms)
+            except BaseException:
+                shared.abandon()  # the others need not wait for this rank to let go of the segments
+                raise
+            finally:
+                self.shared_bytes += shared.shared_bytes
+                self.direct_bytes += shared.direct_bytes
+            if fallback:
+                self._ranged(dataclasses.replace(plan, items=fallback), planner, sums, pool)
+        future: Future = Future()
+        future.set_result(None)
+        return future
+
+    def _sums(self) -> dict[str, FileSums]:
+        return {
             relative: FileSums.from_record(
                 f'{self._cid}/{relative}', size, self._checksums.get(relative), self._chunk_sums.get(relative)
             )
             for relative, size in self._files.items()
         }
-        pool = self._pool()
+
+    def _ranged(
+        self, plan: LoadPlan, planner: LoadPlanner, sums: dict[str, FileSums], pool: ThreadPoolExecutor
+    ) -> None:
+        if not plan.items:
+            return
+        assert self._cid is not None
         load = RangedLoad(
             self.store,
             self._cid,
@@ -341,9 +428,32 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         )
         load.run(plan, planner, self.storage_data, self.transforms)
         self.direct_bytes += load.direct_bytes
-        future: Future = Future()
-        future.set_result(None)
-        return future
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Attach this rank's node (host, boot id, shared-memory mount) and pid for :meth:`prepare_global_plan`."""
+        if self.share_node_reads and plan.storage_data is None:
+            annotation = local_annotation()
+            if annotation is not None:
+                return dataclasses.replace(plan, storage_data=annotation)
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """The coordinator: every saved item 2+ ranks of a node read gets one owner there (spread over the node's
+        ranks), who publishes it in shared memory; the others take it from there (see ``share_node_reads``)."""
+        if not self.share_node_reads or self.node_cache:
+            return [
+                dataclasses.replace(plan, storage_data=None)
+                if isinstance(plan.storage_data, dict) and SHARE_KEY in plan.storage_data
+                else plan
+                for plan in plans
+            ]
+        sums = self._sums()
+
+        def shareable(key: tuple[str, int, int]) -> bool:
+            found = sums.get(key[0])
+            return found is not None and found.chunks is not None and key[2] > 0
+
+        return share_plans(plans, self.storage_data, shareable)
 
     def _read_cached(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         """The node cache: fetch the files this rank's plan reads (once per node), read them as torch does."""
@@ -372,12 +482,14 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         self.close()
 
 
-def _release(dirs: set[str], holder: str, pools: list[ThreadPoolExecutor]) -> None:
-    """Shut the read pool down and give up ``holder``'s claim on each cache folder of ``dirs``, removing the folders
-    no live process holds any more (a finalizer: references no reader)."""
+def _release(dirs: set[str], holder: str, pools: list[ThreadPoolExecutor], segments: set[str]) -> None:
+    """Shut the read pool down, remove the shared-memory ``segments`` this reader created, and give up
+    ``holder``'s claim on each cache folder of ``dirs``, removing the folders no live process holds any more (a
+    finalizer: references no reader)."""
     for pool in pools:
         pool.shutdown(wait=False, cancel_futures=True)
     pools.clear()
+    unlink_segments(segments)
     for folder in sorted(dirs):
         try:
             os.unlink(os.path.join(folder, holder))
@@ -449,3 +561,9 @@ def _live_holders(folder: str) -> list[str]:
             pass  # not ours to judge: counts as live
         live.append(entry)
     return live
+
+
+def sweep_shared_memory() -> list[str]:
+    """Remove the shared-memory segments (``/dev/shm/dist_logging-ckpt-*``) whose owner process is gone (a reader
+    killed while loading); the removed paths. Every reader runs it when it is built."""
+    return sweep_segments()
