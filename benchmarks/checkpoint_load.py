@@ -25,13 +25,14 @@ Then, in interleaved rotations, every mode loads the same checkpoint into zeroed
 * ``s3tc``: s3torchconnector's ``S3StorageReader`` (AWS CRT; its default DCP-optimized reader).
 * ``ours``: :class:`~dist_logging.checkpoint.CheckpointReader`, as torch's docs use readers (never closed).
 * ``ours_local``: the same on the local bucket.
-* ``ours_shared``, ``ours_local_shared``: the same with ``share_node_reads=True`` (the items two or more ranks
-  of a node read are downloaded once per node and shared through ``/dev/shm``; the same as ``ours`` when no two
-  ranks of the node read the same item).
+* ``ours_unshared``: ``ours`` with ``share_node_reads=False``; ``ours_local_shared``: ``ours_local`` with
+  ``share_node_reads=True`` (by default a remote store's reader shares the items two or more ranks of a node
+  read, downloaded once per node through ``/dev/shm``, and a local bucket's does not; when no two ranks of the
+  node read the same item, both settings load the same way).
 
 ``--replicated``: every rank holds (and loads) the same whole state of each size, as under DDP (DCP saves each
-tensor once); ``ours`` then downloads it once per rank, ``ours_shared`` once per node, shared through
-``/dev/shm``. The summary adds the bytes the ranks read from the bucket (``downloaded_mib``, all ranks of the
+tensor once); ``ours`` then downloads it once per node, shared through ``/dev/shm``, ``ours_unshared`` once
+per rank. The summary adds the bytes the ranks read from the bucket (``downloaded_mib``, all ranks of the
 node together) for ``CheckpointReader`` modes. ``floor`` and ``boto3_fs`` read one shard per rank: not with it.
 
 For each: the load's wall time (the slowest rank), the RSS it added (peak during the load minus before, the
@@ -75,11 +76,11 @@ ALL_MODES = (
     's3tc',
     'ours',
     'ours_local',
-    'ours_shared',
+    'ours_unshared',
     'ours_local_shared',
 )
 DEFAULT_MODES = ALL_MODES[:7]
-REPLICATED_MODES = ('ours', 'ours_shared', 'ours_local', 'ours_local_shared')
+REPLICATED_MODES = ('ours', 'ours_unshared', 'ours_local', 'ours_local_shared')
 LAST_READ: dict[str, int] = {}  # the bytes the last CheckpointReader mode read from the bucket (this rank)
 # CheckpointReader with other settings, compared in the same run: ours:<max_in_flight>x<part MiB>, e.g. ours:4x32
 TUNED_MODE = re.compile(r'ours:(\d+)x(\d+)')
@@ -237,9 +238,9 @@ def build_modes(
     except ImportError as exc:
         skipped['s3tc'] = f's3torchconnector[dcp] not importable (pip install "dist-logging[bench]"): {exc}'
     for name, uri, options, share in (
-        ('ours', s3_uri, kwargs, False),
-        ('ours_local', local_root, None, False),
-        ('ours_shared', s3_uri, kwargs, True),
+        ('ours', s3_uri, kwargs, None),
+        ('ours_local', local_root, None, None),
+        ('ours_unshared', s3_uri, kwargs, False),
         ('ours_local_shared', local_root, None, True),
     ):
         modes[name] = functools.partial(load_ours, uri, options, max_in_flight, part_bytes, share)
@@ -255,7 +256,7 @@ def load_ours(
     kwargs: Optional[dict],
     max_in_flight: int,
     part_bytes: int,
-    share: bool,
+    share: Optional[bool],
     state: dict,
     cid: str,
     shard: str,
@@ -298,7 +299,7 @@ def save_checkpoints(d: C.Dist, state: dict, cid: str, endpoint: str, local_root
 def main(argv: Optional[list[str]] = None) -> int:
     parser = C.base_parser(__doc__.split('\n')[0])
     parser.add_argument('--sizes', default='256MiB', help='checkpoint sizes (all ranks together), e.g. 256MiB,1GiB')
-    parser.add_argument('--modes', default=None, help=f'modes: {",".join(ALL_MODES)} (default: all but the shared ones)')
+    parser.add_argument('--modes', default=None, help=f'modes: {",".join(ALL_MODES)} (default: the first 7)')
     parser.add_argument('--replicated', action='store_true', help='every rank loads the same whole state (DDP)')
     parser.add_argument('--rounds', type=int, default=2, help='interleaved rotations of the modes per size')
     parser.add_argument(

@@ -90,7 +90,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
     (torch's ``torch.load`` of the item, copied into the destination tensor). Shared memory (below) adds, per
     node, the segments being shared: at most the node's replicated bytes once, read straight into them.
 
-    Sharing a node's reads (``share_node_reads=True``, asked for; ``docs/checkpoints.md``): the
+    Sharing a node's reads (``share_node_reads``; on by default for a remote store; ``docs/checkpoints.md``): the
     items two or more ranks of a node read (replicated tensors: under DDP, the whole model) are downloaded once per
     node. The coordinator's :meth:`prepare_global_plan` gives each run of such items (segments of about 64 MiB) an
     owner among its readers; the owner ranged-reads it (verified) into a segment under ``/dev/shm`` named by its
@@ -117,12 +117,12 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             the same folder for the ranks of a node (default: ``<private base>/<run_name>/checkpoint-cache``, see
             :mod:`dist_logging._private_dirs`).
         run_name: with ``node_cache``: names the default cache folder (use the same on every rank of a node).
-        share_node_reads: True: ranks of a node that read the same saved item (replicated tensors) share one
-            ranged download of it through shared memory (``/dev/shm``; see "Sharing a node's reads" above); False
-            (default): every rank reads its whole plan from the bucket. Asked for, not on by default: it halves
-            what the node downloads but made loads slower where measured (a 2-vCPU VM, where new ``/dev/shm``
-            pages cost ~5 ms per MiB); it pays where the node's network or the store is the limit (many ranks
-            per node loading a replicated model). No effect with ``node_cache``.
+        share_node_reads: ranks of a node that read the same saved item (replicated tensors) share one ranged
+            download of it through shared memory (``/dev/shm``; see "Sharing a node's reads" above); False: every
+            rank reads its whole plan from the bucket; None (default): share from a remote store (S3...), not from
+            a local-filesystem bucket (the ranks' reads of one local file share the node's page cache already,
+            so a copy through shared memory only adds work: 2-3x slower where measured). No effect with
+            ``node_cache``.
         _extension_registry: as torch's ``FileSystemReader``'s (EXPERIMENTAL there too): the stream
             transforms (e.g. ``ZStandard``) the reader may find named in the ``.metadata``; None: torch's
             default registry.
@@ -150,7 +150,7 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
         node_cache: bool = False,
         cache_folder: Optional[Union[str, 'os.PathLike[str]']] = None,
         run_name: Optional[str] = None,
-        share_node_reads: bool = False,
+        share_node_reads: Optional[bool] = None,
         _extension_registry: Optional[ExtensionRegistry] = None,
     ):
         for label, value, least in (('max_in_flight', max_in_flight, 1), ('part_bytes', part_bytes, MiB)):
@@ -158,8 +158,10 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
                 raise ValueError(f'CheckpointReader: {label} must be an int >= {least}, got {value!r}')
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f'CheckpointReader: timeout must be a positive number, got {timeout!r}')
-        if not isinstance(share_node_reads, bool):
-            raise ValueError(f'CheckpointReader: share_node_reads must be True or False, got {share_node_reads!r}')
+        if share_node_reads is not None and not isinstance(share_node_reads, bool):
+            raise ValueError(
+                f'CheckpointReader: share_node_reads must be None, True or False, got {share_node_reads!r}'
+            )
         if cache_folder is not None and not node_cache:
             raise ValueError(
                 f'CheckpointReader: cache_folder={os.fspath(cache_folder)!r} is only used with node_cache=True '
@@ -185,7 +187,12 @@ class CheckpointReader(CheckpointIdMixin, FileSystemReader):  # type: ignore[mis
             )
             os.makedirs(self.cache_root, mode=0o700, exist_ok=True)
             sweep_cache(self.cache_root)  # what killed readers of this node left
-        # The node cache shares whole files already; ranged loads share the items 2+ ranks of a node read when asked.
+        # The node cache shares whole files already; ranged loads share the items 2+ ranks of a node read, by
+        # default from a remote store only: the ranks of a node reading the same local file share the page cache.
+        if share_node_reads is None:
+            from dist_logging.object_store import LocalObjectStore
+
+            share_node_reads = not isinstance(self.store, LocalObjectStore)
         self.share_node_reads = share_node_reads and not self.node_cache
         sweep_segments()  # what killed readers of this node left in shared memory (one listdir of /dev/shm)
         self._cid: Optional[str] = None

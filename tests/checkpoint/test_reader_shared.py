@@ -261,18 +261,19 @@ def test_a_killed_owner_is_read_around_and_its_segments_are_swept_by_the_next_re
     assert sweep_shared_memory() == []
 
 
-def test_sharing_is_asked_for_and_validated(tmp_path, s3_bucket):
-    for bad in ('yes', None, 1):
+def test_sharing_is_on_by_default_for_a_remote_store_and_can_be_turned_off(tmp_path, s3_bucket):
+    for bad in ('yes', 1):
         with pytest.raises(ValueError, match='share_node_reads'):
             CheckpointReader(str(tmp_path / 'bucket'), share_node_reads=bad)  # type: ignore[arg-type]
     endpoint, bucket = s3_bucket
-    assert not CheckpointReader(f's3://{bucket}', backend_kwargs={'endpoint_url': endpoint}).share_node_reads
-    assert CheckpointReader(
-        f's3://{bucket}', backend_kwargs={'endpoint_url': endpoint}, share_node_reads=True
+    assert CheckpointReader(f's3://{bucket}', backend_kwargs={'endpoint_url': endpoint}).share_node_reads
+    assert not CheckpointReader(
+        f's3://{bucket}', backend_kwargs={'endpoint_url': endpoint}, share_node_reads=False
     ).share_node_reads
     assert not CheckpointReader(
-        f's3://{bucket}', backend_kwargs={'endpoint_url': endpoint}, node_cache=True, share_node_reads=True
+        f's3://{bucket}', backend_kwargs={'endpoint_url': endpoint}, node_cache=True
     ).share_node_reads  # the node cache shares whole files already
+    # a local bucket: the ranks' reads of one file share the node's page cache already (unless asked for)
     assert not CheckpointReader(str(tmp_path / 'bucket')).share_node_reads
     assert CheckpointReader(str(tmp_path / 'bucket'), share_node_reads=True).share_node_reads
     store = LocalObjectStore(str(tmp_path / 'bucket'))
