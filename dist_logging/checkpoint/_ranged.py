@@ -315,25 +315,15 @@ class RangedLoad:
         past its head and before its tail (then ``pending``: the head tells; else the general path)."""
         if len(blob.requests) != 1 or sums.chunks is None or blob.info.transform_descriptors:
             return False
-        request = blob.requests[0]
         chunk = sums.chunk
         low = -(-(blob.offset + HEAD_BYTES) // chunk) * chunk
         high = (blob.offset + blob.length - TAIL_BYTES) // chunk * chunk
-        if request.type != LoadItemType.TENSOR or low >= high or any(request.storage_offsets):
+        if low >= high:
             return False
-        target = self.planner.resolve_tensor(request).detach()
+        target = plain_target(self.planner, blob.requests[0])
+        if target is None or not 0 < target.numel() * target.element_size() < blob.length:
+            return False
         blob.target = target  # resolved once: the general path loads into it too
-        if (
-            type(target) is not torch.Tensor
-            or target.device.type != 'cpu'
-            or target.layout != torch.strided
-            or not target.is_contiguous()
-            or target.is_conj()
-            or target.is_neg()
-            or list(target.size()) != list(request.lengths)
-            or not 0 < target.numel() * target.element_size() < blob.length
-        ):
-            return False
         blob.mode, blob.body = 'pending', (low, high)
         return True
 
