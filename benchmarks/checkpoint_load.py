@@ -247,7 +247,7 @@ def build_modes(
     for mode in wanted:
         tuned = TUNED_MODE.fullmatch(mode)
         if tuned:
-            modes[mode] = functools.partial(load_tuned, s3_uri, kwargs, int(tuned[1]), int(tuned[2]) * MiB)
+            modes[mode] = functools.partial(load_ours, s3_uri, kwargs, int(tuned[1]), int(tuned[2]) * MiB, None)
     return {mode: fn for mode, fn in modes.items() if mode in wanted}
 
 
@@ -269,14 +269,6 @@ def load_ours(
     )
     dcp.load(state, checkpoint_id=cid, storage_reader=reader)
     LAST_READ['read'] = reader.downloaded_bytes
-
-
-def load_tuned(uri: str, kwargs: dict, max_in_flight: int, part_bytes: int, state: dict, cid: str, shard: str) -> None:
-    """``CheckpointReader`` from S3 with the given settings (a ``ours:<in flight>x<part MiB>`` mode)."""
-    from dist_logging.checkpoint import CheckpointReader
-
-    reader = CheckpointReader(uri, backend_kwargs=kwargs, max_in_flight=max_in_flight, part_bytes=part_bytes)
-    dcp.load(state, checkpoint_id=cid, storage_reader=reader)
 
 
 def save_checkpoints(d: C.Dist, state: dict, cid: str, endpoint: str, local_root: str, staging: str) -> str:

@@ -342,12 +342,7 @@ class RangedLoad:
         nbytes = target.numel() * target.element_size()
         direct = (
             layout is not None
-            and layout.tensor.dtype == target.dtype
-            and layout.tensor.size() == target.size()
-            and layout.tensor.is_contiguous()
-            and layout.tensor.storage_offset() == 0
-            and layout.nbytes == nbytes
-            and layout.offset + nbytes <= blob.length
+            and layout.holds_exactly(target, blob.length)
             and blob.offset + layout.offset <= blob.body[0]
             and blob.body[1] <= blob.offset + layout.offset + nbytes
         )
@@ -561,15 +556,7 @@ def load_item(
         if plain is not None:
             layout = saved_layout(bytes(view[: min(HEAD_BYTES, len(view))]))
             nbytes = plain.numel() * plain.element_size()
-            if (
-                layout is not None
-                and layout.tensor.dtype == plain.dtype
-                and layout.tensor.size() == plain.size()
-                and layout.tensor.is_contiguous()
-                and layout.tensor.storage_offset() == 0
-                and layout.nbytes == nbytes
-                and layout.offset + nbytes <= len(view)
-            ):
+            if layout is not None and layout.holds_exactly(plain, len(view)):
                 if nbytes:
                     dest = memoryview((ctypes.c_ubyte * nbytes).from_address(plain.data_ptr())).cast('B')
                     dest[:] = view[layout.offset : layout.offset + nbytes]

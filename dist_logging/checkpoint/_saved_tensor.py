@@ -40,6 +40,19 @@ class SavedLayout:
     nbytes: int
     tensor: torch.Tensor
 
+    def holds_exactly(self, target: torch.Tensor, length: int) -> bool:
+        """Whether the saved storage is exactly ``target``'s bytes (same dtype and size, contiguous, from the
+        storage's start) and ends within the item's ``length`` bytes: then it may be read straight into ``target``."""
+        nbytes = target.numel() * target.element_size()
+        return (
+            self.tensor.dtype == target.dtype
+            and self.tensor.size() == target.size()
+            and self.tensor.is_contiguous()
+            and self.tensor.storage_offset() == 0
+            and self.nbytes == nbytes
+            and self.offset + nbytes <= length
+        )
+
 
 def _records(head: bytes) -> Optional[list[tuple[str, int, int]]]:
     """``(name, data offset, size)`` of the uncompressed records in ``head`` up to the first storage record
